@@ -1,0 +1,121 @@
+//! The engine's configuration.
+//!
+//! This module owns [`EngineConfig`] and its validation. It must not start anything: the engine
+//! reads a validated config in [`crate::EngineHandle::spawn`].
+
+use crate::EngineError;
+use crate::cost::{
+    DEFAULT_KV_BLOCKS, DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKEN_BUDGET, SimCostModel,
+};
+
+/// Everything an engine needs to know before it starts.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The server's name, used in logs and [`crate::EngineHandle::name`]. Must not be empty.
+    pub name: String,
+    /// KV-cache blocks of [`crate::BLOCK_SIZE`] tokens ([`DEFAULT_KV_BLOCKS`]).
+    pub kv_blocks: u32,
+    /// Most sequences running at once ([`DEFAULT_MAX_RUNNING`]).
+    pub max_running: u32,
+    /// Most tokens computed per step ([`DEFAULT_STEP_TOKEN_BUDGET`]); at least `max_running`,
+    /// so that every running sequence can decode in every step.
+    pub step_token_budget: u32,
+    /// The simulated executor's cost model (also what the modelled clock runs on when the
+    /// executor is simulated).
+    pub cost: SimCostModel,
+    /// Scale of the modelled clock: 1.0 sleeps in real time, 0.01 runs 100× faster, 0.0 never
+    /// sleeps (each step only yields to the runtime).
+    pub time_scale: f64,
+}
+
+impl EngineConfig {
+    /// The simulated server with every default (DESIGN.md, "The simulated GPU server's
+    /// defaults"), in real time.
+    pub fn simulated(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            kv_blocks: DEFAULT_KV_BLOCKS,
+            max_running: DEFAULT_MAX_RUNNING,
+            step_token_budget: DEFAULT_STEP_TOKEN_BUDGET,
+            cost: SimCostModel::default(),
+            time_scale: 1.0,
+        }
+    }
+
+    /// Checks the invariants the engine relies on.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let invalid = |msg: String| Err(EngineError::InvalidConfig(msg));
+        if self.name.is_empty() {
+            return invalid("name must not be empty".into());
+        }
+        if self.kv_blocks == 0 {
+            return invalid("kv_blocks must be at least 1".into());
+        }
+        if self.max_running == 0 {
+            return invalid("max_running must be at least 1".into());
+        }
+        if self.step_token_budget < self.max_running {
+            return invalid(format!(
+                "step_token_budget ({}) must be at least max_running ({}) so every running sequence can decode each step",
+                self.step_token_budget, self.max_running
+            ));
+        }
+        if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
+            return invalid(format!(
+                "time_scale must be finite and non-negative, got {}",
+                self.time_scale
+            ));
+        }
+        self.cost.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        let c = EngineConfig::simulated("gpu-0");
+        c.validate().unwrap();
+        assert_eq!(c.kv_blocks, DEFAULT_KV_BLOCKS);
+        assert_eq!((c.max_running, c.step_token_budget), (256, 8192));
+    }
+
+    #[test]
+    fn invalid_configs_are_rejected() {
+        let base = EngineConfig::simulated("gpu-0");
+        let cases = [
+            EngineConfig {
+                name: String::new(),
+                ..base.clone()
+            },
+            EngineConfig {
+                kv_blocks: 0,
+                ..base.clone()
+            },
+            EngineConfig {
+                max_running: 0,
+                ..base.clone()
+            },
+            EngineConfig {
+                step_token_budget: 100,
+                ..base.clone()
+            },
+            EngineConfig {
+                time_scale: -1.0,
+                ..base.clone()
+            },
+            EngineConfig {
+                time_scale: f64::NAN,
+                ..base.clone()
+            },
+        ];
+        for c in cases {
+            assert!(
+                matches!(c.validate(), Err(EngineError::InvalidConfig(_))),
+                "{c:?}"
+            );
+        }
+    }
+}

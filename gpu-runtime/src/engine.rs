@@ -1,0 +1,652 @@
+//! The async engine: one task that owns a scheduler and an executor, and the handles that talk
+//! to it.
+//!
+//! This module owns the engine loop, request intake, per-request event streams, cancellation,
+//! the modelled clock and the published [`LoadReport`]. It must not make scheduling decisions
+//! ([`crate::scheduler`] does) nor compute tokens (the [`Executor`] does), and it never logs
+//! prompt or output text.
+//!
+//! # How to use it
+//!
+//! [`EngineHandle::spawn`] starts the engine on the current tokio runtime and returns a cheap,
+//! cloneable handle. [`EngineHandle::submit`] tokenizes a request in the caller's task, rejects
+//! one that can never fit, and returns a [`GenerationStream`] of [`GenerateEvent`]s:
+//! `Started`, then `Token`s, then `Finished`. [`EngineHandle::load`] reads the last published
+//! [`LoadReport`] without waiting for the engine.
+//!
+//! # The loop
+//!
+//! Each iteration takes new submissions, drops cancelled requests (freeing their KV blocks),
+//! asks the scheduler for a step, runs it on the executor, waits for the modelled clock, and
+//! turns the sampled tokens into events. The clock keeps a deadline: the sum of all step
+//! durations × `time_scale` since the engine last went idle, and sleeps until it, so many
+//! sub-millisecond steps do not each round up to the timer's millisecond. With `time_scale`
+//! 0.0 the engine never sleeps; it yields to the runtime after every step. When there is
+//! nothing to do it waits for a submission or a cancellation, without spinning. An executor
+//! that measures its steps (a real model) already spent that time, so the deadline is already
+//! past and the engine does not sleep on top of it (use `time_scale` 1.0 there). The clock
+//! never lags real time by more than a few milliseconds: past that it stops catching up.
+//!
+//! # What can go wrong
+//!
+//! - Dropping a [`GenerationStream`] before `Finished` cancels the request: the engine is woken
+//!   (even mid-step) and frees the request's blocks at once; at the latest it does so at the
+//!   next step boundary. Cancellations count in [`LoadReport::requests_cancelled`].
+//! - The engine task ends when every [`EngineHandle`] is dropped and no request is left
+//!   running or waiting: in-flight requests finish first. After that (or if the task
+//!   panicked) [`EngineHandle::submit`] returns [`EngineError::Stopped`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::mpsc::error::TryRecvError;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::block::{SeqId, blocks_for};
+use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
+use crate::output::OutputText;
+use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
+use crate::scheduler::{
+    ADMISSION_HEADROOM_BLOCKS, NewSequence, Schedule, Scheduler, SchedulerConfig,
+};
+use crate::tokenizer::Tokenizer;
+use crate::{BLOCK_SIZE, EngineConfig, EngineError};
+
+/// How far the modelled clock may fall behind real time before the engine stops trying to
+/// catch up. Timer wake-ups are late by up to about a millisecond in normal operation, so a
+/// few milliseconds of lag is ordinary jitter that the deadline absorbs (keeping
+/// sub-millisecond steps accurate on average); more means the host could not keep up.
+const MAX_CLOCK_LAG: Duration = Duration::from_millis(5);
+
+/// A snapshot of an engine's load and cumulative counters, published after every step.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LoadReport {
+    /// Sequences running (holding KV blocks).
+    pub running: u32,
+    /// Requests waiting for admission, including those submitted but not yet taken in.
+    pub waiting: u32,
+    /// Blocks in the KV pool.
+    pub kv_blocks_total: u32,
+    /// Blocks referenced by live sequences.
+    pub kv_blocks_used: u32,
+    /// Blocks unreferenced but still hittable in the prefix cache.
+    pub kv_blocks_cached: u32,
+    /// Prompt tokens of every admitted request (cumulative).
+    pub prompt_tokens_total: u64,
+    /// Of those, tokens reused from the prefix cache (cumulative); divide by
+    /// `prompt_tokens_total` for the hit ratio.
+    pub cached_prompt_tokens_total: u64,
+    /// Tokens generated (cumulative).
+    pub generated_tokens_total: u64,
+    /// Requests that reached `Finished` (cumulative).
+    pub requests_finished: u64,
+    /// Requests whose stream was dropped before `Finished` (cumulative).
+    pub requests_cancelled: u64,
+    /// Sequences preempted for lack of KV blocks (cumulative).
+    pub preemptions: u64,
+    /// Steps run (cumulative).
+    pub steps: u64,
+}
+
+/// State shared by the engine task, its handles and its streams.
+#[derive(Debug)]
+struct Shared {
+    /// The last published report.
+    load: Mutex<LoadReport>,
+    /// Requests submitted but not yet taken in by the engine.
+    inbox: AtomicU32,
+    /// Wakes the engine when a stream is dropped.
+    wake: Notify,
+}
+
+#[derive(Debug)]
+struct HandleInner {
+    name: String,
+    tokenizer: Arc<dyn Tokenizer>,
+    kv_blocks: u32,
+    submissions: mpsc::UnboundedSender<Submission>,
+    shared: Arc<Shared>,
+    next_seq: AtomicU64,
+}
+
+/// A handle to a running engine; cheap to clone. The engine stops once every handle is dropped
+/// and its last request has finished.
+#[derive(Clone, Debug)]
+pub struct EngineHandle {
+    inner: Arc<HandleInner>,
+}
+
+/// The events of one request. Dropping it before `Finished` cancels the request.
+#[derive(Debug)]
+pub struct GenerationStream {
+    events: mpsc::UnboundedReceiver<GenerateEvent>,
+    shared: Arc<Shared>,
+    finished: bool,
+}
+
+impl GenerationStream {
+    /// The next event; `None` after `Finished` (or if the engine died).
+    ///
+    /// Cancel safety: this method is cancel-safe; an event is never lost if the future is
+    /// dropped before it completes.
+    pub async fn next(&mut self) -> Option<GenerateEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = self.events.recv().await;
+        if matches!(event, None | Some(GenerateEvent::Finished { .. })) {
+            self.finished = true;
+        }
+        event
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        if !self.finished {
+            // Close first so that the woken engine already sees the channel closed.
+            self.events.close();
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Submission {
+    seq_id: SeqId,
+    request_id: String,
+    prompt: Vec<u32>,
+    prompt_fingerprint: u64,
+    max_tokens: u32,
+    stop_sequences: Vec<String>,
+    sampling: SamplingParams,
+    events: mpsc::UnboundedSender<GenerateEvent>,
+}
+
+impl EngineHandle {
+    /// Spawns an engine with the simulated executor on the current tokio runtime.
+    pub fn spawn(config: EngineConfig) -> Result<EngineHandle, EngineError> {
+        let executor = SimExecutor::new(config.cost.clone());
+        Self::spawn_with_executor(config, executor)
+    }
+
+    /// Spawns an engine with `executor` on the current tokio runtime. The engine uses the
+    /// executor's tokenizer.
+    pub fn spawn_with_executor<E: Executor>(
+        config: EngineConfig,
+        executor: E,
+    ) -> Result<EngineHandle, EngineError> {
+        config.validate()?;
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            EngineError::InvalidConfig("an engine must be spawned within a tokio runtime".into())
+        })?;
+        let tokenizer = executor.tokenizer();
+        let shared = Arc::new(Shared {
+            load: Mutex::new(LoadReport {
+                kv_blocks_total: config.kv_blocks,
+                ..LoadReport::default()
+            }),
+            inbox: AtomicU32::new(0),
+            wake: Notify::new(),
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let engine = Engine {
+            name: config.name.clone(),
+            tokenizer: tokenizer.clone(),
+            blocking: executor.runs_blocking(),
+            executor: Some(Box::new(executor)),
+            scheduler: Scheduler::new(SchedulerConfig {
+                kv_blocks: config.kv_blocks,
+                max_running: config.max_running,
+                step_token_budget: config.step_token_budget,
+            }),
+            requests: HashMap::new(),
+            submissions: rx,
+            shared: shared.clone(),
+            counters: Counters::default(),
+            closed: false,
+            config: config.clone(),
+        };
+        runtime.spawn(engine.run());
+        Ok(EngineHandle {
+            inner: Arc::new(HandleInner {
+                name: config.name,
+                tokenizer,
+                kv_blocks: config.kv_blocks,
+                submissions: tx,
+                shared,
+                next_seq: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The engine's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Tokens of the rendered prompt for this chat, as [`submit`](Self::submit) would count
+    /// them.
+    pub fn count_prompt_tokens(&self, system: Option<&str>, messages: &[ChatMessage]) -> u32 {
+        saturating_u32(self.inner.tokenizer.encode_chat(system, messages).len())
+    }
+
+    /// Submits a request. Tokenizes it in the caller's task, rejects it with
+    /// [`EngineError::PromptTooLong`] if it could never fit in the KV cache (prompt plus
+    /// `max_tokens`, with the admission headroom of one block), and returns its stream.
+    ///
+    /// A request with `max_tokens` 0 is answered at once (`Started`, then `Finished` with
+    /// [`FinishReason::MaxTokens`]) without reaching the engine.
+    pub fn submit(&self, request: GenerateRequest) -> Result<GenerationStream, EngineError> {
+        let inner = &*self.inner;
+        if inner.submissions.is_closed() {
+            return Err(EngineError::Stopped);
+        }
+        let prompt = inner
+            .tokenizer
+            .encode_chat(request.system.as_deref(), &request.messages);
+        if prompt.is_empty() {
+            // The tokenizer is broken (a chat template always adds a generation prompt).
+            return Err(EngineError::InvalidConfig(
+                "the tokenizer rendered an empty prompt".into(),
+            ));
+        }
+        let prompt_tokens = saturating_u32(prompt.len());
+        // KV slots the sequence can ever hold: the last sampled token is never computed.
+        let max_kv_tokens = prompt.len() + (request.max_tokens as usize).saturating_sub(1);
+        if blocks_for(max_kv_tokens) + ADMISSION_HEADROOM_BLOCKS > inner.kv_blocks as usize {
+            return Err(EngineError::PromptTooLong {
+                prompt_tokens,
+                max_tokens: request.max_tokens,
+                capacity_tokens: inner.kv_blocks.saturating_mul(BLOCK_SIZE as u32),
+            });
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let stream = GenerationStream {
+            events: rx,
+            shared: inner.shared.clone(),
+            finished: false,
+        };
+        if request.max_tokens == 0 {
+            let _ = tx.send(GenerateEvent::Started {
+                prompt_tokens,
+                cached_tokens: 0,
+            });
+            let _ = tx.send(GenerateEvent::Finished {
+                reason: FinishReason::MaxTokens,
+                prompt_tokens,
+                cached_tokens: 0,
+                output_tokens: 0,
+            });
+            return Ok(stream);
+        }
+        let prompt_bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let submission = Submission {
+            seq_id: SeqId(inner.next_seq.fetch_add(1, Ordering::Relaxed)),
+            request_id: request.request_id,
+            prompt_fingerprint: xxh3_64(&prompt_bytes),
+            prompt,
+            max_tokens: request.max_tokens,
+            stop_sequences: request.stop_sequences,
+            sampling: request.sampling,
+            events: tx,
+        };
+        inner.shared.inbox.fetch_add(1, Ordering::Relaxed);
+        if inner.submissions.send(submission).is_err() {
+            inner.shared.inbox.fetch_sub(1, Ordering::Relaxed);
+            return Err(EngineError::Stopped);
+        }
+        Ok(stream)
+    }
+
+    /// The engine's load as of its last step (waiting includes requests submitted since).
+    /// Takes a short lock; never waits for a step.
+    pub fn load(&self) -> LoadReport {
+        let shared = &self.inner.shared;
+        let mut report = shared
+            .load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        report.waiting = report
+            .waiting
+            .saturating_add(shared.inbox.load(Ordering::Relaxed));
+        report
+    }
+}
+
+fn saturating_u32(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    prompt_tokens_total: u64,
+    cached_prompt_tokens_total: u64,
+    generated_tokens_total: u64,
+    requests_finished: u64,
+    requests_cancelled: u64,
+}
+
+#[derive(Debug)]
+struct Request {
+    request_id: String,
+    events: mpsc::UnboundedSender<GenerateEvent>,
+    prompt_tokens: u32,
+    cached_tokens: u32,
+    output_tokens: u32,
+    max_tokens: u32,
+    started: bool,
+    output: OutputText,
+}
+
+struct Engine {
+    name: String,
+    config: EngineConfig,
+    tokenizer: Arc<dyn Tokenizer>,
+    /// `None` only while a blocking step runs.
+    executor: Option<Box<dyn Executor>>,
+    blocking: bool,
+    scheduler: Scheduler,
+    requests: HashMap<SeqId, Request>,
+    submissions: mpsc::UnboundedReceiver<Submission>,
+    shared: Arc<Shared>,
+    counters: Counters,
+    /// Every handle is gone: no more submissions.
+    closed: bool,
+}
+
+impl Engine {
+    async fn run(mut self) {
+        info!(engine = %self.name, kv_blocks = self.config.kv_blocks, "engine.started");
+        let mut deadline = Instant::now();
+        loop {
+            self.take_submissions();
+            self.reap_cancelled();
+            if self.scheduler.is_idle() {
+                self.publish();
+                if self.closed {
+                    break;
+                }
+                self.wait_for_work().await;
+                deadline = Instant::now();
+                continue;
+            }
+
+            // A clock far behind real time (an overloaded host, or an executor whose measured
+            // durations miss the engine's own overhead) forgives the difference instead of
+            // bursting steps to catch up.
+            let now = Instant::now();
+            if let Some(floor) = now.checked_sub(MAX_CLOCK_LAG) {
+                deadline = deadline.max(floor);
+            }
+
+            let schedule = self.scheduler.schedule();
+            self.note_schedule(&schedule);
+            // Publish the admissions now: the step may take a while on the modelled clock.
+            self.publish();
+            if schedule.plan.is_empty() {
+                // The scheduler always makes progress while it holds sequences (admission
+                // checks at submit guarantee it); never spin if that is ever broken.
+                debug_assert!(false, "empty step with work pending");
+                warn!(engine = %self.name, "engine.stalled");
+                self.publish();
+                self.wait_for_work().await;
+                continue;
+            }
+            let Some((plan, outcome)) = self.execute(schedule.plan).await else {
+                break;
+            };
+            if self.config.time_scale > 0.0 {
+                deadline += outcome.duration.mul_f64(self.config.time_scale);
+                self.sleep_until(deadline).await;
+            } else {
+                tokio::task::yield_now().await;
+            }
+            for token in self.scheduler.apply(&plan, &outcome) {
+                self.on_token(token);
+            }
+            debug!(
+                engine = %self.name,
+                step = plan.step,
+                tokens = plan.num_tokens(),
+                decodes = plan.num_decodes(),
+                duration_us = outcome.duration.as_micros() as u64,
+                running = self.scheduler.num_running(),
+                waiting = self.scheduler.num_waiting(),
+                "engine.step"
+            );
+            self.publish();
+        }
+        info!(engine = %self.name, "engine.stopped");
+    }
+
+    /// Runs one step on the executor, on the blocking pool if the executor asks for it.
+    /// `None` if the runtime is shutting down.
+    async fn execute(&mut self, plan: StepPlan) -> Option<(StepPlan, StepOutcome)> {
+        if !self.blocking {
+            let executor = self.executor.as_mut().expect("present between steps");
+            let outcome = executor.execute(&plan);
+            return Some((plan, outcome));
+        }
+        let mut executor = self.executor.take().expect("present between steps");
+        let joined = tokio::task::spawn_blocking(move || {
+            let outcome = executor.execute(&plan);
+            (executor, plan, outcome)
+        })
+        .await;
+        match joined {
+            Ok((executor, plan, outcome)) => {
+                self.executor = Some(executor);
+                Some((plan, outcome))
+            }
+            Err(e) => match e.try_into_panic() {
+                Ok(panic) => std::panic::resume_unwind(panic),
+                Err(_) => None,
+            },
+        }
+    }
+
+    /// Sleeps until the modelled clock's deadline, dropping cancelled requests meanwhile.
+    async fn sleep_until(&mut self, deadline: Instant) {
+        let shared = self.shared.clone();
+        let sleep = tokio::time::sleep_until(deadline);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return,
+                () = shared.wake.notified() => self.reap_cancelled(),
+            }
+        }
+    }
+
+    /// Waits for a submission, a cancellation, or the last handle going away.
+    async fn wait_for_work(&mut self) {
+        let shared = self.shared.clone();
+        tokio::select! {
+            submission = self.submissions.recv() => match submission {
+                Some(s) => self.take_submission(s),
+                None => self.closed = true,
+            },
+            () = shared.wake.notified() => {}
+        }
+    }
+
+    fn take_submissions(&mut self) {
+        loop {
+            match self.submissions.try_recv() {
+                Ok(s) => self.take_submission(s),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    self.closed = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    fn take_submission(&mut self, s: Submission) {
+        self.shared.inbox.fetch_sub(1, Ordering::Relaxed);
+        if s.events.is_closed() {
+            self.counters.requests_cancelled += 1;
+            debug!(engine = %self.name, request_id = %s.request_id, "request.cancelled");
+            return;
+        }
+        let prompt_tokens = saturating_u32(s.prompt.len());
+        debug!(engine = %self.name, request_id = %s.request_id, seq = %s.seq_id, prompt_tokens, "request.queued");
+        self.scheduler.add(NewSequence {
+            seq_id: s.seq_id,
+            prompt: s.prompt,
+            prompt_fingerprint: s.prompt_fingerprint,
+            sampling: s.sampling,
+        });
+        self.requests.insert(
+            s.seq_id,
+            Request {
+                request_id: s.request_id,
+                events: s.events,
+                prompt_tokens,
+                cached_tokens: 0,
+                output_tokens: 0,
+                max_tokens: s.max_tokens,
+                started: false,
+                output: OutputText::new(&s.stop_sequences),
+            },
+        );
+    }
+
+    /// Drops every request whose stream is gone and frees its blocks.
+    fn reap_cancelled(&mut self) {
+        let gone: Vec<SeqId> = self
+            .requests
+            .iter()
+            .filter(|(_, r)| r.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        for id in gone {
+            let request = self.requests.remove(&id).expect("listed above");
+            self.scheduler.abort(id);
+            if let Some(executor) = self.executor.as_mut() {
+                executor.sequence_finished(id);
+            }
+            self.counters.requests_cancelled += 1;
+            debug!(engine = %self.name, request_id = %request.request_id, seq = %id, "request.cancelled");
+        }
+        self.publish();
+    }
+
+    fn note_schedule(&mut self, schedule: &Schedule) {
+        for a in &schedule.admitted {
+            if let Some(r) = self.requests.get_mut(&a.seq_id) {
+                r.cached_tokens = a.cached_tokens;
+                self.counters.prompt_tokens_total += u64::from(r.prompt_tokens);
+                self.counters.cached_prompt_tokens_total += u64::from(a.cached_tokens);
+                debug!(
+                    engine = %self.name,
+                    request_id = %r.request_id,
+                    prompt_tokens = r.prompt_tokens,
+                    cached_tokens = a.cached_tokens,
+                    "request.admitted"
+                );
+            }
+        }
+        for id in &schedule.preempted {
+            if let Some(r) = self.requests.get(id) {
+                debug!(engine = %self.name, request_id = %r.request_id, "request.preempted");
+            }
+        }
+    }
+
+    fn on_token(&mut self, token: SampledToken) {
+        let Some(r) = self.requests.get_mut(&token.seq_id) else {
+            return;
+        };
+        r.output_tokens += 1;
+        self.counters.generated_tokens_total += 1;
+        if !r.started {
+            r.started = true;
+            let _ = r.events.send(GenerateEvent::Started {
+                prompt_tokens: r.prompt_tokens,
+                cached_tokens: r.cached_tokens,
+            });
+        }
+        let reason = if self.tokenizer.is_end_of_turn(token.token_id) {
+            send_text(&r.events, r.output.flush());
+            Some(FinishReason::EndOfTurn)
+        } else {
+            let released = r.output.push(&self.tokenizer.token_bytes(token.token_id));
+            send_text(&r.events, released.text);
+            if let Some(stop) = released.stop {
+                Some(FinishReason::StopSequence(stop))
+            } else if r.output_tokens >= r.max_tokens {
+                send_text(&r.events, r.output.flush());
+                Some(FinishReason::MaxTokens)
+            } else {
+                None
+            }
+        };
+        let Some(reason) = reason else {
+            return;
+        };
+        let _ = r.events.send(GenerateEvent::Finished {
+            reason: reason.clone(),
+            prompt_tokens: r.prompt_tokens,
+            cached_tokens: r.cached_tokens,
+            output_tokens: r.output_tokens,
+        });
+        debug!(
+            engine = %self.name,
+            request_id = %r.request_id,
+            reason = ?reason,
+            output_tokens = r.output_tokens,
+            "request.finished"
+        );
+        self.requests.remove(&token.seq_id);
+        self.scheduler.finish(token.seq_id);
+        if let Some(executor) = self.executor.as_mut() {
+            executor.sequence_finished(token.seq_id);
+        }
+        self.counters.requests_finished += 1;
+    }
+
+    fn publish(&self) {
+        let blocks = self.scheduler.blocks();
+        let stats = self.scheduler.stats();
+        let report = LoadReport {
+            running: saturating_u32(self.scheduler.num_running()),
+            waiting: saturating_u32(self.scheduler.num_waiting()),
+            kv_blocks_total: saturating_u32(blocks.total_blocks()),
+            kv_blocks_used: saturating_u32(blocks.used_blocks()),
+            kv_blocks_cached: saturating_u32(blocks.cached_blocks()),
+            prompt_tokens_total: self.counters.prompt_tokens_total,
+            cached_prompt_tokens_total: self.counters.cached_prompt_tokens_total,
+            generated_tokens_total: self.counters.generated_tokens_total,
+            requests_finished: self.counters.requests_finished,
+            requests_cancelled: self.counters.requests_cancelled,
+            preemptions: stats.preemptions,
+            steps: stats.steps,
+        };
+        *self
+            .shared
+            .load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = report;
+    }
+}
+
+fn send_text(events: &mpsc::UnboundedSender<GenerateEvent>, text: String) {
+    if !text.is_empty() {
+        let _ = events.send(GenerateEvent::Token { text });
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,62 @@
+//! Ringmaster's inference engine: a paged KV cache with prefix sharing, iteration-level
+//! continuous batching, and a pluggable executor.
+//!
+//! This crate owns everything between "a chat request arrived" and "these tokens came out":
+//! tokenizing, the KV block pool and its prefix cache ([`block`]), the scheduler
+//! ([`scheduler`]), the executor boundary ([`executor`]) and the async engine that ties them
+//! together ([`EngineHandle`]). It must not depend on the gateway (`host/`): the gateway drives
+//! engines through [`EngineHandle`] and reads their [`LoadReport`].
+//!
+//! Today the only executor is [`SimExecutor`], which replaces model math with a cost model
+//! ([`SimCostModel`], defaults resembling one H100 serving a Llama-3-8B-class model) and a
+//! modelled clock; the block manager, prefix cache and scheduler are the real thing and do not
+//! know which executor runs. A model executor implements the same [`Executor`] trait.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ringmaster_gpu_runtime::EngineError> {
+//! use ringmaster_gpu_runtime::*;
+//!
+//! let engine = EngineHandle::spawn(EngineConfig::simulated("gpu-0"))?;
+//! let mut stream = engine.submit(GenerateRequest {
+//!     request_id: "req-1".into(),
+//!     system: Some("You are terse.".into()),
+//!     messages: vec![ChatMessage { role: Role::User, text: "Hello".into() }],
+//!     max_tokens: 64,
+//!     stop_sequences: vec![],
+//!     sampling: SamplingParams::default(),
+//! })?;
+//! while let Some(event) = stream.next().await {
+//!     if let GenerateEvent::Token { text } = event {
+//!         print!("{text}");
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+#![deny(missing_docs)]
+#![forbid(unsafe_code)]
+
+pub mod block;
+mod config;
+pub mod cost;
+mod engine;
+mod error;
+pub mod executor;
+mod output;
+mod request;
+pub mod scheduler;
+pub mod tokenizer;
+
+pub use block::BLOCK_SIZE;
+pub use config::EngineConfig;
+pub use cost::{DEFAULT_KV_BLOCKS, SimCostModel};
+pub use engine::{EngineHandle, GenerationStream, LoadReport};
+pub use error::EngineError;
+pub use executor::{
+    Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
+};
+pub use request::{
+    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Role, SamplingParams,
+};
+pub use tokenizer::{SimTokenizer, Tokenizer};

@@ -1,0 +1,108 @@
+//! What a caller sends the engine and what the engine streams back.
+//!
+//! This module owns the plain data types of the engine's API: chat messages, sampling
+//! parameters, the generate request, and the events of a generation stream. It holds no
+//! behaviour; it must not depend on the scheduler, the block manager or any executor, so that
+//! the gateway can build and match these types without knowing how the engine works.
+
+/// Who wrote a chat message. The system prompt is not a message: it is
+/// [`GenerateRequest::system`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The end user.
+    User,
+    /// The model (an earlier reply, replayed in a multi-turn conversation).
+    Assistant,
+}
+
+impl Role {
+    /// The role's name in a ChatML prompt.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of a conversation.
+#[derive(Clone, Debug)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// What it says.
+    pub text: String,
+}
+
+/// How to pick output tokens. The simulated executor accepts all of them and uses only
+/// `seed` (to vary its text); a model executor applies them.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingParams {
+    /// Softmax temperature; `None` for the executor's default.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass; `None` for no nucleus cut.
+    pub top_p: Option<f32>,
+    /// Keep only the `k` most likely tokens; `None` for no cut.
+    pub top_k: Option<u32>,
+    /// Seed for reproducible sampling; `None` lets the executor choose.
+    pub seed: Option<u64>,
+}
+
+/// One chat completion to run.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    /// The caller's id for the request; appears in the engine's logs.
+    pub request_id: String,
+    /// The system prompt, if any.
+    pub system: Option<String>,
+    /// The conversation so far; the engine generates the next assistant turn.
+    pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate (the end-of-turn token counts as one).
+    pub max_tokens: u32,
+    /// Generation stops when the output contains any of these (empty strings are ignored);
+    /// the matched text is never streamed.
+    pub stop_sequences: Vec<String>,
+    /// How to pick tokens.
+    pub sampling: SamplingParams,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model ended its turn.
+    EndOfTurn,
+    /// `max_tokens` tokens were generated.
+    MaxTokens,
+    /// The output contained this stop sequence.
+    StopSequence(String),
+}
+
+/// One event of a [`crate::GenerationStream`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GenerateEvent {
+    /// Sent once, right before the first `Token`: the prompt is prefilled and the first token
+    /// sampled.
+    Started {
+        /// Tokens in the rendered prompt.
+        prompt_tokens: u32,
+        /// Of those, tokens whose KV came from the prefix cache.
+        cached_tokens: u32,
+    },
+    /// Generated text. It never contains any part of a matched stop sequence: text that could
+    /// be the start of one is held back until it is known not to be.
+    Token {
+        /// The text, possibly spanning several tokens (or a part of one).
+        text: String,
+    },
+    /// The last event.
+    Finished {
+        /// Why generation ended.
+        reason: FinishReason,
+        /// Tokens in the rendered prompt.
+        prompt_tokens: u32,
+        /// Of those, tokens whose KV came from the prefix cache.
+        cached_tokens: u32,
+        /// Tokens generated, the end-of-turn token included.
+        output_tokens: u32,
+    },
+}

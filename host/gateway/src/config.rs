@@ -1,0 +1,636 @@
+//! Gateway configuration: raw TOML → validated [`Config`].
+//!
+//! [`RawConfig`] mirrors the TOML file (every key optional, unknown keys refused); the binary
+//! lays CLI flags over it, then [`RawConfig::validate`] checks every invariant and produces a
+//! [`Config`], the only type the rest of the gateway sees. The embedded default (four simulated
+//! servers on loopback) is `default-config.toml`, compiled in. This module does no I/O beyond
+//! reading the file it is given.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::Duration;
+
+use ringmaster_gpu_runtime::{EngineConfig, SimCostModel};
+use ringmaster_ring::{MAX_VNODES_PER_WEIGHT, RingConfig};
+use serde::Deserialize;
+
+use crate::routing::PrefixHashing;
+
+/// The embedded default configuration.
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("../default-config.toml");
+/// Default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default model name served by the simulated servers.
+pub const DEFAULT_MODEL: &str = "sim-llama-3-8b";
+/// Default body limit (Anthropic's own limit for the Messages API is 32 MB; 16 MiB leaves room
+/// for long contexts while bounding memory per connection).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Default ceiling on `max_tokens`.
+pub const DEFAULT_MAX_OUTPUT_TOKENS: u32 = 8192;
+/// Default number of requests waiting inside one GPU server before the gateway calls it full;
+/// when every server is full, new requests get 529 `overloaded_error`.
+pub const DEFAULT_MAX_WAITING_PER_SERVER: u32 = 1024;
+/// Default time given to in-flight requests at shutdown.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// Environment variable that supplies the admin token when the file does not.
+pub const ADMIN_TOKEN_ENV: &str = "RINGMASTER_ADMIN_TOKEN";
+/// Shortest admin token accepted: a guessable token is worse than none.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// A configuration problem, named precisely.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys.
+    #[error("config is not valid: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// A value breaks an invariant.
+    #[error("config key `{key}`: {problem}")]
+    Invalid {
+        /// The key, dotted.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+/// The TOML file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `listen`: address to bind.
+    pub listen: Option<String>,
+    /// `models`: model names accepted in requests.
+    pub models: Option<Vec<String>>,
+    /// `admin_token`: enables the admin API.
+    pub admin_token: Option<String>,
+    /// `[[api_keys]]`.
+    pub api_keys: Option<Vec<RawApiKey>>,
+    /// `[limits]`.
+    pub limits: Option<RawLimits>,
+    /// `[routing]`.
+    pub routing: Option<RawRouting>,
+    /// `[[servers]]`.
+    pub servers: Option<Vec<RawServer>>,
+    /// `[simulator]`.
+    pub simulator: Option<RawSimulator>,
+}
+
+/// One `[[api_keys]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApiKey {
+    /// The secret.
+    pub key: String,
+    /// The key's tier (for admission policies; default `"default"`).
+    pub tier: Option<String>,
+    /// Requests per minute allowed for this key; unlimited when absent.
+    pub requests_per_minute: Option<u32>,
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Largest request body, bytes.
+    pub max_body_bytes: Option<usize>,
+    /// Largest `max_tokens`.
+    pub max_output_tokens: Option<u32>,
+    /// Waiting requests per server before it counts as full.
+    pub max_waiting_per_server: Option<u32>,
+    /// Seconds in-flight requests get at shutdown.
+    pub shutdown_grace_seconds: Option<u64>,
+}
+
+/// `[routing]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    /// `"consistent-hash"` or `"round-robin"`.
+    pub strategy: Option<String>,
+    /// Virtual nodes per unit of weight.
+    pub vnodes_per_weight: Option<u32>,
+    /// Bounded-load factor `c`.
+    pub load_factor: Option<f64>,
+    /// Prefix-hash chunk size, bytes.
+    pub prefix_chunk_bytes: Option<usize>,
+    /// Most prefix hashes per request.
+    pub max_prefix_hashes: Option<usize>,
+}
+
+/// One `[[servers]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// `sim://NAME` (later: `http://host:port`).
+    pub address: String,
+    /// Id on the ring; defaults to the address's name.
+    pub id: Option<String>,
+    /// Ring weight, default 1.
+    pub weight: Option<u32>,
+}
+
+/// `[simulator]`: overrides of the simulated servers' model (see `SimCostModel`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSimulator {
+    /// Modelled seconds → real seconds; 1.0 is real time.
+    pub time_scale: Option<f64>,
+    /// KV blocks of 16 tokens per server.
+    pub kv_blocks: Option<u32>,
+    /// Most sequences running at once per server.
+    pub max_running: Option<u32>,
+    /// Tokens per engine step.
+    pub step_token_budget: Option<u32>,
+    /// Prefill speed, tokens per second.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Decode step at batch 1, milliseconds.
+    pub decode_step_base_ms: Option<f64>,
+    /// Extra decode-step time per running sequence, milliseconds.
+    pub decode_step_per_seq_ms: Option<f64>,
+}
+
+/// How requests are spread over servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// The bounded-load consistent-hash ring on the routing key.
+    ConsistentHash,
+    /// Each request to the next server in turn (a baseline; ignores caches).
+    RoundRobin,
+}
+
+impl Strategy {
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ConsistentHash => "consistent-hash",
+            Self::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// An API key and what it grants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKey {
+    /// The secret (never logged).
+    pub key: String,
+    /// Its tier.
+    pub tier: String,
+    /// Its rate limit.
+    pub requests_per_minute: Option<NonZeroU32>,
+}
+
+/// Where a GPU server is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ServerAddress {
+    /// A simulated server in this process: `sim://NAME`.
+    Simulated {
+        /// The name after `sim://`.
+        name: String,
+    },
+}
+
+impl ServerAddress {
+    /// Parses `sim://NAME`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        if let Some(name) = text.strip_prefix("sim://") {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return Err(format!(
+                    "{text:?}: the name after sim:// must be non-empty ASCII letters, digits, '-', '_' or '.'"
+                ));
+            }
+            return Ok(Self::Simulated {
+                name: name.to_owned(),
+            });
+        }
+        if text.starts_with("http://") || text.starts_with("https://") {
+            return Err(format!(
+                "{text:?}: remote workers are not supported yet (they arrive with `ringmaster worker`); use sim://NAME"
+            ));
+        }
+        Err(format!("{text:?}: expected sim://NAME"))
+    }
+
+    /// The default ring id for this address.
+    pub fn default_id(&self) -> &str {
+        match self {
+            Self::Simulated { name } => name,
+        }
+    }
+}
+
+impl std::fmt::Display for ServerAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Simulated { name } => write!(f, "sim://{name}"),
+        }
+    }
+}
+
+/// A GPU server to start with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerSpec {
+    /// Ring id.
+    pub id: String,
+    /// Where it is.
+    pub address: ServerAddress,
+    /// Ring weight.
+    pub weight: u32,
+}
+
+impl ServerSpec {
+    /// Validates one server entry (shared by the config file and `POST /admin/servers`).
+    pub fn from_raw(raw: &RawServer) -> Result<Self, String> {
+        let address = ServerAddress::parse(raw.address.trim())?;
+        let id = raw
+            .id
+            .clone()
+            .unwrap_or_else(|| address.default_id().to_owned());
+        if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c == '/') {
+            return Err(format!(
+                "id {id:?}: must be 1–128 characters, no '/' or control characters"
+            ));
+        }
+        let weight = raw.weight.unwrap_or(1);
+        if weight == 0 || weight > 100 {
+            return Err(format!("weight {weight}: must be between 1 and 100"));
+        }
+        Ok(Self {
+            id,
+            address,
+            weight,
+        })
+    }
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Models accepted.
+    pub models: Vec<String>,
+    /// Admin token; `None` turns the admin API off.
+    pub admin_token: Option<String>,
+    /// API keys; empty means no authentication (loopback only).
+    pub api_keys: Vec<ApiKey>,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Largest `max_tokens`.
+    pub max_output_tokens: u32,
+    /// Waiting requests per server before it counts as full.
+    pub max_waiting_per_server: u32,
+    /// Time in-flight requests get at shutdown.
+    pub shutdown_grace: Duration,
+    /// Routing strategy.
+    pub strategy: Strategy,
+    /// Ring parameters.
+    pub ring: RingConfig,
+    /// Prefix hashing.
+    pub prefix_hashing: PrefixHashing,
+    /// Servers at start.
+    pub servers: Vec<ServerSpec>,
+    /// Template for simulated servers (name filled in per server).
+    pub simulator: EngineConfig,
+}
+
+impl Config {
+    /// The embedded default, validated.
+    pub fn embedded_default() -> Self {
+        RawConfig::embedded_default()
+            .validate()
+            .expect("the embedded default configuration is valid")
+    }
+}
+
+impl RawConfig {
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The embedded default.
+    pub fn embedded_default() -> Self {
+        Self::from_toml(DEFAULT_CONFIG_TOML).expect("the embedded default configuration parses")
+    }
+
+    /// Checks every invariant and builds the [`Config`]. The admin token falls back to
+    /// `RINGMASTER_ADMIN_TOKEN` when the file sets none.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        self.validate_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::validate`] with an explicit environment, for tests.
+    pub fn validate_with_env(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let listen_text = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen_text.parse().map_err(|e| {
+            invalid(
+                "listen",
+                format!("{listen_text:?} is not an IP:port address ({e})"),
+            )
+        })?;
+
+        let models = self
+            .models
+            .unwrap_or_else(|| vec![DEFAULT_MODEL.to_owned()]);
+        if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) {
+            return Err(invalid("models", "list at least one non-empty model name"));
+        }
+
+        let admin_token = self
+            .admin_token
+            .or_else(|| env(ADMIN_TOKEN_ENV))
+            .filter(|t| !t.is_empty());
+        if let Some(token) = &admin_token
+            && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
+        {
+            return Err(invalid(
+                "admin_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
+            ));
+        }
+
+        let mut api_keys = Vec::new();
+        for (i, raw) in self.api_keys.unwrap_or_default().into_iter().enumerate() {
+            if raw.key.len() < 8 || raw.key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    format!("api_keys[{i}].key"),
+                    "must be at least 8 characters with no whitespace",
+                ));
+            }
+            if api_keys.iter().any(|k: &ApiKey| k.key == raw.key) {
+                return Err(invalid(format!("api_keys[{i}].key"), "duplicate key"));
+            }
+            let requests_per_minute = match raw.requests_per_minute {
+                None => None,
+                Some(n) => Some(NonZeroU32::new(n).ok_or_else(|| {
+                    invalid(
+                        format!("api_keys[{i}].requests_per_minute"),
+                        "must be at least 1",
+                    )
+                })?),
+            };
+            api_keys.push(ApiKey {
+                key: raw.key,
+                tier: raw.tier.unwrap_or_else(|| "default".to_owned()),
+                requests_per_minute,
+            });
+        }
+        if api_keys.is_empty() && !listen.ip().is_loopback() {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "refusing to listen on non-loopback address {listen} without API keys; add [[api_keys]] or listen on 127.0.0.1"
+                ),
+            ));
+        }
+
+        let limits = self.limits.unwrap_or_default();
+        let max_body_bytes = limits.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes < 1024 {
+            return Err(invalid("limits.max_body_bytes", "must be at least 1024"));
+        }
+        let max_output_tokens = limits
+            .max_output_tokens
+            .unwrap_or(DEFAULT_MAX_OUTPUT_TOKENS);
+        if max_output_tokens == 0 {
+            return Err(invalid("limits.max_output_tokens", "must be at least 1"));
+        }
+        let max_waiting_per_server = limits
+            .max_waiting_per_server
+            .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
+        if max_waiting_per_server == 0 {
+            return Err(invalid(
+                "limits.max_waiting_per_server",
+                "must be at least 1",
+            ));
+        }
+        let shutdown_grace = limits
+            .shutdown_grace_seconds
+            .map_or(DEFAULT_SHUTDOWN_GRACE, Duration::from_secs);
+
+        let routing = self.routing.unwrap_or_default();
+        let strategy = match routing.strategy.as_deref().unwrap_or("consistent-hash") {
+            "consistent-hash" => Strategy::ConsistentHash,
+            "round-robin" => Strategy::RoundRobin,
+            other => {
+                return Err(invalid(
+                    "routing.strategy",
+                    format!("{other:?}: expected \"consistent-hash\" or \"round-robin\""),
+                ));
+            }
+        };
+        let defaults = RingConfig::default();
+        let ring = RingConfig::new(
+            routing
+                .vnodes_per_weight
+                .unwrap_or(defaults.vnodes_per_weight),
+            routing.load_factor.unwrap_or(defaults.load_factor),
+        )
+        .map_err(|e| {
+            invalid(
+                "routing",
+                format!("{e} (vnodes_per_weight 1..={MAX_VNODES_PER_WEIGHT}, load_factor >= 1.0)"),
+            )
+        })?;
+        let prefix_hashing = PrefixHashing {
+            chunk_bytes: routing
+                .prefix_chunk_bytes
+                .unwrap_or(crate::routing::DEFAULT_PREFIX_CHUNK_BYTES),
+            max_hashes: routing
+                .max_prefix_hashes
+                .unwrap_or(crate::routing::DEFAULT_MAX_PREFIX_HASHES),
+        };
+        if !(16..=65536).contains(&prefix_hashing.chunk_bytes) {
+            return Err(invalid(
+                "routing.prefix_chunk_bytes",
+                "must be between 16 and 65536",
+            ));
+        }
+        if prefix_hashing.max_hashes > 65536 {
+            return Err(invalid(
+                "routing.max_prefix_hashes",
+                "must be at most 65536",
+            ));
+        }
+
+        let mut servers: Vec<ServerSpec> = Vec::new();
+        for (i, raw) in self.servers.unwrap_or_default().iter().enumerate() {
+            let spec =
+                ServerSpec::from_raw(raw).map_err(|p| invalid(format!("servers[{i}]"), p))?;
+            if servers.iter().any(|s| s.id == spec.id) {
+                return Err(invalid(
+                    format!("servers[{i}]"),
+                    format!("duplicate id {:?}", spec.id),
+                ));
+            }
+            servers.push(spec);
+        }
+
+        let simulator = simulator_config(self.simulator.unwrap_or_default())?;
+
+        Ok(Config {
+            listen,
+            models,
+            admin_token,
+            api_keys,
+            max_body_bytes,
+            max_output_tokens,
+            max_waiting_per_server,
+            shutdown_grace,
+            strategy,
+            ring,
+            prefix_hashing,
+            servers,
+            simulator,
+        })
+    }
+}
+
+fn simulator_config(raw: RawSimulator) -> Result<EngineConfig, ConfigError> {
+    let mut engine = EngineConfig::simulated("template");
+    let mut cost = SimCostModel::default();
+    if let Some(v) = raw.time_scale {
+        engine.time_scale = v;
+    }
+    if let Some(v) = raw.kv_blocks {
+        engine.kv_blocks = v;
+    }
+    if let Some(v) = raw.max_running {
+        engine.max_running = v;
+    }
+    if let Some(v) = raw.step_token_budget {
+        engine.step_token_budget = v;
+    }
+    if let Some(v) = raw.prefill_tokens_per_s {
+        cost.prefill_tokens_per_s = v;
+    }
+    if let Some(v) = raw.decode_step_base_ms {
+        cost.decode_step_base = duration_ms("simulator.decode_step_base_ms", v)?;
+    }
+    if let Some(v) = raw.decode_step_per_seq_ms {
+        cost.decode_step_per_seq = duration_ms("simulator.decode_step_per_seq_ms", v)?;
+    }
+    engine.cost = cost;
+    engine
+        .validate()
+        .map_err(|e| invalid("simulator", e.to_string()))?;
+    Ok(engine)
+}
+
+fn duration_ms(key: &str, ms: f64) -> Result<Duration, ConfigError> {
+    if !ms.is_finite() || ms < 0.0 {
+        return Err(invalid(
+            key,
+            format!("{ms} is not a non-negative number of milliseconds"),
+        ));
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn embedded_default_is_four_simulated_servers_on_loopback() {
+        let config = RawConfig::embedded_default()
+            .validate_with_env(no_env)
+            .unwrap();
+        assert_eq!(config.servers.len(), 4);
+        assert!(config.listen.ip().is_loopback());
+        assert_eq!(config.listen.port(), 8080);
+        assert!(config.admin_token.is_none());
+        assert_eq!(config.strategy, Strategy::ConsistentHash);
+    }
+
+    #[test]
+    fn refuses_public_listen_without_keys() {
+        let raw = RawConfig::from_toml("listen = \"0.0.0.0:8080\"").unwrap();
+        let err = raw.validate_with_env(no_env).unwrap_err().to_string();
+        assert!(err.contains("without API keys"), "{err}");
+        let raw = RawConfig::from_toml(
+            "listen = \"0.0.0.0:8080\"\n[[api_keys]]\nkey = \"sk-test-123456\"",
+        )
+        .unwrap();
+        assert!(raw.validate_with_env(no_env).is_ok());
+    }
+
+    #[test]
+    fn admin_token_comes_from_env_when_file_has_none() {
+        let config = RawConfig::default()
+            .validate_with_env(|n| (n == ADMIN_TOKEN_ENV).then(|| "a".repeat(20)))
+            .unwrap();
+        assert_eq!(config.admin_token.as_deref(), Some("a".repeat(20).as_str()));
+        let err = RawConfig::default()
+            .validate_with_env(|_| Some("short".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("admin_token"));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("listen = \"nowhere\"", "listen"),
+            ("bogus = 1", "unknown field"),
+            ("[routing]\nstrategy = \"random\"", "routing.strategy"),
+            ("[routing]\nload_factor = 0.5", "routing"),
+            (
+                "[[servers]]\naddress = \"http://10.0.0.1:9000\"",
+                "remote workers",
+            ),
+            (
+                "[[servers]]\naddress = \"sim://a\"\n[[servers]]\naddress = \"sim://a\"",
+                "duplicate id",
+            ),
+            ("[[servers]]\naddress = \"sim://a\"\nweight = 0", "weight"),
+            (
+                "[simulator]\ndecode_step_base_ms = -1",
+                "decode_step_base_ms",
+            ),
+            ("models = []", "models"),
+        ];
+        for (toml, needle) in cases {
+            let err = RawConfig::from_toml(toml)
+                .and_then(|raw| raw.validate_with_env(no_env))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(needle), "{toml}: {err}");
+        }
+    }
+}

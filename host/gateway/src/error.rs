@@ -1,0 +1,209 @@
+//! The gateway's API error: what went wrong, who is to blame, and how it is shown to a client.
+//!
+//! Every error a client can see is an [`ApiError`]. Its [`ErrorKind`] decides, in this one place,
+//! the HTTP status and the Anthropic error `type`, so handlers never pick status codes by hand.
+//! The message is written for the client: it names the field or value that is wrong and never
+//! contains a prompt, an API key or an internal path.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+use serde::Serialize;
+
+/// The class of an API error, after Anthropic's error types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or asks for something impossible (400).
+    InvalidRequest,
+    /// The request body is not JSON (415).
+    UnsupportedMediaType,
+    /// The method is not allowed on the path (405).
+    MethodNotAllowed,
+    /// The resource exists but the request conflicts with its state (409).
+    Conflict,
+    /// No API key, or an unknown one (401).
+    Authentication,
+    /// The path, model or server does not exist (404).
+    NotFound,
+    /// The body is over the configured limit (413).
+    RequestTooLarge,
+    /// The key's rate limit is used up (429).
+    RateLimit,
+    /// A failure inside the gateway or a GPU server (500).
+    Api,
+    /// No GPU server can take the request now (529).
+    Overloaded,
+    /// The gateway is not ready to serve (503).
+    Unavailable,
+}
+
+impl ErrorKind {
+    /// The HTTP status for this kind.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidRequest => StatusCode::BAD_REQUEST,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Conflict => StatusCode::CONFLICT,
+            Self::Authentication => StatusCode::UNAUTHORIZED,
+            Self::NotFound => StatusCode::NOT_FOUND,
+            Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RateLimit => StatusCode::TOO_MANY_REQUESTS,
+            Self::Api => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Overloaded => overloaded_status(),
+            Self::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// The Anthropic error `type` string.
+    pub fn anthropic_type(self) -> &'static str {
+        match self {
+            Self::InvalidRequest
+            | Self::UnsupportedMediaType
+            | Self::MethodNotAllowed
+            | Self::Conflict => "invalid_request_error",
+            Self::Authentication => "authentication_error",
+            Self::NotFound => "not_found_error",
+            Self::RequestTooLarge => "request_too_large",
+            Self::RateLimit => "rate_limit_error",
+            Self::Api => "api_error",
+            Self::Overloaded | Self::Unavailable => "overloaded_error",
+        }
+    }
+
+    /// Whether sending the same request again later can succeed.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::RateLimit | Self::Api | Self::Overloaded | Self::Unavailable
+        )
+    }
+}
+
+/// Anthropic's non-standard "overloaded" status.
+fn overloaded_status() -> StatusCode {
+    StatusCode::from_u16(529).expect("529 is a valid status code")
+}
+
+/// An error shown to an API client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiError {
+    kind: ErrorKind,
+    message: String,
+    retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    /// An error of `kind` with a client-facing `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    /// 400 `invalid_request_error`.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+
+    /// 404 `not_found_error`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// 500 `api_error`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Api, message)
+    }
+
+    /// Adds a `retry-after` hint.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The client-facing message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// How long the client should wait before retrying, when known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// The Anthropic error body: `{"type":"error","error":{"type":…,"message":…}}`.
+    pub fn body(&self) -> serde_json::Value {
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            message: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Outer<'a> {
+            #[serde(rename = "type")]
+            kind: &'static str,
+            error: Inner<'a>,
+        }
+        serde_json::to_value(Outer {
+            kind: "error",
+            error: Inner {
+                kind: self.kind.anthropic_type(),
+                message: &self.message,
+            },
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.anthropic_type(), self.message)
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kinds_map_to_anthropic_statuses_and_types() {
+        let table = [
+            (ErrorKind::InvalidRequest, 400, "invalid_request_error"),
+            (ErrorKind::Authentication, 401, "authentication_error"),
+            (ErrorKind::NotFound, 404, "not_found_error"),
+            (ErrorKind::RequestTooLarge, 413, "request_too_large"),
+            (
+                ErrorKind::UnsupportedMediaType,
+                415,
+                "invalid_request_error",
+            ),
+            (ErrorKind::RateLimit, 429, "rate_limit_error"),
+            (ErrorKind::Api, 500, "api_error"),
+            (ErrorKind::Overloaded, 529, "overloaded_error"),
+        ];
+        for (kind, status, name) in table {
+            assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+            assert_eq!(kind.anthropic_type(), name, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn body_has_the_anthropic_shape() {
+        let body = ApiError::invalid("max_tokens: field required").body();
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["message"], "max_tokens: field required");
+    }
+}

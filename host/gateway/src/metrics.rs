@@ -1,0 +1,268 @@
+//! Prometheus metrics for everything an operator watches.
+//!
+//! Request-path metrics (responses, latency histograms, routing decisions) are updated as
+//! requests go by. Per-server state (in flight, KV blocks, prefix-cache hits) is owned by the
+//! pool and the engines, so a [`Collector`] reads it at scrape time instead of copying it on
+//! every change. Every family is prefixed `ringmaster_`. This module never sees a prompt.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::pool::Pool;
+
+/// Label set with one `server` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ServerLabel {
+    /// Server id.
+    pub server: String,
+}
+
+/// Label set of HTTP responses.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    /// Route name (`messages`, `models`, `admin`, …).
+    pub route: &'static str,
+    /// HTTP status.
+    pub status: u16,
+}
+
+/// Label set of routing decisions.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    /// `affinity`, `bounded-load-spill` or `round-robin`.
+    pub reason: &'static str,
+}
+
+/// The gateway's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    /// HTTP responses by route and status.
+    pub responses: Family<ResponseLabels, Counter>,
+    /// Time from request arrival to the first generated token.
+    pub ttft_seconds: Histogram,
+    /// Time from request arrival to the last byte of the answer.
+    pub request_duration_seconds: Histogram,
+    /// Routing decisions by reason.
+    pub routing_decisions: Family<ReasonLabel, Counter>,
+    /// The chosen server's in-flight count over its bounded-load cap, at each assignment
+    /// (never above 1 while the bounded-load ring routes).
+    pub routing_load_to_cap: Histogram,
+    /// Generations cancelled because the client went away.
+    pub client_disconnects: Counter,
+}
+
+impl Metrics {
+    /// Registers every family, including the per-server collector over `pool`.
+    pub fn new(pool: Arc<Pool>) -> Self {
+        let mut registry = Registry::with_prefix("ringmaster");
+        let responses = Family::<ResponseLabels, Counter>::default();
+        registry.register(
+            "http_responses",
+            "HTTP responses by route and status",
+            responses.clone(),
+        );
+        let ttft_seconds = Histogram::new(latency_buckets());
+        registry.register(
+            "ttft_seconds",
+            "Time from request arrival to the first generated token",
+            ttft_seconds.clone(),
+        );
+        let request_duration_seconds = Histogram::new(latency_buckets());
+        registry.register(
+            "request_duration_seconds",
+            "Time from request arrival to the end of the answer",
+            request_duration_seconds.clone(),
+        );
+        let routing_decisions = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "routing_decisions",
+            "Routing decisions by reason (affinity, bounded-load-spill, round-robin)",
+            routing_decisions.clone(),
+        );
+        let routing_load_to_cap = Histogram::new([0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0]);
+        registry.register(
+            "routing_load_to_cap_ratio",
+            "Chosen server's in-flight requests over its bounded-load cap, at assignment",
+            routing_load_to_cap.clone(),
+        );
+        let client_disconnects = Counter::default();
+        registry.register(
+            "client_disconnects",
+            "Generations cancelled because the client disconnected",
+            client_disconnects.clone(),
+        );
+        registry.register_collector(Box::new(ServerCollector { pool }));
+        Self {
+            registry,
+            responses,
+            ttft_seconds,
+            request_duration_seconds,
+            routing_decisions,
+            routing_load_to_cap,
+            client_disconnects,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// 1 ms to ~65 s, doubling.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+}
+
+/// Reads per-server state from the pool on each scrape.
+#[derive(Debug)]
+struct ServerCollector {
+    pool: Arc<Pool>,
+}
+
+impl Collector for ServerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = self.pool.snapshot();
+        let servers: Vec<_> = snapshot
+            .servers
+            .iter()
+            .chain(snapshot.draining.iter())
+            .map(|s| {
+                (
+                    ServerLabel {
+                        server: s.id().to_owned(),
+                    },
+                    s.clone(),
+                    s.engine().load(),
+                )
+            })
+            .collect();
+        type Read = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
+        let gauges: [(&str, &str, Read); 9] = [
+            (
+                "server_in_flight",
+                "Requests routed to the server and not finished",
+                |s, _| s.in_flight() as f64,
+            ),
+            (
+                "server_running",
+                "Sequences in the server's running batch",
+                |_, l| f64::from(l.running),
+            ),
+            (
+                "server_waiting",
+                "Requests queued inside the server",
+                |_, l| f64::from(l.waiting),
+            ),
+            (
+                "server_kv_blocks_used",
+                "KV blocks referenced by live sequences",
+                |_, l| f64::from(l.kv_blocks_used),
+            ),
+            (
+                "server_kv_blocks_cached",
+                "Unreferenced KV blocks still holding a cached prefix",
+                |_, l| f64::from(l.kv_blocks_cached),
+            ),
+            (
+                "server_kv_blocks_total",
+                "KV blocks in the server's pool",
+                |_, l| f64::from(l.kv_blocks_total),
+            ),
+            (
+                "server_kv_usage_ratio",
+                "Fraction of KV blocks referenced by live sequences",
+                |_, l| {
+                    if l.kv_blocks_total == 0 {
+                        0.0
+                    } else {
+                        f64::from(l.kv_blocks_used) / f64::from(l.kv_blocks_total)
+                    }
+                },
+            ),
+            (
+                "server_prefix_cache_hit_ratio",
+                "Prompt tokens served from the prefix cache over all prompt tokens",
+                |_, l| {
+                    if l.prompt_tokens_total == 0 {
+                        0.0
+                    } else {
+                        l.cached_prompt_tokens_total as f64 / l.prompt_tokens_total as f64
+                    }
+                },
+            ),
+            (
+                "server_draining",
+                "1 while a removed server finishes its requests",
+                |s, _| if s.is_draining() { 1.0 } else { 0.0 },
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (label, server, load) in &servers {
+                ConstGauge::new(read(server, load)).encode(family.encode_family(label)?)?;
+            }
+        }
+        type Count = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
+        let counters: [(&str, &str, Count); 6] = [
+            (
+                "server_requests",
+                "Requests routed to the server",
+                |s, _| s.requests_total(),
+            ),
+            (
+                "server_prompt_tokens",
+                "Prompt tokens the server received",
+                |_, l| l.prompt_tokens_total,
+            ),
+            (
+                "server_cached_prompt_tokens",
+                "Prompt tokens served from the server's prefix cache",
+                |_, l| l.cached_prompt_tokens_total,
+            ),
+            (
+                "server_generated_tokens",
+                "Tokens the server generated",
+                |_, l| l.generated_tokens_total,
+            ),
+            (
+                "server_cancelled_requests",
+                "Requests cancelled inside the server",
+                |_, l| l.requests_cancelled,
+            ),
+            (
+                "server_preemptions",
+                "Sequences preempted for KV memory",
+                |_, l| l.preemptions,
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (label, server, load) in &servers {
+                ConstCounter::new(read(server, load)).encode(family.encode_family(label)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,520 @@
+//! The GPU server pool: which servers exist, how loaded they are, and which one gets a request.
+//!
+//! The ring and the server list that its member indices point into live in one immutable
+//! [`PoolSnapshot`], published through `ArcSwap`: a reader never locks and never sees a ring
+//! that disagrees with the server list. Adding or removing a server builds a new snapshot and
+//! swaps it in; a removed server moves to `draining`, keeps serving the requests it already has,
+//! and is dropped (its engine stops) once they finish.
+//!
+//! Routing takes one short lock around "read loads, pick, count the request in flight", so the
+//! bounded-load cap holds exactly at every assignment even under concurrent requests. The
+//! critical section is a ring walk over a handful of atomics (tens of nanoseconds). Requests
+//! release their slot through the [`InFlight`] guard without taking the lock.
+//!
+//! This module owns no HTTP and no policy logic: it routes on a precomputed [`RoutingInput`].
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use ringmaster_gpu_runtime::{EngineConfig, EngineError, EngineHandle};
+use ringmaster_ring::{Member, Ring, RingConfig, RingError};
+
+use crate::config::{ServerAddress, ServerSpec, Strategy};
+use crate::routing::RoutingInput;
+
+/// A pool change that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A server with this id is already in the pool (or still draining).
+    #[error("a server with id {0:?} already exists")]
+    Duplicate(String),
+    /// No active server has this id.
+    #[error("no server with id {0:?}")]
+    Unknown(String),
+    /// The ring rejected the member set.
+    #[error("ring: {0}")]
+    Ring(#[from] RingError),
+    /// The server's engine could not start.
+    #[error("cannot start server {id:?}: {source}")]
+    Engine {
+        /// The server.
+        id: String,
+        /// Why.
+        source: EngineError,
+    },
+}
+
+/// One GPU server as the gateway sees it.
+#[derive(Debug)]
+pub struct Server {
+    id: String,
+    address: ServerAddress,
+    weight: u32,
+    engine: EngineHandle,
+    in_flight: AtomicU64,
+    peak_in_flight: AtomicU64,
+    requests_total: AtomicU64,
+    draining: AtomicBool,
+}
+
+impl Server {
+    /// Ring id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Address.
+    pub fn address(&self) -> &ServerAddress {
+        &self.address
+    }
+    /// Ring weight.
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+    /// The engine that runs requests.
+    pub fn engine(&self) -> &EngineHandle {
+        &self.engine
+    }
+    /// Requests the gateway has routed here that have not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    /// Highest `in_flight` seen at any assignment.
+    pub fn peak_in_flight(&self) -> u64 {
+        self.peak_in_flight.load(Ordering::Relaxed)
+    }
+    /// Requests routed here since it joined.
+    pub fn requests_total(&self) -> u64 {
+        self.requests_total.load(Ordering::Relaxed)
+    }
+    /// Whether it was removed and is finishing its last requests.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+}
+
+/// Holds one request's slot on a server; dropping it releases the slot.
+#[derive(Debug)]
+pub struct InFlight {
+    server: Arc<Server>,
+}
+
+impl InFlight {
+    /// The server the request runs on.
+    pub fn server(&self) -> &Arc<Server> {
+        &self.server
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.server.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Why a server was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecisionReason {
+    /// The key's owner on the ring was under its cap.
+    Affinity,
+    /// The owner was at its bounded-load cap; the next server clockwise under cap took it.
+    BoundedLoadSpill,
+    /// Round-robin strategy.
+    RoundRobin,
+}
+
+impl DecisionReason {
+    /// Stable name for metrics and the explain endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Affinity => "affinity",
+            Self::BoundedLoadSpill => "bounded-load-spill",
+            Self::RoundRobin => "round-robin",
+        }
+    }
+}
+
+/// A routing decision.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// The chosen server.
+    pub server: Arc<Server>,
+    /// Why.
+    pub reason: DecisionReason,
+    /// The key's owner on the ring (the affinity choice), for consistent hashing.
+    pub preferred: Option<Arc<Server>>,
+    /// Servers passed over for being at their cap, in ring order.
+    pub skipped: Vec<Arc<Server>>,
+    /// The chosen server's bounded-load cap at decision time (consistent hashing only).
+    pub capacity: Option<u64>,
+    /// The chosen server's in-flight count including this request.
+    pub load_after: u64,
+}
+
+/// The pool at one instant: a ring and the servers its member indices name.
+#[derive(Debug)]
+pub struct PoolSnapshot {
+    /// The ring over `servers` (member `i` is `servers[i]`).
+    pub ring: Ring,
+    /// Active servers.
+    pub servers: Vec<Arc<Server>>,
+    /// Removed servers still finishing requests.
+    pub draining: Vec<Arc<Server>>,
+    /// Increases by one with every published change.
+    pub version: u64,
+}
+
+impl PoolSnapshot {
+    /// Finds an active server by id.
+    pub fn server(&self, id: &str) -> Option<&Arc<Server>> {
+        self.servers.iter().find(|s| s.id == id)
+    }
+}
+
+/// The live pool.
+#[derive(Debug)]
+pub struct Pool {
+    snapshot: ArcSwap<PoolSnapshot>,
+    /// Serialises decide-and-count; the Vec is scratch space for the loads.
+    route_lock: Mutex<Vec<u64>>,
+    /// Serialises snapshot rebuilds.
+    update_lock: Mutex<()>,
+    round_robin: AtomicU64,
+    strategy: Strategy,
+    ring_config: RingConfig,
+    simulator: EngineConfig,
+}
+
+impl Pool {
+    /// Starts every server in `specs` and builds the first snapshot. Needs a tokio runtime.
+    pub fn start(
+        specs: &[ServerSpec],
+        strategy: Strategy,
+        ring_config: RingConfig,
+        simulator: EngineConfig,
+    ) -> Result<Self, PoolError> {
+        let mut servers = Vec::with_capacity(specs.len());
+        for spec in specs {
+            if servers.iter().any(|s: &Arc<Server>| s.id == spec.id) {
+                return Err(PoolError::Duplicate(spec.id.clone()));
+            }
+            servers.push(start_server(spec, &simulator)?);
+        }
+        let ring = build_ring(&servers, &ring_config)?;
+        Ok(Self {
+            snapshot: ArcSwap::from_pointee(PoolSnapshot {
+                ring,
+                servers,
+                draining: Vec::new(),
+                version: 1,
+            }),
+            route_lock: Mutex::new(Vec::new()),
+            update_lock: Mutex::new(()),
+            round_robin: AtomicU64::new(0),
+            strategy,
+            ring_config,
+            simulator,
+        })
+    }
+
+    /// The current snapshot.
+    pub fn snapshot(&self) -> Arc<PoolSnapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// The routing strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Picks a server for `input` and counts the request in flight there. `None` when the pool
+    /// has no active server.
+    pub fn route(&self, input: &RoutingInput) -> Option<(Decision, InFlight)> {
+        let snapshot = self.snapshot.load();
+        if snapshot.servers.is_empty() {
+            return None;
+        }
+        let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let decision = self.decide(&snapshot, input, &mut loads)?;
+        let server = decision.server.clone();
+        let after = server.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(loads);
+        server.peak_in_flight.fetch_max(after, Ordering::Relaxed);
+        server.requests_total.fetch_add(1, Ordering::Relaxed);
+        Some((
+            Decision {
+                load_after: after,
+                ..decision
+            },
+            InFlight { server },
+        ))
+    }
+
+    /// What [`Self::route`] would decide now, without counting anything.
+    pub fn explain(&self, input: &RoutingInput) -> Option<Decision> {
+        let snapshot = self.snapshot.load();
+        let mut loads = Vec::new();
+        self.decide(&snapshot, input, &mut loads)
+    }
+
+    fn decide(
+        &self,
+        snapshot: &PoolSnapshot,
+        input: &RoutingInput,
+        loads: &mut Vec<u64>,
+    ) -> Option<Decision> {
+        let servers = &snapshot.servers;
+        match self.strategy {
+            Strategy::RoundRobin => {
+                let n = servers.len() as u64;
+                if n == 0 {
+                    return None;
+                }
+                let i = self.round_robin.fetch_add(1, Ordering::Relaxed) % n;
+                let server = servers[i as usize].clone();
+                let load_after = server.in_flight() + 1;
+                Some(Decision {
+                    server,
+                    reason: DecisionReason::RoundRobin,
+                    preferred: None,
+                    skipped: Vec::new(),
+                    capacity: None,
+                    load_after,
+                })
+            }
+            Strategy::ConsistentHash => {
+                loads.clear();
+                loads.extend(servers.iter().map(|s| s.in_flight()));
+                let choice = snapshot.ring.lookup_bounded(input.key, loads).ok()??;
+                let server = servers[choice.member].clone();
+                Some(Decision {
+                    reason: if choice.spilled() {
+                        DecisionReason::BoundedLoadSpill
+                    } else {
+                        DecisionReason::Affinity
+                    },
+                    preferred: Some(servers[choice.preferred].clone()),
+                    skipped: choice.skipped.iter().map(|&i| servers[i].clone()).collect(),
+                    capacity: Some(choice.capacity),
+                    load_after: loads[choice.member] + 1,
+                    server,
+                })
+            }
+        }
+    }
+
+    /// Starts a server and publishes a snapshot with it on the ring.
+    pub fn add(&self, spec: &ServerSpec) -> Result<Arc<Server>, PoolError> {
+        let _guard = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        if current.server(&spec.id).is_some() || current.draining.iter().any(|s| s.id == spec.id) {
+            return Err(PoolError::Duplicate(spec.id.clone()));
+        }
+        let server = start_server(spec, &self.simulator)?;
+        let mut servers = current.servers.clone();
+        servers.push(server.clone());
+        let ring = build_ring(&servers, &self.ring_config)?;
+        self.snapshot.store(Arc::new(PoolSnapshot {
+            ring,
+            servers,
+            draining: current.draining.clone(),
+            version: current.version + 1,
+        }));
+        Ok(server)
+    }
+
+    /// Takes a server off the ring; it drains its in-flight requests and then stops.
+    pub fn remove(&self, id: &str) -> Result<Arc<Server>, PoolError> {
+        let _guard = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        let Some(position) = current.servers.iter().position(|s| s.id == id) else {
+            return Err(PoolError::Unknown(id.to_owned()));
+        };
+        let mut servers = current.servers.clone();
+        let removed = servers.remove(position);
+        removed.draining.store(true, Ordering::Release);
+        let ring = build_ring(&servers, &self.ring_config)?;
+        let mut draining = current.draining.clone();
+        draining.push(removed.clone());
+        self.snapshot.store(Arc::new(PoolSnapshot {
+            ring,
+            servers,
+            draining,
+            version: current.version + 1,
+        }));
+        Ok(removed)
+    }
+
+    /// Forgets drained servers that have no request left. Returns how many were dropped.
+    pub fn reap_drained(&self) -> usize {
+        if self
+            .snapshot
+            .load()
+            .draining
+            .iter()
+            .all(|s| s.in_flight() > 0)
+        {
+            return 0;
+        }
+        let _guard = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        let draining: Vec<_> = current
+            .draining
+            .iter()
+            .filter(|s| s.in_flight() > 0)
+            .cloned()
+            .collect();
+        let reaped = current.draining.len() - draining.len();
+        if reaped > 0 {
+            self.snapshot.store(Arc::new(PoolSnapshot {
+                ring: current.ring.clone(),
+                servers: current.servers.clone(),
+                draining,
+                version: current.version + 1,
+            }));
+        }
+        reaped
+    }
+}
+
+fn start_server(spec: &ServerSpec, template: &EngineConfig) -> Result<Arc<Server>, PoolError> {
+    let engine = match &spec.address {
+        ServerAddress::Simulated { name } => {
+            let mut config = template.clone();
+            config.name = name.clone();
+            EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
+                id: spec.id.clone(),
+                source,
+            })?
+        }
+    };
+    Ok(Arc::new(Server {
+        id: spec.id.clone(),
+        address: spec.address.clone(),
+        weight: spec.weight,
+        engine,
+        in_flight: AtomicU64::new(0),
+        peak_in_flight: AtomicU64::new(0),
+        requests_total: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+    }))
+}
+
+fn build_ring(servers: &[Arc<Server>], config: &RingConfig) -> Result<Ring, RingError> {
+    Ring::new(
+        servers
+            .iter()
+            .map(|s| Member {
+                id: s.id.clone(),
+                weight: s.weight,
+            })
+            .collect(),
+        config.clone(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::KeySource;
+
+    fn specs(n: usize) -> Vec<ServerSpec> {
+        (0..n)
+            .map(|i| ServerSpec {
+                id: format!("gpu-{i}"),
+                address: ServerAddress::Simulated {
+                    name: format!("gpu-{i}"),
+                },
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn input(key: u64) -> RoutingInput {
+        RoutingInput {
+            key,
+            source: KeySource::Prefix,
+            prefix_hashes: vec![],
+        }
+    }
+
+    fn sim() -> EngineConfig {
+        let mut config = EngineConfig::simulated("t");
+        config.time_scale = 0.0;
+        config
+    }
+
+    #[tokio::test]
+    async fn one_key_spills_once_its_owner_is_at_cap() {
+        let pool = Pool::start(
+            &specs(4),
+            Strategy::ConsistentHash,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let mut guards = Vec::new();
+        let mut spilled = 0;
+        for _ in 0..40 {
+            let (decision, guard) = pool.route(&input(42)).unwrap();
+            let snapshot = pool.snapshot();
+            let total: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
+            // The cap held at assignment: load_after <= ceil(1.25 * total / n).
+            assert!(decision.load_after <= decision.capacity.unwrap());
+            assert!(decision.load_after as f64 <= (1.25 * total as f64 / 4.0).ceil());
+            if decision.reason == DecisionReason::BoundedLoadSpill {
+                spilled += 1;
+            }
+            guards.push(guard);
+        }
+        assert!(spilled > 0);
+        drop(guards);
+        assert!(pool.snapshot().servers.iter().all(|s| s.in_flight() == 0));
+    }
+
+    #[tokio::test]
+    async fn removed_servers_drain_then_disappear() {
+        let pool = Pool::start(
+            &specs(3),
+            Strategy::ConsistentHash,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let (decision, guard) = pool.route(&input(7)).unwrap();
+        let id = decision.server.id().to_owned();
+        pool.remove(&id).unwrap();
+        assert!(matches!(pool.remove(&id), Err(PoolError::Unknown(_))));
+        assert!(matches!(
+            pool.add(&specs(3).into_iter().find(|s| s.id == id).unwrap()),
+            Err(PoolError::Duplicate(_))
+        ));
+        let snapshot = pool.snapshot();
+        assert_eq!(snapshot.servers.len(), 2);
+        assert_eq!(snapshot.draining.len(), 1);
+        assert!(snapshot.draining[0].is_draining());
+        assert_eq!(pool.reap_drained(), 0, "still has a request");
+        drop(guard);
+        assert_eq!(pool.reap_drained(), 1);
+        assert!(pool.snapshot().draining.is_empty());
+        // The key now maps to a remaining server.
+        let (again, _g) = pool.route(&input(7)).unwrap();
+        assert_ne!(again.server.id(), id);
+    }
+
+    #[tokio::test]
+    async fn round_robin_cycles() {
+        let pool = Pool::start(
+            &specs(3),
+            Strategy::RoundRobin,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let ids: Vec<_> = (0..6)
+            .map(|_| pool.route(&input(1)).unwrap().0.server.id().to_owned())
+            .collect();
+        assert_eq!(ids[0..3], ids[3..6]);
+        assert_ne!(ids[0], ids[1]);
+    }
+}

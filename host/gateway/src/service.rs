@@ -1,0 +1,671 @@
+//! The HTTP front: accepting connections, dispatching paths, and the Messages handler.
+//!
+//! Every response, success or error, carries a `request-id` header, and every log line of a
+//! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and
+//! turned into Anthropic's JSON in one place ([`error_response`]). A streamed reply is produced
+//! by a task that feeds a [`ChannelBody`]; if the client goes away, the task drops the engine's
+//! stream, which cancels the generation and frees its KV blocks.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use ringmaster_gpu_runtime::{
+    ChatMessage, EngineError, FinishReason, GenerateEvent, GenerateRequest, GenerationStream,
+    Role as EngineRole, SamplingParams,
+};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::Gateway;
+use crate::api::{
+    self, MessageDeltaBody, MessageResponse, MessagesRequest, Role, StopReason, StreamEvent,
+    TextBlock, Usage,
+};
+use crate::body::{ChannelBody, ResponseBody, full};
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::{ReasonLabel, ResponseLabels};
+use crate::pool::{Decision, InFlight};
+use crate::routing::{MAX_SESSION_ID_BYTES, routing_input};
+
+/// Frames buffered between the stream producer and a slow client.
+const SSE_CHANNEL_FRAMES: usize = 64;
+/// How often drained servers are looked at for removal.
+const REAP_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Serves the gateway on `listener` until `shutdown` resolves, then gives in-flight requests
+/// the configured grace period.
+pub async fn serve(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        warn!(error = %e, "accept.failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let gateway = gateway.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let gateway = gateway.clone();
+                    async move { Ok::<_, Infallible>(handle(gateway, req, peer).await) }
+                });
+                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!(error = %e, %peer, "connection.closed_with_error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    info!(
+        grace_s = gateway.config.shutdown_grace.as_secs(),
+        "gateway.draining"
+    );
+    tokio::select! {
+        () = graceful.shutdown() => info!("gateway.drained"),
+        () = tokio::time::sleep(gateway.config.shutdown_grace) => warn!("gateway.grace_expired"),
+    }
+    reaper.abort();
+    Ok(())
+}
+
+async fn reap_drained(gateway: std::sync::Weak<Gateway>) {
+    let mut tick = tokio::time::interval(REAP_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        let reaped = gateway.pool.reap_drained();
+        if reaped > 0 {
+            info!(reaped, "pool.drained_servers_removed");
+        }
+    }
+}
+
+/// Handles one request: routes by path, turns errors into responses, stamps the request id.
+async fn handle(
+    gateway: Arc<Gateway>,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<ResponseBody> {
+    let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
+    let span = info_span!("request", request_id = %request_id);
+    async move {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_owned();
+        let route = route_name(&path);
+        let result = dispatch(&gateway, req, started, &request_id).await;
+        let mut response = result.unwrap_or_else(|e| {
+            if e.kind() == ErrorKind::Api {
+                warn!(error = %e, "request.internal_error");
+            }
+            error_response(&e)
+        });
+        response.headers_mut().insert(
+            "request-id",
+            HeaderValue::from_str(&request_id).expect("request ids are ASCII"),
+        );
+        let status = response.status().as_u16();
+        gateway
+            .metrics
+            .responses
+            .get_or_create(&ResponseLabels { route, status })
+            .inc();
+        info!(%method, path, status, %peer, elapsed_ms = started.elapsed().as_millis() as u64, "request.done");
+        response
+    }
+    .instrument(span)
+    .await
+}
+
+fn route_name(path: &str) -> &'static str {
+    match path {
+        "/v1/messages" => "messages",
+        p if p.starts_with("/v1/models") => "models",
+        "/healthz" | "/readyz" => "health",
+        "/metrics" => "metrics",
+        p if p.starts_with("/admin/") => "admin",
+        _ => "other",
+    }
+}
+
+async fn dispatch(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+    started: Instant,
+    request_id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let path = req.uri().path().to_owned();
+    let method = req.method().clone();
+    let allow = |allowed: &[Method]| -> Result<(), ApiError> {
+        if allowed.contains(&method) {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("method {method} is not allowed on {path}"),
+            ))
+        }
+    };
+    match path.as_str() {
+        "/v1/messages" => {
+            allow(&[Method::POST])?;
+            messages(gateway, req, started, request_id).await
+        }
+        "/v1/models" => {
+            allow(&[Method::GET])?;
+            gateway.auth.check(req.headers())?;
+            Ok(json_response(StatusCode::OK, &models_json(gateway)))
+        }
+        p if p.starts_with("/v1/models/") => {
+            allow(&[Method::GET])?;
+            gateway.auth.check(req.headers())?;
+            let id = &p["/v1/models/".len()..];
+            if gateway.config.models.iter().any(|m| m == id) {
+                Ok(json_response(StatusCode::OK, &model_json(id)))
+            } else {
+                Err(ApiError::not_found(format!(
+                    "model: {id:?} is not served here"
+                )))
+            }
+        }
+        "/healthz" => {
+            allow(&[Method::GET, Method::HEAD])?;
+            Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))
+        }
+        "/readyz" => {
+            allow(&[Method::GET, Method::HEAD])?;
+            let servers = gateway.pool.snapshot().servers.len();
+            if servers == 0 {
+                Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "no GPU servers in the pool",
+                ))
+            } else {
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"status": "ready", "servers": servers}),
+                ))
+            }
+        }
+        "/metrics" => {
+            allow(&[Method::GET])?;
+            let mut response = Response::new(full(gateway.metrics.encode()));
+            response.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(response)
+        }
+        p if p.starts_with("/admin/") => crate::admin::handle(gateway, req).await,
+        _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
+    }
+}
+
+fn models_json(gateway: &Gateway) -> serde_json::Value {
+    let data: Vec<_> = gateway
+        .config
+        .models
+        .iter()
+        .map(|m| model_json(m))
+        .collect();
+    json!({
+        "data": data,
+        "has_more": false,
+        "first_id": gateway.config.models.first(),
+        "last_id": gateway.config.models.last(),
+    })
+}
+
+fn model_json(id: &str) -> serde_json::Value {
+    json!({"type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z"})
+}
+
+/// A JSON response with `status`.
+pub(crate) fn json_response(
+    status: StatusCode,
+    value: &serde_json::Value,
+) -> Response<ResponseBody> {
+    let mut response = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The Anthropic error response for `error`.
+pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
+    let mut response = json_response(error.kind().status(), &error.body());
+    if let Some(after) = error.retry_after() {
+        response.headers_mut().insert(
+            "retry-after",
+            HeaderValue::from_str(&after.as_secs().max(1).to_string()).expect("digits"),
+        );
+    }
+    if error.kind().is_retryable() {
+        response
+            .headers_mut()
+            .insert("x-should-retry", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// Reads a JSON request body under the configured size limit.
+pub(crate) async fn read_json_body(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+) -> Result<Bytes, ApiError> {
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(ApiError::new(
+            ErrorKind::UnsupportedMediaType,
+            format!(
+                "content-type must be application/json, got {:?}",
+                if content_type.is_empty() {
+                    "(none)"
+                } else {
+                    content_type
+                }
+            ),
+        ));
+    }
+    let limit = gateway.config.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::RequestTooLarge,
+            format!("request body is larger than this gateway's limit of {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::invalid(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
+
+async fn messages(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+    started: Instant,
+    request_id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let caller = gateway.auth.check(req.headers())?;
+    let session = session_header(req.headers())?;
+    let body = read_json_body(gateway, req).await?;
+    let request = api::parse_messages_request(&body, gateway.limits())?;
+    drop(body);
+    let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
+    let snapshot = gateway.pool.snapshot();
+    if !snapshot.servers.is_empty()
+        && snapshot
+            .servers
+            .iter()
+            .all(|s| s.engine().load().waiting >= gateway.config.max_waiting_per_server)
+    {
+        return Err(ApiError::new(
+            ErrorKind::Overloaded,
+            "every GPU server's queue is full; retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    let (decision, in_flight) = gateway.pool.route(&input).ok_or_else(|| {
+        ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
+            .with_retry_after(Duration::from_secs(5))
+    })?;
+    record_decision(gateway, &decision);
+    debug!(
+        server = decision.server.id(),
+        reason = decision.reason.as_str(),
+        key_source = input.source.as_str(),
+        prefix_hashes = input.prefix_hashes.len(),
+        tier = %caller.tier,
+        key = %caller.key_label,
+        "request.routed"
+    );
+    let generation = decision
+        .server
+        .engine()
+        .submit(generate_request(&request, request_id))
+        .map_err(engine_error)?;
+    let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let server_id = decision.server.id().to_owned();
+    let mut response = if request.stream {
+        stream_reply(
+            gateway.clone(),
+            request,
+            generation,
+            in_flight,
+            message_id,
+            started,
+        )
+    } else {
+        let reply = collect_reply(gateway, &request, generation, message_id, started).await?;
+        drop(in_flight);
+        json_response(
+            StatusCode::OK,
+            &serde_json::to_value(reply).unwrap_or_default(),
+        )
+    };
+    if let Ok(value) = HeaderValue::from_str(&server_id) {
+        response.headers_mut().insert("x-ringmaster-server", value);
+    }
+    Ok(response)
+}
+
+fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("x-session-id") else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::invalid("x-session-id: must be visible ASCII"))?;
+    if text.len() > MAX_SESSION_ID_BYTES {
+        return Err(ApiError::invalid(format!(
+            "x-session-id: longer than {MAX_SESSION_ID_BYTES} bytes"
+        )));
+    }
+    Ok(Some(text.to_owned()).filter(|s| !s.is_empty()))
+}
+
+fn record_decision(gateway: &Gateway, decision: &Decision) {
+    gateway
+        .metrics
+        .routing_decisions
+        .get_or_create(&ReasonLabel {
+            reason: decision.reason.as_str(),
+        })
+        .inc();
+    if let Some(capacity) = decision.capacity {
+        gateway
+            .metrics
+            .routing_load_to_cap
+            .observe(decision.load_after as f64 / capacity.max(1) as f64);
+    }
+}
+
+fn generate_request(request: &MessagesRequest, request_id: &str) -> GenerateRequest {
+    GenerateRequest {
+        request_id: request_id.to_owned(),
+        system: request.system.clone(),
+        messages: request
+            .messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: match m.role {
+                    Role::User => EngineRole::User,
+                    Role::Assistant => EngineRole::Assistant,
+                },
+                text: m.text.clone(),
+            })
+            .collect(),
+        max_tokens: request.max_tokens,
+        stop_sequences: request.stop_sequences.clone(),
+        sampling: SamplingParams {
+            temperature: request.temperature,
+            top_p: request.top_p,
+            top_k: request.top_k,
+            seed: None,
+        },
+    }
+}
+
+fn engine_error(error: EngineError) -> ApiError {
+    match error {
+        EngineError::PromptTooLong { .. } => {
+            ApiError::invalid(format!("prompt is too long: {error}"))
+        }
+        EngineError::Stopped => ApiError::new(
+            ErrorKind::Overloaded,
+            "the GPU server is shutting down; retry",
+        )
+        .with_retry_after(Duration::from_secs(1)),
+        other => ApiError::internal(format!("GPU server error: {other}")),
+    }
+}
+
+fn stop_of(reason: &FinishReason) -> (StopReason, Option<String>) {
+    match reason {
+        FinishReason::EndOfTurn => (StopReason::EndTurn, None),
+        FinishReason::MaxTokens => (StopReason::MaxTokens, None),
+        FinishReason::StopSequence(s) => (StopReason::StopSequence, Some(s.clone())),
+    }
+}
+
+fn usage(prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) -> Usage {
+    Usage {
+        input_tokens: prompt_tokens.saturating_sub(cached_tokens),
+        output_tokens,
+        cache_read_input_tokens: cached_tokens,
+        cache_creation_input_tokens: 0,
+    }
+}
+
+fn empty_message(model: &str, id: &str, usage: Usage) -> MessageResponse {
+    MessageResponse {
+        id: id.to_owned(),
+        kind: "message",
+        role: Role::Assistant,
+        model: model.to_owned(),
+        content: Vec::new(),
+        stop_reason: None,
+        stop_sequence: None,
+        usage,
+    }
+}
+
+async fn collect_reply(
+    gateway: &Gateway,
+    request: &MessagesRequest,
+    mut generation: GenerationStream,
+    message_id: String,
+    started: Instant,
+) -> Result<MessageResponse, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = generation.next().await {
+        match event {
+            GenerateEvent::Started { .. } => {
+                gateway
+                    .metrics
+                    .ttft_seconds
+                    .observe(started.elapsed().as_secs_f64());
+            }
+            GenerateEvent::Token { text: piece } => text.push_str(&piece),
+            GenerateEvent::Finished {
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                output_tokens,
+            } => {
+                gateway
+                    .metrics
+                    .request_duration_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                let (stop_reason, stop_sequence) = stop_of(&reason);
+                let mut reply = empty_message(
+                    &request.model,
+                    &message_id,
+                    usage(prompt_tokens, cached_tokens, output_tokens),
+                );
+                reply.content = vec![TextBlock::new(text)];
+                reply.stop_reason = Some(stop_reason);
+                reply.stop_sequence = stop_sequence;
+                return Ok(reply);
+            }
+        }
+    }
+    Err(ApiError::internal(
+        "the GPU server stopped before finishing the reply",
+    ))
+}
+
+fn stream_reply(
+    gateway: Arc<Gateway>,
+    request: MessagesRequest,
+    generation: GenerationStream,
+    in_flight: InFlight,
+    message_id: String,
+    started: Instant,
+) -> Response<ResponseBody> {
+    let (tx, body) = ChannelBody::channel(SSE_CHANNEL_FRAMES);
+    let task = produce_stream(
+        gateway, request, generation, in_flight, message_id, started, tx,
+    );
+    tokio::spawn(task.in_current_span());
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Why a stream ended early.
+enum StreamEnd {
+    ClientGone,
+    EngineGone,
+}
+
+async fn produce_stream(
+    gateway: Arc<Gateway>,
+    request: MessagesRequest,
+    mut generation: GenerationStream,
+    in_flight: InFlight,
+    message_id: String,
+    started: Instant,
+    tx: tokio::sync::mpsc::Sender<Bytes>,
+) {
+    let send = |event: StreamEvent| {
+        let tx = tx.clone();
+        async move {
+            tx.send(Bytes::from(event.to_sse()))
+                .await
+                .map_err(|_| StreamEnd::ClientGone)
+        }
+    };
+    let result: Result<u32, StreamEnd> = async {
+        loop {
+            let event = tokio::select! {
+                event = generation.next() => event,
+                () = tx.closed() => return Err(StreamEnd::ClientGone),
+            };
+            match event {
+                None => return Err(StreamEnd::EngineGone),
+                Some(GenerateEvent::Started {
+                    prompt_tokens,
+                    cached_tokens,
+                }) => {
+                    gateway
+                        .metrics
+                        .ttft_seconds
+                        .observe(started.elapsed().as_secs_f64());
+                    let message = empty_message(
+                        &request.model,
+                        &message_id,
+                        usage(prompt_tokens, cached_tokens, 1),
+                    );
+                    send(StreamEvent::MessageStart { message }).await?;
+                    send(StreamEvent::ContentBlockStart {
+                        index: 0,
+                        content_block: TextBlock::new(String::new()),
+                    })
+                    .await?;
+                    send(StreamEvent::Ping).await?;
+                }
+                Some(GenerateEvent::Token { text }) => send(StreamEvent::text(text)).await?,
+                Some(GenerateEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    cached_tokens,
+                    output_tokens,
+                }) => {
+                    let (stop_reason, stop_sequence) = stop_of(&reason);
+                    send(StreamEvent::ContentBlockStop { index: 0 }).await?;
+                    send(StreamEvent::MessageDelta {
+                        delta: MessageDeltaBody {
+                            stop_reason,
+                            stop_sequence,
+                        },
+                        usage: usage(prompt_tokens, cached_tokens, output_tokens),
+                    })
+                    .await?;
+                    send(StreamEvent::MessageStop).await?;
+                    return Ok(output_tokens);
+                }
+            }
+        }
+    }
+    .await;
+    let server = in_flight.server().id().to_owned();
+    match result {
+        Ok(output_tokens) => {
+            gateway
+                .metrics
+                .request_duration_seconds
+                .observe(started.elapsed().as_secs_f64());
+            info!(
+                server,
+                output_tokens,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "stream.done"
+            );
+        }
+        Err(StreamEnd::ClientGone) => {
+            drop(generation);
+            gateway.metrics.client_disconnects.inc();
+            info!(server, "stream.client_disconnected");
+        }
+        Err(StreamEnd::EngineGone) => {
+            warn!(server, "stream.engine_stopped");
+            let error = ApiError::internal("the GPU server stopped before finishing the reply");
+            let _ = send(StreamEvent::Error {
+                error: error.body()["error"].clone(),
+            })
+            .await;
+        }
+    }
+    drop(in_flight);
+}

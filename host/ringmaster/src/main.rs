@@ -1,0 +1,178 @@
+//! `ringmaster`: the gateway binary. Parses the command line, loads and validates the
+//! configuration (embedded default, then `--config`, then flags), sets up logging, and runs the
+//! gateway until SIGINT or SIGTERM. All logic lives in `ringmaster-gateway`.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use ringmaster_gateway::{Gateway, RawConfig, config::DEFAULT_CONFIG_TOML};
+use tokio::net::TcpListener;
+use tracing::info;
+
+/// Ringmaster: a cache-aware LLM request router.
+#[derive(Debug, Parser)]
+#[command(name = "ringmaster", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the gateway (with no arguments: 4 simulated GPU servers on 127.0.0.1:8080).
+    Serve(ServeArgs),
+    /// Validate a configuration file and print what it resolves to.
+    CheckConfig {
+        /// The TOML file.
+        config: PathBuf,
+    },
+    /// Print the embedded default configuration, a starting point for your own.
+    DefaultConfig,
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// TOML configuration file; without it, the embedded default.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Address to listen on (overrides the file).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Routing strategy: consistent-hash or round-robin (overrides the file).
+    #[arg(long)]
+    strategy: Option<String>,
+    /// Simulated servers' time scale: 1.0 real time, 0.01 a hundred times faster.
+    #[arg(long)]
+    sim_time_scale: Option<f64>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::CheckConfig { config } => {
+            let resolved = RawConfig::from_file(&config)?.validate()?;
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{} is valid:", config.display());
+                println!("  listen     {}", resolved.listen);
+                println!("  models     {}", resolved.models.join(", "));
+                println!("  strategy   {}", resolved.strategy.as_str());
+                println!(
+                    "  servers    {}",
+                    resolved
+                        .servers
+                        .iter()
+                        .map(|s| s.address.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                println!("  api keys   {}", resolved.api_keys.len());
+                println!(
+                    "  admin API  {}",
+                    if resolved.admin_token.is_some() {
+                        "on"
+                    } else {
+                        "off"
+                    }
+                );
+            }
+            Ok(())
+        }
+        Command::DefaultConfig => {
+            #[allow(clippy::print_stdout)]
+            {
+                print!("{DEFAULT_CONFIG_TOML}");
+            }
+            Ok(())
+        }
+    }
+}
+
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut raw = match &args.config {
+        Some(path) => RawConfig::from_file(path)?,
+        None => RawConfig::embedded_default(),
+    };
+    if let Some(listen) = args.listen {
+        raw.listen = Some(listen);
+    }
+    if let Some(strategy) = args.strategy {
+        raw.routing.get_or_insert_with(Default::default).strategy = Some(strategy);
+    }
+    if let Some(scale) = args.sim_time_scale {
+        raw.simulator
+            .get_or_insert_with(Default::default)
+            .time_scale = Some(scale);
+    }
+    let config = raw.validate()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ringmaster")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listen = config.listen;
+        let listener = TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("cannot listen on {listen}"))?;
+        let gateway = Gateway::start(config).context("starting the GPU server pool")?;
+        info!(
+            address = %listener.local_addr()?,
+            servers = gateway.pool().snapshot().servers.len(),
+            strategy = gateway.pool().strategy().as_str(),
+            admin_api = gateway.config().admin_token.is_some(),
+            "gateway.listening"
+        );
+        ringmaster_gateway::serve(gateway, listener, shutdown_signal()).await?;
+        info!("gateway.stopped");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {},
+            _ = term.recv() => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    info!("gateway.shutdown_requested");
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

@@ -1,0 +1,225 @@
+//! The admin API: auth, listing, adding, draining and explaining.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::{ADMIN_TOKEN, TestGateway, eventually, hello};
+
+#[tokio::test]
+async fn admin_api_is_off_without_a_token() {
+    let mut raw = ringmaster_gateway::RawConfig::from_toml("listen = \"127.0.0.1:0\"").unwrap();
+    raw.admin_token = None;
+    let config = raw.validate_with_env(|_| None).unwrap();
+    let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let gateway = ringmaster_gateway::Gateway::start(config).unwrap();
+    tokio::spawn(ringmaster_gateway::serve(
+        gateway,
+        listener,
+        std::future::pending(),
+    ));
+    let response = reqwest::Client::new()
+        .get(format!("http://{addr}/admin/servers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("disabled")
+    );
+}
+
+#[tokio::test]
+async fn admin_needs_the_token() {
+    let gw = TestGateway::simulated(2, 0.0, "").await;
+    let none = gw
+        .client
+        .get(gw.url("/admin/servers"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status(), 401);
+    let wrong = gw
+        .client
+        .get(gw.url("/admin/servers"))
+        .bearer_auth("not-the-token-at-all")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let header = gw
+        .client
+        .get(gw.url("/admin/servers"))
+        .header("x-admin-token", ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(header.status(), 200);
+}
+
+#[tokio::test]
+async fn list_add_remove_servers() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let listed = gw.servers().await;
+    assert_eq!(listed["servers"].as_array().unwrap().len(), 4);
+    let first = &listed["servers"][0];
+    assert_eq!(first["state"], "active");
+    assert!(first["engine"]["kv_blocks_total"].as_u64().unwrap() > 20_000);
+
+    let added = gw
+        .admin(Method::POST, "/admin/servers")
+        .await
+        .json(&json!({"address": "sim://gpu-4", "weight": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let added: Value = added.json().await.unwrap();
+    assert_eq!(added["id"], "gpu-4");
+    assert_eq!(added["weight"], 2);
+    let duplicate = gw
+        .admin(Method::POST, "/admin/servers")
+        .await
+        .json(&json!({"address": "sim://gpu-4"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(duplicate.status(), 409);
+    for bad in [
+        json!({"address": "gopher://x"}),
+        json!({"address": "sim://ok", "weight": 0}),
+        json!({"weight": 1}),
+        json!({"address": "http://127.0.0.1:9"}),
+    ] {
+        let response = gw
+            .admin(Method::POST, "/admin/servers")
+            .await
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{bad}");
+    }
+    assert_eq!(gw.servers().await["servers"].as_array().unwrap().len(), 5);
+
+    let missing = gw
+        .admin(Method::DELETE, "/admin/servers/gpu-99")
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+    let removed = gw
+        .admin(Method::DELETE, "/admin/servers/gpu-4")
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let gone = eventually(Duration::from_secs(5), async || {
+        gw.servers().await["servers"].as_array().unwrap().len() == 4
+    })
+    .await;
+    assert!(gone, "an idle removed server is reaped");
+}
+
+#[tokio::test]
+async fn removing_a_server_drains_its_in_flight_requests() {
+    let gw = TestGateway::simulated(1, 0.05, "").await;
+    let mut request = hello(300);
+    request["stream"] = json!(true);
+    request["messages"][0]["content"] = json!("Write a long essay about lighthouses");
+    let response = gw.post_messages(&request).await;
+    let server = response.headers()["x-ringmaster-server"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut body = response.bytes_stream();
+    let first = body.next().await.unwrap().unwrap();
+    assert!(!first.is_empty());
+    let removed = gw
+        .admin(Method::DELETE, &format!("/admin/servers/{server}"))
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let listed = gw.servers().await;
+    assert_eq!(listed["servers"][0]["state"], "draining");
+    // New requests find no server, but the in-flight stream finishes normally.
+    assert_eq!(gw.post_messages(&hello(2)).await.status(), 529);
+    let mut rest = String::from_utf8(first.to_vec()).unwrap();
+    while let Some(chunk) = body.next().await {
+        rest.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+    }
+    assert!(
+        rest.contains("event: message_stop"),
+        "the drained stream completed"
+    );
+    let reaped = eventually(Duration::from_secs(5), async || {
+        gw.servers().await["servers"].as_array().unwrap().is_empty()
+    })
+    .await;
+    assert!(reaped);
+}
+
+#[tokio::test]
+async fn explain_shows_key_candidates_and_choice() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let body = json!({
+        "model": "sim-llama-3-8b", "max_tokens": 16,
+        "system": "Shared system prompt. ".repeat(50),
+        "messages": [{"role": "user", "content": "What is a ring?"}],
+    });
+    let explained: Value = gw
+        .admin(Method::POST, "/admin/route/explain")
+        .await
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(explained["routing_key"]["source"], "prefix");
+    assert!(explained["prefix_hashes"].as_u64().unwrap() >= 4);
+    let candidates = explained["candidates"].as_array().unwrap();
+    assert_eq!(candidates.len(), 4);
+    assert_eq!(explained["reason"], "affinity");
+    assert_eq!(explained["chosen"], candidates[0]["id"]);
+    // Explaining runs nothing; the real request then goes exactly where explain said.
+    let real = gw.post_messages(&body).await;
+    assert_eq!(
+        real.headers()["x-ringmaster-server"].to_str().unwrap(),
+        explained["chosen"].as_str().unwrap()
+    );
+    // A session header changes the key source.
+    let by_session: Value = gw
+        .admin(Method::POST, "/admin/route/explain")
+        .await
+        .header("x-session-id", "conv-42")
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(by_session["routing_key"]["source"], "x-session-id");
+    let bad = gw
+        .admin(Method::POST, "/admin/route/explain")
+        .await
+        .json(&json!({"model": "sim-llama-3-8b"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}

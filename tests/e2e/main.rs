@@ -1,0 +1,10 @@
+//! End-to-end tests of the gateway over real loopback sockets: one test binary, one module per
+//! feature (after wasmtime's layout). Each test starts its own gateway on 127.0.0.1:0 with
+//! simulated GPU servers and talks to it with a plain HTTP client.
+
+mod admin;
+mod api;
+mod disconnect;
+mod errors;
+mod routing_quality;
+mod support;

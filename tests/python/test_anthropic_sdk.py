@@ -1,0 +1,145 @@
+"""The official `anthropic` Python SDK as a real client of a started gateway.
+
+The gateway binary comes from RINGMASTER_BIN (tests/run builds it); each test session starts
+one gateway on a free loopback port with an API key, simulated servers at a fast time scale,
+and stops it at the end.
+"""
+
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import anthropic
+import pytest
+
+API_KEY = "sk-ringmaster-sdk-test"
+MODEL = "sim-llama-3-8b"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def gateway_url():
+    binary = os.environ.get("RINGMASTER_BIN")
+    if not binary or not os.path.exists(binary):
+        pytest.fail("RINGMASTER_BIN must point at a built ringmaster binary (tests/run sets it)")
+    port = free_port()
+    config = f"""
+listen = "127.0.0.1:{port}"
+models = ["{MODEL}"]
+[[api_keys]]
+key = "{API_KEY}"
+[simulator]
+time_scale = 0.01
+[[servers]]
+address = "sim://gpu-0"
+[[servers]]
+address = "sim://gpu-1"
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ringmaster.toml")
+        with open(path, "w") as f:
+            f.write(config)
+        log = open(os.path.join(tmp, "gateway.log"), "w+")
+        proc = subprocess.Popen([binary, "serve", "--config", path], stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    pytest.fail("gateway did not start:\n" + log.read())
+                time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.close()
+
+
+@pytest.fixture
+def client(gateway_url):
+    return anthropic.Anthropic(base_url=gateway_url, api_key=API_KEY, max_retries=0)
+
+
+def test_messages_create(client):
+    message = client.messages.create(
+        model=MODEL,
+        max_tokens=32,
+        system="You are terse.",
+        messages=[{"role": "user", "content": "Say hello"}],
+    )
+    assert message.id.startswith("msg_")
+    assert message.role == "assistant"
+    assert message.model == MODEL
+    assert message.content[0].type == "text"
+    assert message.content[0].text.strip()
+    assert message.stop_reason in ("end_turn", "max_tokens")
+    assert message.usage.input_tokens > 0
+    assert 0 < message.usage.output_tokens <= 32
+
+
+def test_messages_stream_text(client):
+    with client.messages.stream(
+        model=MODEL,
+        max_tokens=40,
+        messages=[{"role": "user", "content": [{"type": "text", "text": "Tell me a story"}]}],
+    ) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text.strip()
+    assert final.content[0].text == text
+    assert final.stop_reason in ("end_turn", "max_tokens")
+    assert final.usage.output_tokens > 0
+
+
+def test_stop_sequence_and_max_tokens(client):
+    message = client.messages.create(
+        model=MODEL, max_tokens=3, messages=[{"role": "user", "content": "Count"}]
+    )
+    assert message.stop_reason == "max_tokens"
+    assert message.usage.output_tokens == 3
+
+
+def test_bad_request_error(client):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model=MODEL, max_tokens=10, messages=[])
+    assert err.value.status_code == 400
+    assert err.value.body["error"]["type"] == "invalid_request_error"
+    assert "messages" in err.value.body["error"]["message"]
+    assert err.value.response.headers["request-id"].startswith("req_")
+
+
+def test_authentication_error(gateway_url):
+    bad = anthropic.Anthropic(base_url=gateway_url, api_key="sk-not-a-real-key", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        bad.messages.create(model=MODEL, max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code == 401
+    assert err.value.body["error"]["type"] == "authentication_error"
+
+
+def test_not_found_error(client):
+    with pytest.raises(anthropic.NotFoundError) as err:
+        client.messages.create(
+            model="claude-does-not-exist", max_tokens=10, messages=[{"role": "user", "content": "hi"}]
+        )
+    assert err.value.status_code == 404
+    assert "claude-does-not-exist" in err.value.body["error"]["message"]
+
+
+def test_models_list(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
