@@ -52,3 +52,43 @@ async fn disconnect_mid_stream_frees_kv_blocks() {
     // The prompt's blocks stay cached for the next request (freed, not forgotten).
     assert!(metric_sum(&after, "ringmaster_server_kv_blocks_cached", "") > 0.0);
 }
+
+#[tokio::test]
+async fn disconnect_during_a_plain_reply_cancels_it() {
+    let gw = TestGateway::simulated(1, 0.5, "").await;
+    let request = json!({
+        "model": "sim-llama-3-8b", "max_tokens": 4000,
+        "messages": [{"role": "user", "content": "Tell me a very long story"}],
+    });
+    // The client gives up after 300 ms of a reply that would take ~16 s.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let result = impatient
+        .post(gw.url("/v1/messages"))
+        .json(&request)
+        .send()
+        .await;
+    assert!(result.unwrap_err().is_timeout());
+    let cancelled = eventually(Duration::from_secs(5), async || {
+        let m = gw.metrics().await;
+        metric_sum(&m, "ringmaster_server_cancelled_requests_total", "") == 1.0
+            && metric_sum(&m, "ringmaster_server_kv_blocks_used", "") == 0.0
+            && metric_sum(&m, "ringmaster_server_in_flight", "") == 0.0
+    })
+    .await;
+    assert!(
+        cancelled,
+        "the generation kept running:\n{}",
+        gw.metrics().await
+    );
+    assert_eq!(
+        metric_sum(
+            &gw.metrics().await,
+            "ringmaster_client_disconnects_total",
+            ""
+        ),
+        1.0
+    );
+}

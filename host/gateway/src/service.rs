@@ -498,6 +498,23 @@ fn empty_message(model: &str, id: &str, usage: Usage) -> MessageResponse {
     }
 }
 
+/// Counts a client disconnect if a non-streaming reply is dropped before it is complete:
+/// hyper drops the handler's future when the connection goes away, and with it the engine's
+/// stream, which cancels the generation.
+struct UnfinishedReply<'a> {
+    gateway: &'a Gateway,
+    finished: bool,
+}
+
+impl Drop for UnfinishedReply<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.gateway.metrics.client_disconnects.inc();
+            info!("request.client_disconnected");
+        }
+    }
+}
+
 async fn collect_reply(
     gateway: &Gateway,
     request: &MessagesRequest,
@@ -505,6 +522,10 @@ async fn collect_reply(
     message_id: String,
     started: Instant,
 ) -> Result<MessageResponse, ApiError> {
+    let mut guard = UnfinishedReply {
+        gateway,
+        finished: false,
+    };
     let mut text = String::new();
     while let Some(event) = generation.next().await {
         match event {
@@ -534,6 +555,7 @@ async fn collect_reply(
                 reply.content = vec![TextBlock::new(text)];
                 reply.stop_reason = Some(stop_reason);
                 reply.stop_sequence = stop_sequence;
+                guard.finished = true;
                 return Ok(reply);
             }
         }
