@@ -6,5 +6,6 @@ mod admin;
 mod api;
 mod disconnect;
 mod errors;
+mod policies;
 mod routing_quality;
 mod support;

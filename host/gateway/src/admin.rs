@@ -17,6 +17,7 @@ use crate::api::{self, parse_json};
 use crate::body::ResponseBody;
 use crate::config::{RawServer, ServerSpec};
 use crate::error::{ApiError, ErrorKind};
+use crate::policy::{SlotError, Variant};
 use crate::pool::{PoolError, Server};
 use crate::routing::routing_input;
 use crate::service::{json_response, read_json_body};
@@ -48,7 +49,42 @@ pub(crate) async fn handle(
             remove_server(gateway, &p["/admin/servers/".len()..])
         }
         (Method::POST, "/admin/route/explain") => explain(gateway, req).await,
-        (_, "/admin/servers" | "/admin/route/explain") => Err(ApiError::new(
+        (Method::GET, "/admin/policies") => {
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (Method::GET, "/admin/experiments") => {
+            Ok(json_response(StatusCode::OK, &experiments_json(gateway)))
+        }
+        (Method::PUT, "/admin/policies/router") => put_router(gateway, req).await,
+        (Method::DELETE, "/admin/policies/router") => {
+            let variant = query_param(&req, "variant")
+                .ok_or_else(|| ApiError::invalid("variant: query parameter required"))?;
+            gateway.router.remove(&variant).map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (Method::POST, "/admin/policies/router/rollback") => {
+            let variant = query_param(&req, "variant")
+                .ok_or_else(|| ApiError::invalid("variant: query parameter required"))?;
+            gateway.router.rollback(&variant).map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (_, p)
+            if p.starts_with("/admin/policies/")
+                && p != "/admin/policies/router"
+                && !p.starts_with("/admin/policies/router/") =>
+        {
+            Err(ApiError::not_found(format!(
+                "no policy slot at {p}; the router slot is /admin/policies/router (admission and safety-filter slots are not wired into the gateway yet)"
+            )))
+        }
+        (
+            _,
+            "/admin/servers"
+            | "/admin/route/explain"
+            | "/admin/policies"
+            | "/admin/experiments"
+            | "/admin/policies/router",
+        ) => Err(ApiError::new(
             ErrorKind::MethodNotAllowed,
             format!("method {method} is not allowed on {path}"),
         )),
@@ -192,11 +228,15 @@ async fn explain(
         crate::pool::DecisionReason::RoundRobin => {
             "round-robin strategy: the next server in turn".to_owned()
         }
+        crate::pool::DecisionReason::Policy | crate::pool::DecisionReason::PolicyOverCap => {
+            "a router policy decided".to_owned()
+        }
     };
     Ok(json_response(
         StatusCode::OK,
         &json!({
             "strategy": gateway.pool.strategy().as_str(),
+            "variant": gateway.router.current().pick(input.key).map(|v| v.name.to_string()),
             "routing_key": {
                 "source": input.source.as_str(),
                 "hash": format!("{:016x}", input.key),
@@ -211,4 +251,198 @@ async fn explain(
             "capacity": decision.capacity,
         }),
     ))
+}
+
+/// Largest component accepted by `PUT /admin/policies/…` (Python and JavaScript components
+/// run to 20 MB).
+const MAX_COMPONENT_BYTES: usize = 64 * 1024 * 1024;
+
+fn query_param(req: &Request<Incoming>, name: &str) -> Option<String> {
+    req.uri().query()?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| value.to_owned())
+    })
+}
+
+fn slot_error(error: SlotError) -> ApiError {
+    match error {
+        SlotError::UnknownVariant(_) => ApiError::not_found(error.to_string()),
+        SlotError::Policy(_) | SlotError::NoPreviousVersion(_) | SlotError::Invalid(_) => {
+            ApiError::invalid(error.to_string())
+        }
+    }
+}
+
+/// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true]` with the component's
+/// bytes as the body: creates the variant or swaps its version.
+async fn put_router(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    use http_body_util::{BodyExt, Limited};
+    let variant = query_param(&req, "variant").unwrap_or_else(|| "default".to_owned());
+    let weight = match query_param(&req, "weight") {
+        None => None,
+        Some(w) => Some(
+            w.parse::<u32>()
+                .ok()
+                .filter(|w| *w <= 1_000_000)
+                .ok_or_else(|| {
+                    ApiError::invalid(format!("weight: {w:?} is not a whole number up to 1000000"))
+                })?,
+        ),
+    };
+    let shadow = matches!(query_param(&req, "shadow").as_deref(), Some("true" | "1"));
+    let started = std::time::Instant::now();
+    let bytes = Limited::new(req.into_body(), MAX_COMPONENT_BYTES)
+        .collect()
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::RequestTooLarge,
+                format!("components are limited to {MAX_COMPONENT_BYTES} bytes"),
+            )
+        })?
+        .to_bytes();
+    let router = gateway.router.clone();
+    let changed =
+        tokio::task::spawn_blocking(move || router.install(&variant, &bytes, weight, shadow, None))
+            .await
+            .map_err(|e| ApiError::internal(format!("policy load task failed: {e}")))?
+            .map_err(slot_error)?;
+    let mut body = policies_json(gateway);
+    body["changed"] = json!(changed);
+    body["load_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
+    Ok(json_response(StatusCode::OK, &body))
+}
+
+fn variant_json(variant: &Variant, shadow: bool) -> serde_json::Value {
+    let info = variant.policy.info();
+    let faults = variant.policy.faults();
+    json!({
+        "name": &*variant.name,
+        "shadow": shadow,
+        "weight": variant.weight,
+        "hash": info.hash,
+        "size": info.size,
+        "loaded_at": humantime_secs(info.loaded_at),
+        "faults": {
+            "trap": faults.trap,
+            "deadline": faults.deadline,
+            "memory": faults.memory,
+            "invalid_answer": faults.invalid_answer,
+            "instantiate": faults.instantiate,
+        },
+        "previous_versions": variant.history.iter().map(|p| p.info().hash.clone()).collect::<Vec<_>>(),
+        "config": variant.config,
+    })
+}
+
+fn humantime_secs(at: std::time::SystemTime) -> f64 {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+fn policies_json(gateway: &Gateway) -> serde_json::Value {
+    let set = gateway.router.current();
+    json!({
+        "router": {
+            "variants": set.variants.iter().map(|v| variant_json(v, false)).collect::<Vec<_>>(),
+            "shadow": set.shadow.as_ref().map(|v| variant_json(v, true)),
+            "native_fallback": gateway.pool.strategy().as_str(),
+        }
+    })
+}
+
+/// Summary statistics of TTFT samples.
+struct Summary {
+    n: usize,
+    mean: f64,
+    variance: f64,
+    p50: f64,
+    p99: f64,
+}
+
+fn summarize(mut samples: Vec<f64>) -> Option<Summary> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort_by(f64::total_cmp);
+    let n = samples.len();
+    let mean = samples.iter().sum::<f64>() / n as f64;
+    let variance = if n > 1 {
+        samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+    } else {
+        0.0
+    };
+    let quantile = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Some(Summary {
+        n,
+        mean,
+        variance,
+        p50: quantile(0.5),
+        p99: quantile(0.99),
+    })
+}
+
+fn experiments_json(gateway: &Gateway) -> serde_json::Value {
+    use std::sync::atomic::Ordering::Relaxed;
+    let set = gateway.router.current();
+    let summaries: Vec<_> = set
+        .variants
+        .iter()
+        .map(|v| summarize(v.stats.ttft_samples()))
+        .collect();
+    let control = summaries.first().and_then(Option::as_ref);
+    let variants: Vec<_> = set
+        .variants
+        .iter()
+        .zip(&summaries)
+        .enumerate()
+        .map(|(i, (variant, summary))| {
+            let stats = &variant.stats;
+            let requests = stats.requests.load(Relaxed);
+            let prompt = stats.prompt_tokens.load(Relaxed);
+            let mut entry = json!({
+                "name": &*variant.name,
+                "weight": variant.weight,
+                "hash": variant.policy.info().hash,
+                "requests": requests,
+                "errors": stats.errors.load(Relaxed),
+                "error_rate": if requests == 0 { 0.0 } else { stats.errors.load(Relaxed) as f64 / requests as f64 },
+                "faults": stats.faults.load(Relaxed),
+                "prefix_cache_hit_ratio": if prompt == 0 { 0.0 } else { stats.cached_tokens.load(Relaxed) as f64 / prompt as f64 },
+                "ttft_seconds": summary.as_ref().map(|s| json!({"samples": s.n, "mean": s.mean, "p50": s.p50, "p99": s.p99})),
+            });
+            if i > 0
+                && let (Some(a), Some(b)) = (control, summary.as_ref())
+                && a.n > 1
+                && b.n > 1
+            {
+                // Welch's interval for the difference of mean TTFT (normal approximation).
+                let diff = b.mean - a.mean;
+                let se = (a.variance / a.n as f64 + b.variance / b.n as f64).sqrt();
+                entry["ttft_mean_difference_vs_control"] = json!({
+                    "control": &*set.variants[0].name,
+                    "seconds": diff,
+                    "ci95": [diff - 1.96 * se, diff + 1.96 * se],
+                    "significant": (diff - 1.96 * se) > 0.0 || (diff + 1.96 * se) < 0.0,
+                });
+            }
+            entry
+        })
+        .collect();
+    let shadow = set.shadow.as_ref().map(|shadow| {
+        let decisions = shadow.stats.shadow_decisions.load(Relaxed);
+        let agreements = shadow.stats.shadow_agreements.load(Relaxed);
+        json!({
+            "name": &*shadow.name,
+            "hash": shadow.policy.info().hash,
+            "decisions": decisions,
+            "agreement_rate": if decisions == 0 { 0.0 } else { agreements as f64 / decisions as f64 },
+            "faults": shadow.stats.faults.load(Relaxed),
+            "would_be_load": shadow.stats.shadow_load(),
+        })
+    });
+    json!({ "variants": variants, "shadow": shadow })
 }

@@ -89,6 +89,38 @@ pub struct RawConfig {
     pub servers: Option<Vec<RawServer>>,
     /// `[simulator]`.
     pub simulator: Option<RawSimulator>,
+    /// `[policies]`.
+    pub policies: Option<RawPolicies>,
+}
+
+/// `[policies]`: the policy engine and the router slot.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicies {
+    /// Per-call deadline, milliseconds.
+    pub call_deadline_ms: Option<u64>,
+    /// Memory cap per policy instance, MiB.
+    pub memory_limit_mb: Option<usize>,
+    /// Directory for compiled components (off when absent).
+    pub cache_dir: Option<String>,
+    /// `[[policies.router]]`: router variants and the shadow.
+    pub router: Option<Vec<RawRouterVariant>>,
+}
+
+/// One `[[policies.router]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouterVariant {
+    /// Variant name (a metric label).
+    pub name: String,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// Share of traffic (default 100).
+    pub weight: Option<u32>,
+    /// Decide on a copy of each request without acting.
+    pub shadow: Option<bool>,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
 }
 
 /// One `[[api_keys]]` entry.
@@ -246,6 +278,48 @@ impl std::fmt::Display for ServerAddress {
     }
 }
 
+/// Where a policy's component comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// One embedded in the binary.
+    Builtin(String),
+    /// A file, reloaded when it changes.
+    File(std::path::PathBuf),
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Builtin(name) => write!(f, "builtin:{name}"),
+            Self::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A router variant to load at start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterVariantSpec {
+    /// Name.
+    pub name: String,
+    /// Component source.
+    pub source: PolicySource,
+    /// Traffic weight.
+    pub weight: u32,
+    /// Shadow instead of live.
+    pub shadow: bool,
+    /// Its configuration.
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+/// The policy engine's settings and the router slot's contents.
+#[derive(Clone, Debug)]
+pub struct PoliciesConfig {
+    /// Engine limits.
+    pub engine: ringmaster_policy_engine::EngineConfig,
+    /// Router variants (empty: the native strategy routes).
+    pub router: Vec<RouterVariantSpec>,
+}
+
 /// A GPU server to start with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerSpec {
@@ -311,6 +385,8 @@ pub struct Config {
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
     pub simulator: EngineConfig,
+    /// Policies.
+    pub policies: PoliciesConfig,
 }
 
 impl Config {
@@ -499,6 +575,7 @@ impl RawConfig {
         }
 
         let simulator = simulator_config(self.simulator.unwrap_or_default())?;
+        let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
 
         Ok(Config {
             listen,
@@ -514,8 +591,96 @@ impl RawConfig {
             prefix_hashing,
             servers,
             simulator,
+            policies,
         })
     }
+}
+
+fn policies_config(raw: RawPolicies, strategy: Strategy) -> Result<PoliciesConfig, ConfigError> {
+    let mut engine = ringmaster_policy_engine::EngineConfig::default();
+    if let Some(ms) = raw.call_deadline_ms {
+        if !(1..=10_000).contains(&ms) {
+            return Err(invalid(
+                "policies.call_deadline_ms",
+                "must be between 1 and 10000",
+            ));
+        }
+        engine.call_deadline = Duration::from_millis(ms);
+    }
+    if let Some(mb) = raw.memory_limit_mb {
+        if !(1..=4096).contains(&mb) {
+            return Err(invalid(
+                "policies.memory_limit_mb",
+                "must be between 1 and 4096",
+            ));
+        }
+        engine.memory_limit_bytes = mb * 1024 * 1024;
+    }
+    engine.cache_dir = raw.cache_dir.map(std::path::PathBuf::from);
+    let mut router = Vec::new();
+    for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("policies.router[{i}]");
+        let source = match variant.source.strip_prefix("builtin:") {
+            Some(name) => {
+                if crate::builtin::builtin(name).is_none() {
+                    return Err(invalid(
+                        format!("{key}.source"),
+                        format!(
+                            "no built-in policy {name:?}; built-ins: {}",
+                            crate::builtin::builtin_names()
+                        ),
+                    ));
+                }
+                PolicySource::Builtin(name.to_owned())
+            }
+            None => PolicySource::File(std::path::PathBuf::from(&variant.source)),
+        };
+        if router
+            .iter()
+            .any(|v: &RouterVariantSpec| v.name == variant.name)
+        {
+            return Err(invalid(
+                format!("{key}.name"),
+                format!("duplicate variant {:?}", variant.name),
+            ));
+        }
+        let shadow = variant.shadow.unwrap_or(false);
+        if shadow && router.iter().any(|v: &RouterVariantSpec| v.shadow) {
+            return Err(invalid(
+                format!("{key}.shadow"),
+                "only one shadow variant is allowed",
+            ));
+        }
+        let config = variant
+            .config
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, v)| {
+                let text = match v {
+                    toml::Value::String(s) => s,
+                    other => other.to_string(),
+                };
+                (k, text)
+            })
+            .collect();
+        router.push(RouterVariantSpec {
+            name: variant.name,
+            source,
+            weight: variant.weight.unwrap_or(100),
+            shadow,
+            config,
+        });
+    }
+    if router.is_empty() && strategy == Strategy::ConsistentHash {
+        router.push(RouterVariantSpec {
+            name: "default".to_owned(),
+            source: PolicySource::Builtin("consistent-hash".to_owned()),
+            weight: 100,
+            shadow: false,
+            config: Default::default(),
+        });
+    }
+    Ok(PoliciesConfig { engine, router })
 }
 
 fn simulator_config(raw: RawSimulator) -> Result<EngineConfig, ConfigError> {

@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::policy::RouterSlot;
 use crate::pool::Pool;
 
 /// Label set with one `server` label.
@@ -35,10 +36,33 @@ pub struct ResponseLabels {
 
 /// Label set of routing decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabel {
-    /// `affinity`, `bounded-load-spill` or `round-robin`.
+pub struct DecisionLabels {
+    /// Router variant (`native` when the ring decided without a policy).
+    pub variant: String,
+    /// `affinity`, `bounded-load-spill`, `round-robin`, `policy-other`, `policy-over-cap`,
+    /// `fallback` (a policy fault; the ring decided).
     pub reason: &'static str,
 }
+
+/// Label set with one `variant` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VariantLabel {
+    /// Router variant (`native` when no policy decided).
+    pub variant: String,
+}
+
+/// Label set of policy faults.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabels {
+    /// Policy slot (`router`).
+    pub slot: &'static str,
+    /// Variant.
+    pub variant: String,
+    /// `trap`, `deadline`, `memory`, `invalid-answer`, `instantiate`.
+    pub kind: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 /// The gateway's metrics.
 #[derive(Debug)]
@@ -46,12 +70,16 @@ pub struct Metrics {
     registry: Registry,
     /// HTTP responses by route and status.
     pub responses: Family<ResponseLabels, Counter>,
-    /// Time from request arrival to the first generated token.
-    pub ttft_seconds: Histogram,
-    /// Time from request arrival to the last byte of the answer.
-    pub request_duration_seconds: Histogram,
-    /// Routing decisions by reason.
-    pub routing_decisions: Family<ReasonLabel, Counter>,
+    /// Time from request arrival to the first generated token, by variant.
+    pub ttft_seconds: HistogramFamily<VariantLabel>,
+    /// Time from request arrival to the last byte of the answer, by variant.
+    pub request_duration_seconds: HistogramFamily<VariantLabel>,
+    /// Time spent deciding where a request goes (policy call included), by variant.
+    pub routing_seconds: HistogramFamily<VariantLabel>,
+    /// Routing decisions by variant and reason.
+    pub routing_decisions: Family<DecisionLabels, Counter>,
+    /// Policy faults by slot, variant and kind.
+    pub policy_faults: Family<FaultLabels, Counter>,
     /// The chosen server's in-flight count over its bounded-load cap, at each assignment
     /// (never above 1 while the bounded-load ring routes).
     pub routing_load_to_cap: Histogram,
@@ -60,8 +88,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers every family, including the per-server collector over `pool`.
-    pub fn new(pool: Arc<Pool>) -> Self {
+    /// Registers every family, including the collectors over `pool` and `router`.
+    pub fn new(pool: Arc<Pool>, router: Arc<RouterSlot>) -> Self {
         let mut registry = Registry::with_prefix("ringmaster");
         let responses = Family::<ResponseLabels, Counter>::default();
         registry.register(
@@ -69,23 +97,38 @@ impl Metrics {
             "HTTP responses by route and status",
             responses.clone(),
         );
-        let ttft_seconds = Histogram::new(latency_buckets());
+        let ttft_seconds: HistogramFamily<VariantLabel> =
+            Family::new_with_constructor(latency_histogram);
         registry.register(
             "ttft_seconds",
             "Time from request arrival to the first generated token",
             ttft_seconds.clone(),
         );
-        let request_duration_seconds = Histogram::new(latency_buckets());
+        let request_duration_seconds: HistogramFamily<VariantLabel> =
+            Family::new_with_constructor(latency_histogram);
         registry.register(
             "request_duration_seconds",
             "Time from request arrival to the end of the answer",
             request_duration_seconds.clone(),
         );
-        let routing_decisions = Family::<ReasonLabel, Counter>::default();
+        let routing_seconds: HistogramFamily<VariantLabel> =
+            Family::new_with_constructor(routing_histogram);
+        registry.register(
+            "routing_seconds",
+            "Time spent deciding where a request goes, policy call included",
+            routing_seconds.clone(),
+        );
+        let routing_decisions = Family::<DecisionLabels, Counter>::default();
         registry.register(
             "routing_decisions",
-            "Routing decisions by reason (affinity, bounded-load-spill, round-robin)",
+            "Routing decisions by variant and reason",
             routing_decisions.clone(),
+        );
+        let policy_faults = Family::<FaultLabels, Counter>::default();
+        registry.register(
+            "policy_faults",
+            "Policy faults by slot, variant and kind (each fell back to the native ring)",
+            policy_faults.clone(),
         );
         let routing_load_to_cap = Histogram::new([0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0]);
         registry.register(
@@ -100,12 +143,15 @@ impl Metrics {
             client_disconnects.clone(),
         );
         registry.register_collector(Box::new(ServerCollector { pool }));
+        registry.register_collector(Box::new(PolicyCollector { router }));
         Self {
             registry,
             responses,
             ttft_seconds,
             request_duration_seconds,
+            routing_seconds,
             routing_decisions,
+            policy_faults,
             routing_load_to_cap,
             client_disconnects,
         }
@@ -121,8 +167,99 @@ impl Metrics {
 }
 
 /// 1 ms to ~65 s, doubling.
-fn latency_buckets() -> impl Iterator<Item = f64> {
-    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+fn latency_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+/// 1 µs to ~16 ms, doubling.
+fn routing_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        1e-6, 2.0, 15,
+    ))
+}
+
+/// Reads per-variant totals, shadow agreement and policy-emitted counters on each scrape.
+#[derive(Debug)]
+struct PolicyCollector {
+    router: Arc<RouterSlot>,
+}
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let set = self.router.current();
+        let variants: Vec<_> = set.variants.iter().chain(set.shadow.iter()).collect();
+        type Read = fn(&crate::policy::VariantStats) -> u64;
+        let counters: [(&str, &str, Read); 7] = [
+            (
+                "variant_requests",
+                "Requests routed through the router variant",
+                |s| s.requests.load(Relaxed),
+            ),
+            (
+                "variant_errors",
+                "Requests of the variant that ended in an error",
+                |s| s.errors.load(Relaxed),
+            ),
+            ("variant_faults", "Faults of the variant's policy", |s| {
+                s.faults.load(Relaxed)
+            }),
+            (
+                "variant_prompt_tokens",
+                "Prompt tokens of the variant's finished requests",
+                |s| s.prompt_tokens.load(Relaxed),
+            ),
+            (
+                "variant_cached_prompt_tokens",
+                "Of those, served from the prefix cache",
+                |s| s.cached_tokens.load(Relaxed),
+            ),
+            (
+                "shadow_decisions",
+                "Decisions the shadow variant made on copies of requests",
+                |s| s.shadow_decisions.load(Relaxed),
+            ),
+            (
+                "shadow_agreements",
+                "Shadow decisions equal to the live decision",
+                |s| s.shadow_agreements.load(Relaxed),
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for variant in &variants {
+                let label = VariantLabel {
+                    variant: variant.name.to_string(),
+                };
+                ConstCounter::new(read(&variant.stats)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "policy_counter",
+            "Counters emitted by policies through the metrics import",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (policy, counter, value) in self.router.engine().policy_counters() {
+            let labels = PolicyCounterLabels { policy, counter };
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Labels of a policy-emitted counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyCounterLabels {
+    policy: String,
+    counter: String,
 }
 
 /// Reads per-server state from the pool on each scrape.

@@ -21,6 +21,7 @@ use ringmaster_gpu_runtime::{EngineConfig, EngineError, EngineHandle};
 use ringmaster_ring::{Member, Ring, RingConfig, RingError};
 
 use crate::config::{ServerAddress, ServerSpec, Strategy};
+use crate::prefix_index::{DEFAULT_PREFIX_INDEX_CAPACITY, PrefixIndex};
 use crate::routing::RoutingInput;
 
 /// A pool change that could not be made.
@@ -49,6 +50,8 @@ pub enum PoolError {
 #[derive(Debug)]
 pub struct Server {
     id: String,
+    /// Stable small number for the prefix index while the server lives.
+    slot: usize,
     address: ServerAddress,
     weight: u32,
     engine: EngineHandle,
@@ -70,6 +73,10 @@ impl Server {
     /// Ring weight.
     pub fn weight(&self) -> u32 {
         self.weight
+    }
+    /// Slot in the prefix index.
+    pub fn slot(&self) -> usize {
+        self.slot
     }
     /// The engine that runs requests.
     pub fn engine(&self) -> &EngineHandle {
@@ -121,6 +128,10 @@ pub enum DecisionReason {
     BoundedLoadSpill,
     /// Round-robin strategy.
     RoundRobin,
+    /// A router policy chose this server.
+    Policy,
+    /// A router policy chose a server at its bounded-load cap; the ring spilled it onward.
+    PolicyOverCap,
 }
 
 impl DecisionReason {
@@ -130,6 +141,8 @@ impl DecisionReason {
             Self::Affinity => "affinity",
             Self::BoundedLoadSpill => "bounded-load-spill",
             Self::RoundRobin => "round-robin",
+            Self::Policy => "policy",
+            Self::PolicyOverCap => "policy-over-cap",
         }
     }
 }
@@ -183,6 +196,7 @@ pub struct Pool {
     strategy: Strategy,
     ring_config: RingConfig,
     simulator: EngineConfig,
+    prefixes: PrefixIndex,
 }
 
 impl Pool {
@@ -194,11 +208,11 @@ impl Pool {
         simulator: EngineConfig,
     ) -> Result<Self, PoolError> {
         let mut servers = Vec::with_capacity(specs.len());
-        for spec in specs {
+        for (slot, spec) in specs.iter().enumerate() {
             if servers.iter().any(|s: &Arc<Server>| s.id == spec.id) {
                 return Err(PoolError::Duplicate(spec.id.clone()));
             }
-            servers.push(start_server(spec, &simulator)?);
+            servers.push(start_server(spec, slot, &simulator)?);
         }
         let ring = build_ring(&servers, &ring_config)?;
         Ok(Self {
@@ -214,7 +228,13 @@ impl Pool {
             strategy,
             ring_config,
             simulator,
+            prefixes: PrefixIndex::new(DEFAULT_PREFIX_INDEX_CAPACITY),
         })
+    }
+
+    /// The gateway's estimate of which prefixes each server holds.
+    pub fn prefixes(&self) -> &PrefixIndex {
+        &self.prefixes
     }
 
     /// The current snapshot.
@@ -236,18 +256,67 @@ impl Pool {
         }
         let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
         let decision = self.decide(&snapshot, input, &mut loads)?;
+        Some(self.count(decision, input, loads))
+    }
+
+    /// Sends the request to the server a router policy chose, counting it in flight, unless
+    /// that server is no longer active or is at its bounded-load cap now: then the ring decides
+    /// (the cap is the host's invariant, whatever a policy answers). `None` with no servers.
+    pub fn assign(&self, chosen: &str, input: &RoutingInput) -> Option<(Decision, InFlight)> {
+        let snapshot = self.snapshot.load();
+        if snapshot.servers.is_empty() {
+            return None;
+        }
+        let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let position = snapshot.servers.iter().position(|s| s.id == chosen);
+        let decision = match position {
+            Some(i) => {
+                loads.clear();
+                loads.extend(snapshot.servers.iter().map(|s| s.in_flight()));
+                let total: u64 = loads.iter().sum();
+                let capacity = snapshot.ring.capacity(i, total);
+                if loads[i] < capacity {
+                    Decision {
+                        server: snapshot.servers[i].clone(),
+                        reason: DecisionReason::Policy,
+                        preferred: None,
+                        skipped: Vec::new(),
+                        capacity: Some(capacity),
+                        load_after: loads[i] + 1,
+                    }
+                } else {
+                    let mut spilled = self.decide(&snapshot, input, &mut loads)?;
+                    spilled.reason = DecisionReason::PolicyOverCap;
+                    spilled.preferred = Some(snapshot.servers[i].clone());
+                    spilled
+                }
+            }
+            None => self.decide(&snapshot, input, &mut loads)?,
+        };
+        Some(self.count(decision, input, loads))
+    }
+
+    /// Counts the decided request in flight (while the route lock is held) and records its
+    /// prefixes against the server.
+    fn count(
+        &self,
+        decision: Decision,
+        input: &RoutingInput,
+        lock: std::sync::MutexGuard<'_, Vec<u64>>,
+    ) -> (Decision, InFlight) {
         let server = decision.server.clone();
         let after = server.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        drop(loads);
+        drop(lock);
         server.peak_in_flight.fetch_max(after, Ordering::Relaxed);
         server.requests_total.fetch_add(1, Ordering::Relaxed);
-        Some((
+        self.prefixes.record(server.slot, &input.prefix_hashes);
+        (
             Decision {
                 load_after: after,
                 ..decision
             },
             InFlight { server },
-        ))
+        )
     }
 
     /// What [`Self::route`] would decide now, without counting anything.
@@ -310,7 +379,16 @@ impl Pool {
         if current.server(&spec.id).is_some() || current.draining.iter().any(|s| s.id == spec.id) {
             return Err(PoolError::Duplicate(spec.id.clone()));
         }
-        let server = start_server(spec, &self.simulator)?;
+        let used: Vec<usize> = current
+            .servers
+            .iter()
+            .chain(current.draining.iter())
+            .map(|s| s.slot)
+            .collect();
+        let slot = (0..)
+            .find(|slot| !used.contains(slot))
+            .expect("a free slot");
+        let server = start_server(spec, slot, &self.simulator)?;
         let mut servers = current.servers.clone();
         servers.push(server.clone());
         let ring = build_ring(&servers, &self.ring_config)?;
@@ -365,6 +443,9 @@ impl Pool {
             .cloned()
             .collect();
         let reaped = current.draining.len() - draining.len();
+        for gone in current.draining.iter().filter(|s| s.in_flight() == 0) {
+            self.prefixes.forget(gone.slot);
+        }
         if reaped > 0 {
             self.snapshot.store(Arc::new(PoolSnapshot {
                 ring: current.ring.clone(),
@@ -377,7 +458,11 @@ impl Pool {
     }
 }
 
-fn start_server(spec: &ServerSpec, template: &EngineConfig) -> Result<Arc<Server>, PoolError> {
+fn start_server(
+    spec: &ServerSpec,
+    slot: usize,
+    template: &EngineConfig,
+) -> Result<Arc<Server>, PoolError> {
     let engine = match &spec.address {
         ServerAddress::Simulated { name } => {
             let mut config = template.clone();
@@ -390,6 +475,7 @@ fn start_server(spec: &ServerSpec, template: &EngineConfig) -> Result<Arc<Server
     };
     Ok(Arc::new(Server {
         id: spec.id.clone(),
+        slot,
         address: spec.address.clone(),
         weight: spec.weight,
         engine,

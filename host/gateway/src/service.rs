@@ -35,9 +35,12 @@ use crate::api::{
 };
 use crate::body::{ChannelBody, ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
-use crate::metrics::{ReasonLabel, ResponseLabels};
-use crate::pool::{Decision, InFlight};
-use crate::routing::{MAX_SESSION_ID_BYTES, routing_input};
+use crate::metrics::{DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
+use crate::policy::{RouteOutcome, Routed, Variant};
+use crate::pool::{Decision, DecisionReason, InFlight};
+use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
+use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
+use std::sync::atomic::Ordering;
 
 /// Frames buffered between the stream producer and a slow client.
 const SSE_CHANNEL_FRAMES: usize = 64;
@@ -54,6 +57,7 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
     let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
+    let watcher = tokio::spawn(crate::watch_policy_files(Arc::downgrade(&gateway)));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -93,6 +97,7 @@ pub async fn serve(
         () = tokio::time::sleep(gateway.config.shutdown_grace) => warn!("gateway.grace_expired"),
     }
     reaper.abort();
+    watcher.abort();
     Ok(())
 }
 
@@ -353,38 +358,83 @@ async fn messages(
         )
         .with_retry_after(Duration::from_secs(1)));
     }
-    let (decision, in_flight) = gateway.pool.route(&input).ok_or_else(|| {
-        ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
-            .with_retry_after(Duration::from_secs(5))
-    })?;
-    record_decision(gateway, &decision);
+    let policy_request = policy_request(
+        &request,
+        &input,
+        &caller.tier,
+        session.as_deref(),
+        request_id,
+    );
+    let routing_started = Instant::now();
+    let routed = match gateway.router.route(&gateway.pool, &input, &policy_request) {
+        RouteOutcome::Routed(routed) => *routed,
+        RouteOutcome::Rejected { variant, reason } => {
+            variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                ErrorKind::Overloaded,
+                format!("the router policy declined the request: {reason}"),
+            )
+            .with_retry_after(Duration::from_secs(1)));
+        }
+        RouteOutcome::NoServers => {
+            return Err(
+                ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
+                    .with_retry_after(Duration::from_secs(5)),
+            );
+        }
+    };
+    let Routed {
+        decision,
+        in_flight,
+        variant,
+        fault,
+    } = routed;
+    let tracker = Tracker {
+        gateway: gateway.clone(),
+        label: VariantLabel {
+            variant: variant
+                .as_ref()
+                .map_or_else(|| "native".to_owned(), |v| v.name.to_string()),
+        },
+        variant,
+        started,
+    };
+    record_decision(
+        gateway,
+        &tracker,
+        &decision,
+        fault.as_ref(),
+        input.key,
+        routing_started.elapsed(),
+    );
     debug!(
         server = decision.server.id(),
         reason = decision.reason.as_str(),
+        variant = %tracker.label.variant,
         key_source = input.source.as_str(),
         prefix_hashes = input.prefix_hashes.len(),
         tier = %caller.tier,
         key = %caller.key_label,
         "request.routed"
     );
-    let generation = decision
+    let generation = match decision
         .server
         .engine()
         .submit(generate_request(&request, request_id))
-        .map_err(engine_error)?;
+    {
+        Ok(generation) => generation,
+        Err(e) => {
+            tracker.failed();
+            return Err(engine_error(e));
+        }
+    };
     let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let server_id = decision.server.id().to_owned();
+    let variant_name = tracker.label.variant.clone();
     let mut response = if request.stream {
-        stream_reply(
-            gateway.clone(),
-            request,
-            generation,
-            in_flight,
-            message_id,
-            started,
-        )
+        stream_reply(tracker, request, generation, in_flight, message_id)
     } else {
-        let reply = collect_reply(gateway, &request, generation, message_id, started).await?;
+        let reply = collect_reply(&tracker, &request, generation, message_id).await?;
         drop(in_flight);
         json_response(
             StatusCode::OK,
@@ -393,6 +443,9 @@ async fn messages(
     };
     if let Ok(value) = HeaderValue::from_str(&server_id) {
         response.headers_mut().insert("x-ringmaster-server", value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&variant_name) {
+        response.headers_mut().insert("x-ringmaster-variant", value);
     }
     Ok(response)
 }
@@ -412,19 +465,130 @@ fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, ApiError>
     Ok(Some(text.to_owned()).filter(|s| !s.is_empty()))
 }
 
-fn record_decision(gateway: &Gateway, decision: &Decision) {
+fn record_decision(
+    gateway: &Gateway,
+    tracker: &Tracker,
+    decision: &Decision,
+    fault: Option<&PolicyFault>,
+    key: u64,
+    elapsed: Duration,
+) {
+    let reason = match (fault, decision.reason) {
+        (Some(_), _) => "fallback",
+        (None, DecisionReason::Policy) => {
+            let snapshot = gateway.pool.snapshot();
+            let owner = snapshot.ring.lookup(key).map(|i| snapshot.servers[i].id());
+            if owner == Some(decision.server.id()) {
+                "affinity"
+            } else {
+                "policy-other"
+            }
+        }
+        (None, reason) => reason.as_str(),
+    };
     gateway
         .metrics
         .routing_decisions
-        .get_or_create(&ReasonLabel {
-            reason: decision.reason.as_str(),
+        .get_or_create(&DecisionLabels {
+            variant: tracker.label.variant.clone(),
+            reason,
         })
         .inc();
+    gateway
+        .metrics
+        .routing_seconds
+        .get_or_create(&tracker.label)
+        .observe(elapsed.as_secs_f64());
+    if let Some(fault) = fault {
+        gateway
+            .metrics
+            .policy_faults
+            .get_or_create(&FaultLabels {
+                slot: "router",
+                variant: tracker.label.variant.clone(),
+                kind: fault.kind(),
+            })
+            .inc();
+    }
     if let Some(capacity) = decision.capacity {
         gateway
             .metrics
             .routing_load_to_cap
             .observe(decision.load_after as f64 / capacity.max(1) as f64);
+    }
+}
+
+/// What a router policy sees of a request.
+fn policy_request(
+    request: &MessagesRequest,
+    input: &RoutingInput,
+    tier: &str,
+    session: Option<&str>,
+    request_id: &str,
+) -> PolicyRequest {
+    let prompt_bytes = request.system.as_ref().map_or(0, String::len)
+        + request.messages.iter().map(|m| m.text.len()).sum::<usize>();
+    PolicyRequest {
+        id: request_id.to_owned(),
+        model: request.model.clone(),
+        tier: tier.to_owned(),
+        session_id: session
+            .map(str::to_owned)
+            .or_else(|| request.user_id.clone()),
+        routing_key: input.key,
+        prefix_hashes: input.prefix_hashes.clone(),
+        // About four bytes of English text per token; the engine counts exactly later.
+        prompt_tokens: u32::try_from(prompt_bytes / 4).unwrap_or(u32::MAX),
+        max_tokens: request.max_tokens,
+        priority: 0,
+        stream: request.stream,
+        headers: Vec::new(),
+    }
+}
+
+/// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
+struct Tracker {
+    gateway: Arc<Gateway>,
+    variant: Option<Arc<Variant>>,
+    label: VariantLabel,
+    started: Instant,
+}
+
+impl Tracker {
+    fn first_token(&self) {
+        let ttft = self.started.elapsed().as_secs_f64();
+        self.gateway
+            .metrics
+            .ttft_seconds
+            .get_or_create(&self.label)
+            .observe(ttft);
+        if let Some(variant) = &self.variant {
+            variant.stats.record_ttft(ttft);
+        }
+    }
+
+    fn finished(&self, prompt_tokens: u32, cached_tokens: u32) {
+        self.gateway
+            .metrics
+            .request_duration_seconds
+            .get_or_create(&self.label)
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Some(variant) = &self.variant {
+            variant
+                .stats
+                .prompt_tokens
+                .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
+            variant
+                .stats
+                .cached_tokens
+                .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
+        }
+    }
+
+    fn failed(&self) {
+        if let Some(variant) = &self.variant {
+            variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -502,39 +666,33 @@ fn empty_message(model: &str, id: &str, usage: Usage) -> MessageResponse {
 /// hyper drops the handler's future when the connection goes away, and with it the engine's
 /// stream, which cancels the generation.
 struct UnfinishedReply<'a> {
-    gateway: &'a Gateway,
+    tracker: &'a Tracker,
     finished: bool,
 }
 
 impl Drop for UnfinishedReply<'_> {
     fn drop(&mut self) {
         if !self.finished {
-            self.gateway.metrics.client_disconnects.inc();
+            self.tracker.gateway.metrics.client_disconnects.inc();
             info!("request.client_disconnected");
         }
     }
 }
 
 async fn collect_reply(
-    gateway: &Gateway,
+    tracker: &Tracker,
     request: &MessagesRequest,
     mut generation: GenerationStream,
     message_id: String,
-    started: Instant,
 ) -> Result<MessageResponse, ApiError> {
     let mut guard = UnfinishedReply {
-        gateway,
+        tracker,
         finished: false,
     };
     let mut text = String::new();
     while let Some(event) = generation.next().await {
         match event {
-            GenerateEvent::Started { .. } => {
-                gateway
-                    .metrics
-                    .ttft_seconds
-                    .observe(started.elapsed().as_secs_f64());
-            }
+            GenerateEvent::Started { .. } => tracker.first_token(),
             GenerateEvent::Token { text: piece } => text.push_str(&piece),
             GenerateEvent::Finished {
                 reason,
@@ -542,10 +700,7 @@ async fn collect_reply(
                 cached_tokens,
                 output_tokens,
             } => {
-                gateway
-                    .metrics
-                    .request_duration_seconds
-                    .observe(started.elapsed().as_secs_f64());
+                tracker.finished(prompt_tokens, cached_tokens);
                 let (stop_reason, stop_sequence) = stop_of(&reason);
                 let mut reply = empty_message(
                     &request.model,
@@ -566,17 +721,14 @@ async fn collect_reply(
 }
 
 fn stream_reply(
-    gateway: Arc<Gateway>,
+    tracker: Tracker,
     request: MessagesRequest,
     generation: GenerationStream,
     in_flight: InFlight,
     message_id: String,
-    started: Instant,
 ) -> Response<ResponseBody> {
     let (tx, body) = ChannelBody::channel(SSE_CHANNEL_FRAMES);
-    let task = produce_stream(
-        gateway, request, generation, in_flight, message_id, started, tx,
-    );
+    let task = produce_stream(tracker, request, generation, in_flight, message_id, tx);
     tokio::spawn(task.in_current_span());
     let mut response = Response::new(body);
     let headers = response.headers_mut();
@@ -592,14 +744,14 @@ enum StreamEnd {
 }
 
 async fn produce_stream(
-    gateway: Arc<Gateway>,
+    tracker: Tracker,
     request: MessagesRequest,
     mut generation: GenerationStream,
     in_flight: InFlight,
     message_id: String,
-    started: Instant,
     tx: tokio::sync::mpsc::Sender<Bytes>,
 ) {
+    let started = tracker.started;
     let send = |event: StreamEvent| {
         let tx = tx.clone();
         async move {
@@ -620,10 +772,7 @@ async fn produce_stream(
                     prompt_tokens,
                     cached_tokens,
                 }) => {
-                    gateway
-                        .metrics
-                        .ttft_seconds
-                        .observe(started.elapsed().as_secs_f64());
+                    tracker.first_token();
                     let message = empty_message(
                         &request.model,
                         &message_id,
@@ -644,6 +793,7 @@ async fn produce_stream(
                     cached_tokens,
                     output_tokens,
                 }) => {
+                    tracker.finished(prompt_tokens, cached_tokens);
                     let (stop_reason, stop_sequence) = stop_of(&reason);
                     send(StreamEvent::ContentBlockStop { index: 0 }).await?;
                     send(StreamEvent::MessageDelta {
@@ -664,10 +814,6 @@ async fn produce_stream(
     let server = in_flight.server().id().to_owned();
     match result {
         Ok(output_tokens) => {
-            gateway
-                .metrics
-                .request_duration_seconds
-                .observe(started.elapsed().as_secs_f64());
             info!(
                 server,
                 output_tokens,
@@ -677,11 +823,12 @@ async fn produce_stream(
         }
         Err(StreamEnd::ClientGone) => {
             drop(generation);
-            gateway.metrics.client_disconnects.inc();
+            tracker.gateway.metrics.client_disconnects.inc();
             info!(server, "stream.client_disconnected");
         }
         Err(StreamEnd::EngineGone) => {
             warn!(server, "stream.engine_stopped");
+            tracker.failed();
             let error = ApiError::internal("the GPU server stopped before finishing the reply");
             let _ = send(StreamEvent::Error {
                 error: error.body()["error"].clone(),

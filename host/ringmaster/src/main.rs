@@ -135,6 +135,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             admin_api = gateway.config().admin_token.is_some(),
             "gateway.listening"
         );
+        #[cfg(unix)]
+        tokio::spawn(reload_on_sighup(std::sync::Arc::downgrade(&gateway)));
         ringmaster_gateway::serve(gateway, listener, shutdown_signal()).await?;
         info!("gateway.stopped");
         Ok(())
@@ -163,6 +165,22 @@ async fn shutdown_signal() {
         let _ = ctrl_c.await;
     }
     info!("gateway.shutdown_requested");
+}
+
+/// SIGHUP re-reads every policy file (the config's `[[policies.router]]` file sources).
+#[cfg(unix)]
+async fn reload_on_sighup(gateway: std::sync::Weak<Gateway>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        info!("gateway.sighup_reload");
+        let _ = tokio::task::spawn_blocking(move || gateway.reload_policies()).await;
+    }
 }
 
 fn init_logging(format: LogFormat) {

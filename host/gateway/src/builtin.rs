@@ -1,0 +1,51 @@
+//! The built-in policies, embedded in the binary so `ringmaster serve` needs no policy files
+//! and a plain `cargo build` needs no Wasm toolchain.
+//!
+//! The bytes are the committed components in `policies/dist/`, built from `policies/*` by
+//! `cargo xtask policies`; `cargo xtask policies --check` (run by `tests/run`) proves that
+//! rebuilding the sources reproduces them byte for byte.
+
+/// `(name, component bytes)` of every built-in policy.
+pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
+    (
+        "consistent-hash",
+        include_bytes!("../../../policies/dist/consistent-hash.wasm"),
+    ),
+    (
+        "cache-aware",
+        include_bytes!("../../../policies/dist/cache-aware.wasm"),
+    ),
+    (
+        "least-loaded",
+        include_bytes!("../../../policies/dist/least-loaded.wasm"),
+    ),
+    (
+        "round-robin",
+        include_bytes!("../../../policies/dist/round-robin.wasm"),
+    ),
+    (
+        "tiered",
+        include_bytes!("../../../policies/dist/tiered.wasm"),
+    ),
+    (
+        "blocklist",
+        include_bytes!("../../../policies/dist/blocklist.wasm"),
+    ),
+];
+
+/// The built-in policy called `name`.
+pub fn builtin(name: &str) -> Option<&'static [u8]> {
+    BUILTIN_POLICIES
+        .iter()
+        .find(|(builtin, _)| *builtin == name)
+        .map(|(_, bytes)| *bytes)
+}
+
+/// The names of the built-in policies, for error messages.
+pub fn builtin_names() -> String {
+    BUILTIN_POLICIES
+        .iter()
+        .map(|(name, _)| *name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}

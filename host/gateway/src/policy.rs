@@ -1,0 +1,551 @@
+//! The router slot: which router policies run, how traffic is split between them, and what
+//! happens when one misbehaves.
+//!
+//! The slot holds one or more *variants* (each a router policy version with a weight) and at
+//! most one *shadow*, all in one immutable [`RouterSet`] published through `ArcSwap`, so a
+//! request sees one consistent set and finishes on the versions it began with. A request's
+//! variant is chosen by its routing key (sticky: every turn of a conversation stays in one
+//! variant). A policy's answer is carried out by [`Pool::assign`], which keeps the bounded-load
+//! cap as a host invariant. A fault (trap, deadline, memory, invalid answer) never fails the
+//! request: the native ring decides instead, the fault is counted by kind, and after
+//! [`DEFAULT_ROLLBACK_AFTER_FAULTS`] faults in a row the variant rolls back to its previous
+//! version. The shadow decides on the same view without acting; the slot records how often it
+//! agrees and where it would have sent traffic.
+//!
+//! Swapping is compile → pre-instantiate → probe (in the policy engine) → publish; an unchanged
+//! content hash is a no-op; on failure the old version stays and the caller gets the reason.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use ringmaster_policy_engine::{
+    PolicyEngine, PolicyError, PolicyFault, PolicyRequest, RouteDecision, RouterHost, RouterPolicy,
+    ServerView,
+};
+use tracing::{info, warn};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::pool::{Decision, InFlight, Pool, PoolSnapshot};
+use crate::prefix_index::PrefixIndex;
+use crate::routing::RoutingInput;
+
+/// Faults in a row after which a variant rolls back to its previous version.
+pub const DEFAULT_ROLLBACK_AFTER_FAULTS: u32 = 5;
+/// Earlier versions kept per variant for rollback; older ones are dropped with their warm
+/// instances (every version holds instances from the engine's fixed pool).
+pub const MAX_HISTORY_VERSIONS: usize = 4;
+/// TTFT samples kept per variant for `/admin/experiments` (the most recent ones).
+pub const TTFT_SAMPLES_PER_VARIANT: usize = 10_000;
+/// Seed of the variant-assignment hash (distinct from the ring's so the two are independent).
+const ASSIGNMENT_SEED: u64 = 0xab7e_57ed;
+
+/// Why a change to the slot was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    /// The component was refused by the policy engine.
+    #[error("{0}")]
+    Policy(#[from] PolicyError),
+    /// No variant by that name.
+    #[error("no router variant named {0:?}")]
+    UnknownVariant(String),
+    /// Nothing to roll back to.
+    #[error("router variant {0:?} has no previous version")]
+    NoPreviousVersion(String),
+    /// A request for an impossible change.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Running totals of one variant, kept across its versions.
+#[derive(Debug, Default)]
+pub struct VariantStats {
+    /// Requests routed through the variant.
+    pub requests: AtomicU64,
+    /// Requests that ended in an error after routing.
+    pub errors: AtomicU64,
+    /// Policy faults (each fell back to the native ring).
+    pub faults: AtomicU64,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: AtomicU64,
+    /// Of which served from the prefix cache.
+    pub cached_tokens: AtomicU64,
+    ttft: Mutex<VecDeque<f64>>,
+    /// Shadow only: decisions compared with the live one.
+    pub shadow_decisions: AtomicU64,
+    /// Shadow only: decisions equal to the live one.
+    pub shadow_agreements: AtomicU64,
+    shadow_load: Mutex<HashMap<String, u64>>,
+}
+
+impl VariantStats {
+    /// Records a time to first token, in seconds.
+    pub fn record_ttft(&self, seconds: f64) {
+        let mut samples = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.len() == TTFT_SAMPLES_PER_VARIANT {
+            samples.pop_front();
+        }
+        samples.push_back(seconds);
+    }
+
+    /// A copy of the TTFT samples.
+    pub fn ttft_samples(&self) -> Vec<f64> {
+        self.ttft
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    /// Shadow only: decisions per server it would have made.
+    pub fn shadow_load(&self) -> HashMap<String, u64> {
+        self.shadow_load
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// One router variant at one version.
+#[derive(Debug)]
+pub struct Variant {
+    /// Its name (a metric label).
+    pub name: Arc<str>,
+    /// Its share of traffic (ignored for the shadow).
+    pub weight: u32,
+    /// The running version.
+    pub policy: RouterPolicy,
+    /// Earlier versions, oldest first.
+    pub history: Vec<RouterPolicy>,
+    /// Its configuration (handed to every version).
+    pub config: BTreeMap<String, String>,
+    consecutive_faults: AtomicU32,
+    /// Totals across versions.
+    pub stats: Arc<VariantStats>,
+}
+
+impl Variant {
+    fn successor(&self, policy: RouterPolicy, history: Vec<RouterPolicy>, weight: u32) -> Self {
+        Self {
+            name: self.name.clone(),
+            weight,
+            policy,
+            history,
+            config: self.config.clone(),
+            consecutive_faults: AtomicU32::new(0),
+            stats: self.stats.clone(),
+        }
+    }
+}
+
+/// The slot's variants and shadow at one instant.
+#[derive(Debug, Default)]
+pub struct RouterSet {
+    /// Live variants (empty: the native ring routes).
+    pub variants: Vec<Arc<Variant>>,
+    /// The shadow, if any.
+    pub shadow: Option<Arc<Variant>>,
+}
+
+impl RouterSet {
+    /// The variant a routing key belongs to.
+    pub fn pick(&self, key: u64) -> Option<&Arc<Variant>> {
+        let total: u64 = self.variants.iter().map(|v| u64::from(v.weight)).sum();
+        if total == 0 {
+            return self.variants.first();
+        }
+        let mut bucket = xxh3_64_with_seed(&key.to_le_bytes(), ASSIGNMENT_SEED) % total;
+        for variant in &self.variants {
+            if bucket < u64::from(variant.weight) {
+                return Some(variant);
+            }
+            bucket -= u64::from(variant.weight);
+        }
+        self.variants.last()
+    }
+}
+
+/// Where a request went and which variant decided.
+#[derive(Debug)]
+pub struct Routed {
+    /// The decision the pool carried out.
+    pub decision: Decision,
+    /// The request's slot on the server.
+    pub in_flight: InFlight,
+    /// The deciding variant (`None`: native ring).
+    pub variant: Option<Arc<Variant>>,
+    /// The fault that made the ring decide instead, if any.
+    pub fault: Option<PolicyFault>,
+}
+
+/// What routing can answer besides a server.
+#[derive(Debug)]
+pub enum RouteOutcome {
+    /// Routed.
+    Routed(Box<Routed>),
+    /// The policy refused the request.
+    Rejected {
+        /// The deciding variant.
+        variant: Arc<Variant>,
+        /// Its reason.
+        reason: String,
+    },
+    /// No server in the pool.
+    NoServers,
+}
+
+/// The router slot.
+#[derive(Debug)]
+pub struct RouterSlot {
+    engine: PolicyEngine,
+    set: ArcSwap<RouterSet>,
+    update: Mutex<()>,
+    rollback_after_faults: u32,
+}
+
+impl RouterSlot {
+    /// An empty slot (the native ring routes until a variant is added).
+    pub fn new(engine: PolicyEngine) -> Self {
+        Self {
+            engine,
+            set: ArcSwap::from_pointee(RouterSet::default()),
+            update: Mutex::new(()),
+            rollback_after_faults: DEFAULT_ROLLBACK_AFTER_FAULTS,
+        }
+    }
+
+    /// The policy engine.
+    pub fn engine(&self) -> &PolicyEngine {
+        &self.engine
+    }
+
+    /// The current set.
+    pub fn current(&self) -> Arc<RouterSet> {
+        self.set.load_full()
+    }
+
+    /// Loads `bytes` as variant `name` (or the shadow): creates it with `weight` if it does
+    /// not exist, else swaps its version (and weight, if given). Returns whether anything
+    /// changed (`false`: the same bytes are already running).
+    pub fn install(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        weight: Option<u32>,
+        shadow: bool,
+        config: Option<BTreeMap<String, String>>,
+    ) -> Result<bool, SlotError> {
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(SlotError::Invalid(format!(
+                "variant name {name:?}: use 1–64 ASCII letters, digits, '-', '_' or '.'"
+            )));
+        }
+        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.set.load_full();
+        let existing = if shadow {
+            current.shadow.clone().filter(|v| &*v.name == name)
+        } else {
+            current.variants.iter().find(|v| &*v.name == name).cloned()
+        };
+        let config = config
+            .or_else(|| existing.as_ref().map(|v| v.config.clone()))
+            .unwrap_or_default();
+        let started = Instant::now();
+        let policy = self.engine.load_router(name, bytes, config.clone())?;
+        let mut next = RouterSet {
+            variants: current.variants.clone(),
+            shadow: current.shadow.clone(),
+        };
+        let variant = match &existing {
+            Some(old)
+                if old.policy.info().hash == policy.info().hash
+                    && weight.is_none_or(|w| w == old.weight) =>
+            {
+                return Ok(false);
+            }
+            Some(old) => {
+                let mut history = old.history.clone();
+                if old.policy.info().hash != policy.info().hash {
+                    history.push(old.policy.clone());
+                    if history.len() > MAX_HISTORY_VERSIONS {
+                        history.remove(0);
+                    }
+                }
+                Arc::new(old.successor(policy, history, weight.unwrap_or(old.weight)))
+            }
+            None => Arc::new(Variant {
+                name: name.into(),
+                weight: weight.unwrap_or(if shadow { 0 } else { 100 }),
+                policy,
+                history: Vec::new(),
+                config,
+                consecutive_faults: AtomicU32::new(0),
+                stats: Arc::new(VariantStats::default()),
+            }),
+        };
+        info!(
+            variant = name,
+            shadow,
+            hash = %variant.policy.info().hash,
+            weight = variant.weight,
+            load_ms = started.elapsed().as_millis() as u64,
+            "policy.swapped"
+        );
+        if shadow {
+            next.shadow = Some(variant);
+        } else if let Some(slot) = next.variants.iter_mut().find(|v| &*v.name == name) {
+            *slot = variant;
+        } else {
+            next.variants.push(variant);
+        }
+        self.set.store(Arc::new(next));
+        Ok(true)
+    }
+
+    /// Removes a variant or the shadow.
+    pub fn remove(&self, name: &str) -> Result<(), SlotError> {
+        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.set.load_full();
+        let mut next = RouterSet {
+            variants: current
+                .variants
+                .iter()
+                .filter(|v| &*v.name != name)
+                .cloned()
+                .collect(),
+            shadow: current.shadow.clone().filter(|v| &*v.name != name),
+        };
+        if next.variants.len() == current.variants.len()
+            && next.shadow.is_some() == current.shadow.is_some()
+        {
+            return Err(SlotError::UnknownVariant(name.to_owned()));
+        }
+        next.variants.shrink_to_fit();
+        self.set.store(Arc::new(next));
+        info!(variant = name, "policy.removed");
+        Ok(())
+    }
+
+    /// Puts a variant back on its previous version.
+    pub fn rollback(&self, name: &str) -> Result<(), SlotError> {
+        self.rollback_if(name, None)
+    }
+
+    /// Rolls back unless the variant's running hash is no longer `expected` (someone else
+    /// already swapped or rolled back).
+    fn rollback_if(&self, name: &str, expected: Option<&str>) -> Result<(), SlotError> {
+        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.set.load_full();
+        let find = |v: &&Arc<Variant>| &*v.name == name;
+        let old = current
+            .variants
+            .iter()
+            .find(find)
+            .or(current.shadow.as_ref().filter(|v| &*v.name == name))
+            .cloned()
+            .ok_or_else(|| SlotError::UnknownVariant(name.to_owned()))?;
+        if expected.is_some_and(|hash| old.policy.info().hash != hash) {
+            return Ok(());
+        }
+        let mut history = old.history.clone();
+        let previous = history
+            .pop()
+            .ok_or_else(|| SlotError::NoPreviousVersion(name.to_owned()))?;
+        let rolled = Arc::new(old.successor(previous, history, old.weight));
+        warn!(variant = name, from = %old.policy.info().hash, to = %rolled.policy.info().hash, "policy.rolled_back");
+        let mut next = RouterSet {
+            variants: current.variants.clone(),
+            shadow: current.shadow.clone(),
+        };
+        if let Some(slot) = next.variants.iter_mut().find(|v| &*v.name == name) {
+            *slot = rolled;
+        } else {
+            next.shadow = Some(rolled);
+        }
+        self.set.store(Arc::new(next));
+        Ok(())
+    }
+
+    /// Routes one request: the variant's policy decides (or the ring, when there is none or it
+    /// faults) and the pool carries it out.
+    pub fn route(
+        &self,
+        pool: &Pool,
+        input: &RoutingInput,
+        request: &PolicyRequest,
+    ) -> RouteOutcome {
+        let set = self.set.load_full();
+        let snapshot = pool.snapshot();
+        if snapshot.servers.is_empty() {
+            return RouteOutcome::NoServers;
+        }
+        let view = PoolView {
+            snapshot: &snapshot,
+            prefixes: pool.prefixes(),
+            hashes: &input.prefix_hashes,
+        };
+        let variant = set.pick(input.key).cloned();
+        let mut fault = None;
+        let routed = match &variant {
+            None => pool.route(input),
+            Some(variant) => match variant.policy.route(&view, request) {
+                Ok(RouteDecision::Route(id)) => {
+                    variant.consecutive_faults.store(0, Ordering::Relaxed);
+                    pool.assign(&id, input)
+                }
+                Ok(RouteDecision::Reject(reason)) => {
+                    variant.consecutive_faults.store(0, Ordering::Relaxed);
+                    return RouteOutcome::Rejected {
+                        variant: variant.clone(),
+                        reason,
+                    };
+                }
+                Err(policy_fault) => {
+                    self.on_fault(variant, &policy_fault);
+                    fault = Some(policy_fault);
+                    pool.route(input)
+                }
+            },
+        };
+        let Some((decision, in_flight)) = routed else {
+            return RouteOutcome::NoServers;
+        };
+        if let Some(variant) = &variant {
+            variant.stats.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(shadow) = &set.shadow {
+            self.run_shadow(shadow, &view, request, decision.server.id());
+        }
+        RouteOutcome::Routed(Box::new(Routed {
+            decision,
+            in_flight,
+            variant,
+            fault,
+        }))
+    }
+
+    fn on_fault(&self, variant: &Arc<Variant>, fault: &PolicyFault) {
+        variant.stats.faults.fetch_add(1, Ordering::Relaxed);
+        let in_a_row = variant.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+        warn!(variant = %variant.name, kind = fault.kind(), in_a_row, "policy.fault");
+        if in_a_row >= self.rollback_after_faults && !variant.history.is_empty() {
+            let hash = variant.policy.info().hash.clone();
+            let _ = self.rollback_if(&variant.name, Some(&hash));
+        }
+    }
+
+    fn run_shadow(
+        &self,
+        shadow: &Arc<Variant>,
+        view: &PoolView<'_>,
+        request: &PolicyRequest,
+        live: &str,
+    ) {
+        shadow
+            .stats
+            .shadow_decisions
+            .fetch_add(1, Ordering::Relaxed);
+        match shadow.policy.route(view, request) {
+            Ok(RouteDecision::Route(id)) => {
+                if id == live {
+                    shadow
+                        .stats
+                        .shadow_agreements
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                *shadow
+                    .stats
+                    .shadow_load
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entry(id)
+                    .or_default() += 1;
+            }
+            Ok(RouteDecision::Reject(_)) => {}
+            Err(fault) => self.on_fault(shadow, &fault),
+        }
+    }
+}
+
+/// The pool as a router policy's imports see it during one call.
+struct PoolView<'a> {
+    snapshot: &'a PoolSnapshot,
+    prefixes: &'a PrefixIndex,
+    hashes: &'a [u64],
+}
+
+impl PoolView<'_> {
+    fn view(server: &crate::pool::Server) -> ServerView {
+        let load = server.engine().load();
+        ServerView {
+            id: server.id().to_owned(),
+            healthy: !server.is_draining(),
+            weight: server.weight(),
+            in_flight: u32::try_from(server.in_flight()).unwrap_or(u32::MAX),
+            waiting: load.waiting,
+            kv_blocks_used: load.kv_blocks_used,
+            kv_blocks_total: load.kv_blocks_total,
+        }
+    }
+}
+
+impl RouterHost for PoolView<'_> {
+    fn ring_lookup(&self, key: u64) -> Option<String> {
+        let i = self.snapshot.ring.lookup(key)?;
+        Some(self.snapshot.servers[i].id().to_owned())
+    }
+
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
+        self.snapshot
+            .ring
+            .candidates(key, n as usize)
+            .into_iter()
+            .map(|i| self.snapshot.servers[i].id().to_owned())
+            .collect()
+    }
+
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
+        let loads: Vec<u64> = self
+            .snapshot
+            .servers
+            .iter()
+            .map(|s| s.in_flight())
+            .collect();
+        let choice = self.snapshot.ring.lookup_bounded(key, &loads).ok()??;
+        Some(self.snapshot.servers[choice.member].id().to_owned())
+    }
+
+    fn servers(&self) -> Vec<ServerView> {
+        self.snapshot
+            .servers
+            .iter()
+            .map(|s| Self::view(s))
+            .collect()
+    }
+
+    fn server(&self, id: &str) -> Option<ServerView> {
+        self.snapshot.server(id).map(|s| Self::view(s))
+    }
+
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        let by_slot = self.prefixes.matches(self.hashes);
+        self.snapshot
+            .servers
+            .iter()
+            .filter_map(|s| {
+                by_slot
+                    .iter()
+                    .find(|(slot, _)| *slot == s.slot())
+                    .map(|(_, n)| (s.id().to_owned(), *n))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,443 @@
+//! Per-decision cost of a router policy through the engine, beside the same component called
+//! on bare wasmtime, so the engine's own overhead (pool, deadline, context, validation) shows
+//! as a delta.
+//!
+//! Needs the built policies: `cargo xtask policies` writes `policies/dist/*.wasm`. A policy
+//! that is missing is skipped with a note.
+//!
+//! - `engine`: [`RouterPolicy::route`] against a fake [`RouterHost`]: warm-instance pool, epoch
+//!   deadline, memory limiter, scoped call context, answer validation.
+//! - `bare`: `bindgen!` bindings, one instance kept in one store, imports answered by a plain
+//!   struct, no deadline, no pool, no validation.
+//! - `bare-epoch`: `bare` on an engine with epoch interruption on, so the engine's delta splits
+//!   into the checks epoch interruption compiles into the guest and the engine's own work.
+//!
+//! Time is the benchmark thread's CPU time (`/proc/thread-self/schedstat`, where readable),
+//! not wall time: on a shared 2-core machine wall time mostly measures the other processes.
+
+use std::collections::{BTreeMap, HashSet};
+use std::hint::black_box;
+use std::path::PathBuf;
+
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
+use ringmaster_policy_engine::{
+    EngineConfig, PolicyEngine, PolicyRequest, RouteDecision, RouterHost, RouterPolicy, ServerView,
+};
+use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
+use wasmtime::{Engine, Store};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+mod bare {
+    wasmtime::component::bindgen!({
+        world: "router",
+        path: "../../wit",
+    });
+}
+
+use bare::ringmaster::policy as wit;
+
+const POLICIES: [&str; 2] = ["consistent-hash", "cache-aware"];
+const SERVER_COUNTS: [usize; 2] = [8, 64];
+const PREFIX_HASHES: u64 = 32;
+/// Requests cycled through, so keys (and answers) vary between iterations.
+const REQUESTS: usize = 64;
+
+fn dist(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../policies/dist/{name}.wasm"))
+}
+
+/// The cluster both hosts answer from: `n` servers, some load, a prefix match on three.
+#[derive(Clone)]
+struct Cluster {
+    servers: Vec<ServerView>,
+    healthy: HashSet<String>,
+}
+
+impl Cluster {
+    fn new(n: usize) -> Self {
+        let servers = (0..n)
+            .map(|i| {
+                let i32 = i as u32;
+                ServerView {
+                    id: format!("gpu-{i}"),
+                    healthy: true,
+                    weight: 1,
+                    in_flight: i32 % 7,
+                    waiting: i32 % 3,
+                    kv_blocks_used: (i32 * 997) % 26_000,
+                    kv_blocks_total: 26_000,
+                }
+            })
+            .collect::<Vec<_>>();
+        let healthy = servers
+            .iter()
+            .filter(|s| s.healthy)
+            .map(|s| s.id.clone())
+            .collect();
+        Self { servers, healthy }
+    }
+
+    fn at(&self, key: u64) -> &ServerView {
+        &self.servers[(key % self.servers.len() as u64) as usize]
+    }
+
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        self.servers
+            .iter()
+            .take(3)
+            .zip([24u32, 12, 3])
+            .map(|(s, n)| (s.id.clone(), n))
+            .collect()
+    }
+}
+
+impl RouterHost for Cluster {
+    fn ring_lookup(&self, key: u64) -> Option<String> {
+        Some(self.at(key).id.clone())
+    }
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
+        (0..u64::from(n).min(self.servers.len() as u64))
+            .map(|i| self.at(key.wrapping_add(i)).id.clone())
+            .collect()
+    }
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
+        self.ring_lookup(key)
+    }
+    fn servers(&self) -> Vec<ServerView> {
+        self.servers.clone()
+    }
+    fn server(&self, id: &str) -> Option<ServerView> {
+        self.servers.iter().find(|s| s.id == id).cloned()
+    }
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        Cluster::prefix_matches(self)
+    }
+    fn routable(&self, id: &str) -> bool {
+        self.healthy.contains(id)
+    }
+}
+
+fn requests() -> Vec<PolicyRequest> {
+    (0..REQUESTS as u64)
+        .map(|i| {
+            let key = i.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            PolicyRequest {
+                id: format!("req_{i:08}"),
+                model: "llama-3-8b".into(),
+                tier: "standard".into(),
+                session_id: Some(format!("session-{i}")),
+                routing_key: key,
+                prefix_hashes: (0..PREFIX_HASHES)
+                    .map(|h| key ^ h.wrapping_mul(31))
+                    .collect(),
+                prompt_tokens: 512,
+                max_tokens: 256,
+                priority: 1,
+                stream: true,
+                headers: Vec::new(),
+            }
+        })
+        .collect()
+}
+
+/// The bare host's store data: the cluster and an empty WASI context.
+struct Bare {
+    cluster: Cluster,
+    wasi: WasiCtx,
+    table: ResourceTable,
+}
+
+impl WasiView for Bare {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+fn server(s: &ServerView) -> wit::types::Server {
+    wit::types::Server {
+        id: s.id.clone(),
+        healthy: s.healthy,
+        weight: s.weight,
+        in_flight: s.in_flight,
+        waiting: s.waiting,
+        kv_blocks_used: s.kv_blocks_used,
+        kv_blocks_total: s.kv_blocks_total,
+    }
+}
+
+impl wit::types::Host for Bare {}
+
+impl wit::ring::Host for Bare {
+    fn lookup(&mut self, key: u64) -> Option<String> {
+        self.cluster.ring_lookup(key)
+    }
+    fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
+        self.cluster.ring_candidates(key, n)
+    }
+    fn lookup_bounded(&mut self, key: u64) -> Option<String> {
+        self.cluster.ring_lookup_bounded(key)
+    }
+}
+
+impl wit::cluster::Host for Bare {
+    fn servers(&mut self) -> Vec<wit::types::Server> {
+        self.cluster.servers.iter().map(server).collect()
+    }
+    fn get(&mut self, id: String) -> Option<wit::types::Server> {
+        self.cluster.servers.iter().find(|s| s.id == id).map(server)
+    }
+    fn prefix_matches(&mut self) -> Vec<(String, u32)> {
+        self.cluster.prefix_matches()
+    }
+}
+
+impl wit::log::Host for Bare {
+    fn write(&mut self, _level: wit::log::Level, _message: String) {}
+}
+
+impl wit::metrics::Host for Bare {
+    fn counter_add(&mut self, _name: String, _value: u64) {}
+}
+
+impl wit::config::Host for Bare {
+    fn get(&mut self, _key: String) -> Option<String> {
+        None
+    }
+    fn entries(&mut self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+}
+
+fn bare_request(r: &PolicyRequest) -> wit::types::Request {
+    wit::types::Request {
+        id: r.id.clone(),
+        model: r.model.clone(),
+        tier: r.tier.clone(),
+        session_id: r.session_id.clone(),
+        routing_key: r.routing_key,
+        prefix_hashes: r.prefix_hashes.clone(),
+        prompt_tokens: r.prompt_tokens,
+        max_tokens: r.max_tokens,
+        priority: r.priority,
+        stream: r.stream,
+        headers: r.headers.clone(),
+    }
+}
+
+/// The benchmark thread's CPU time in nanoseconds, or wall time where the kernel does not say.
+struct ThreadCpu {
+    wall: WallTime,
+    cpu: bool,
+}
+
+impl Default for ThreadCpu {
+    fn default() -> Self {
+        let cpu = thread_cpu_ns().is_some();
+        if !cpu {
+            eprintln!("note: no /proc/thread-self/schedstat: measuring wall time");
+        }
+        Self {
+            wall: WallTime,
+            cpu,
+        }
+    }
+}
+
+fn thread_cpu_ns() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    stat.split_whitespace().next()?.parse().ok()
+}
+
+impl Measurement for ThreadCpu {
+    type Intermediate = (Option<u64>, std::time::Instant);
+    type Value = f64;
+
+    fn start(&self) -> Self::Intermediate {
+        (
+            self.cpu.then(thread_cpu_ns).flatten(),
+            std::time::Instant::now(),
+        )
+    }
+    fn end(&self, (cpu, wall): Self::Intermediate) -> f64 {
+        match (cpu, self.cpu.then(thread_cpu_ns).flatten()) {
+            (Some(start), Some(end)) => end.saturating_sub(start) as f64,
+            _ => wall.elapsed().as_nanos() as f64,
+        }
+    }
+    fn add(&self, a: &f64, b: &f64) -> f64 {
+        a + b
+    }
+    fn zero(&self) -> f64 {
+        0.0
+    }
+    fn to_f64(&self, value: &f64) -> f64 {
+        *value
+    }
+    fn formatter(&self) -> &dyn ValueFormatter {
+        self.wall.formatter()
+    }
+}
+
+fn bench_route(c: &mut Criterion<ThreadCpu>) {
+    let engine = PolicyEngine::new(EngineConfig::default()).expect("policy engine");
+    // `bare`: wasmtime's defaults. `bare-epoch`: the same plus epoch interruption (the checks
+    // it compiles into the guest), so the engine's delta splits into that and its own work.
+    let bare_engines: Vec<(&str, Engine)> = vec![
+        ("bare", Engine::default()),
+        (
+            "bare-epoch",
+            Engine::new(wasmtime::Config::new().epoch_interruption(true)).expect("engine"),
+        ),
+    ];
+    let requests = requests();
+    let bare_requests: Vec<_> = requests.iter().map(bare_request).collect();
+
+    let mut group = c.benchmark_group("route");
+    // Equal samples, each long enough for the scheduler's CPU-time accounting (updated at
+    // ticks and context switches) to be accurate.
+    group.sampling_mode(SamplingMode::Flat);
+    for policy in POLICIES {
+        let Ok(bytes) = std::fs::read(dist(policy)) else {
+            eprintln!(
+                "skipping {policy}: {} is missing (run `cargo xtask policies`)",
+                dist(policy).display()
+            );
+            continue;
+        };
+        let loaded = engine
+            .load_router(policy, &bytes, BTreeMap::new())
+            .expect("load through the engine");
+        for n in SERVER_COUNTS {
+            let cluster = Cluster::new(n);
+
+            for request in &requests {
+                let decision = loaded.route(&cluster, request);
+                assert!(
+                    matches!(decision, Ok(RouteDecision::Route(_))),
+                    "{decision:?}"
+                );
+            }
+            let before = loaded.faults();
+            let mut i = 0;
+            group.bench_function(format!("{policy}/{n}-servers/engine"), |b| {
+                b.iter(|| {
+                    i = (i + 1) % REQUESTS;
+                    // Not asserted: a call descheduled past the 5 ms deadline on a busy
+                    // machine faults (the gateway would fall back). Faults are reported below.
+                    loaded.route(&cluster, black_box(&requests[i]))
+                })
+            });
+            let faults = loaded.faults().total() - before.total();
+            if faults > 0 {
+                eprintln!("{policy}/{n}-servers/engine: {faults} calls faulted during the run");
+            }
+
+            let mut bares: Vec<(&str, Store<Bare>, bare::Router)> = bare_engines
+                .iter()
+                .map(|(label, bare_engine)| {
+                    let mut linker: Linker<Bare> = Linker::new(bare_engine);
+                    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).expect("wasi");
+                    bare::Router::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)
+                        .expect("router imports");
+                    let component = Component::new(bare_engine, &bytes).expect("compile");
+                    let mut store = Store::new(
+                        bare_engine,
+                        Bare {
+                            cluster: cluster.clone(),
+                            wasi: WasiCtx::builder().build(),
+                            table: ResourceTable::new(),
+                        },
+                    );
+                    store.set_epoch_deadline(u64::MAX / 2);
+                    let router = bare::Router::instantiate(&mut store, &component, &linker)
+                        .expect("instantiate");
+                    (*label, store, router)
+                })
+                .collect();
+            for (label, store, router) in &mut bares {
+                let mut i = 0;
+                group.bench_function(format!("{policy}/{n}-servers/{label}"), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % REQUESTS;
+                        router
+                            .call_route(&mut *store, black_box(&bare_requests[i]))
+                            .expect("bare call")
+                    })
+                });
+            }
+            interleaved(
+                &format!("{policy}/{n}-servers"),
+                &loaded,
+                &cluster,
+                &requests,
+                &mut bares,
+                &bare_requests,
+            );
+        }
+    }
+    group.finish();
+}
+
+/// The same comparison with the variants interleaved in short blocks, so that whatever else
+/// the machine is doing hits them alike: the median per-call time of each, over
+/// [`INTERLEAVED_ROUNDS`] rounds of [`INTERLEAVED_BLOCK`] calls.
+fn interleaved(
+    name: &str,
+    engine: &RouterPolicy,
+    cluster: &Cluster,
+    requests: &[PolicyRequest],
+    bares: &mut [(&str, Store<Bare>, bare::Router)],
+    bare_requests: &[bare::ringmaster::policy::types::Request],
+) {
+    let mut engine_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
+    let mut bare_ns: Vec<Vec<f64>> = vec![Vec::with_capacity(INTERLEAVED_ROUNDS); bares.len()];
+    let time = |f: &mut dyn FnMut(usize)| {
+        let started = std::time::Instant::now();
+        for i in 0..INTERLEAVED_BLOCK {
+            f(i % REQUESTS);
+        }
+        started.elapsed().as_nanos() as f64 / INTERLEAVED_BLOCK as f64
+    };
+    for _ in 0..INTERLEAVED_ROUNDS {
+        engine_ns.push(time(&mut |i| {
+            let _ = black_box(engine.route(cluster, black_box(&requests[i])));
+        }));
+        for ((_, store, router), ns) in bares.iter_mut().zip(&mut bare_ns) {
+            ns.push(time(&mut |i| {
+                black_box(
+                    router
+                        .call_route(&mut *store, black_box(&bare_requests[i]))
+                        .ok(),
+                );
+            }));
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut line = format!(
+        "interleaved {name}: engine {:.0} ns",
+        median(&mut engine_ns)
+    );
+    for ((label, _, _), ns) in bares.iter().zip(&mut bare_ns) {
+        line.push_str(&format!(", {label} {:.0} ns", median(ns)));
+    }
+    eprintln!("{line}");
+}
+
+/// Rounds of the interleaved comparison.
+const INTERLEAVED_ROUNDS: usize = 200;
+/// Calls per variant per round.
+const INTERLEAVED_BLOCK: usize = 300;
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(ThreadCpu::default());
+    targets = bench_route
+}
+criterion_main!(benches);

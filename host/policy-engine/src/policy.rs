@@ -1,0 +1,442 @@
+//! The three kinds of policy — [`RouterPolicy`], [`AdmissionPolicy`], [`SafetyPolicy`] — and
+//! how each is loaded: the engine's common pipeline, then probe calls on synthetic inputs that
+//! must succeed before the handle is returned.
+//!
+//! A handle is one loaded version: cheap to clone, safe to call from many threads at once
+//! (each call takes its own warm instance). Dropping the last clone frees its instances.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use wasmtime::Store;
+use wasmtime::component::{ComponentExportIndex, Instance, TypedFunc};
+
+use crate::engine::{Core, PolicyEngine, World};
+use crate::error::{FaultCounts, PolicyError, PolicyFault};
+use crate::host::{CallCx, StoreData};
+use crate::probe::{self, PROBE_SERVERS, ProbeCluster};
+use crate::types::{
+    AdmissionLoad, AdmissionVerdict, PolicyInfo, PolicyRequest, RouteDecision, RouterHost,
+    SafetyVerdict, WitVerdict,
+};
+
+/// Longest part of a guest's answer quoted in a fault message.
+const QUOTE_LIMIT: usize = 64;
+
+pub(crate) struct RouterWorld;
+pub(crate) struct AdmissionWorld;
+pub(crate) struct SafetyWorld;
+
+type RouteFn = TypedFunc<(&'static PolicyRequest,), (RouteDecision,)>;
+type AdmitFn = TypedFunc<(&'static PolicyRequest, AdmissionLoad), (WitVerdict,)>;
+type CheckInputFn = TypedFunc<(&'static str,), (SafetyVerdict,)>;
+type CheckOutputFn = TypedFunc<(&'static str, bool), (SafetyVerdict,)>;
+
+impl World for RouterWorld {
+    const NAME: &'static str = "router";
+    const EXPORTS: &'static [&'static str] = &["route"];
+    const IMPORTS: &'static [&'static str] = &[
+        "ringmaster:policy/ring",
+        "ringmaster:policy/cluster",
+        "ringmaster:policy/log",
+        "ringmaster:policy/metrics",
+        "ringmaster:policy/config",
+    ];
+    type Exports = RouteFn;
+
+    fn exports(
+        instance: &Instance,
+        store: &mut Store<StoreData>,
+        indices: &[ComponentExportIndex],
+    ) -> wasmtime::Result<RouteFn> {
+        instance.get_typed_func(store, indices[0])
+    }
+}
+
+impl World for AdmissionWorld {
+    const NAME: &'static str = "admission";
+    const EXPORTS: &'static [&'static str] = &["admit"];
+    const IMPORTS: &'static [&'static str] = &[
+        "ringmaster:policy/cluster",
+        "ringmaster:policy/log",
+        "ringmaster:policy/metrics",
+        "ringmaster:policy/config",
+    ];
+    type Exports = AdmitFn;
+
+    fn exports(
+        instance: &Instance,
+        store: &mut Store<StoreData>,
+        indices: &[ComponentExportIndex],
+    ) -> wasmtime::Result<AdmitFn> {
+        instance.get_typed_func(store, indices[0])
+    }
+}
+
+impl World for SafetyWorld {
+    const NAME: &'static str = "safety-filter";
+    const EXPORTS: &'static [&'static str] = &["check-input", "check-output"];
+    const IMPORTS: &'static [&'static str] = &[
+        "ringmaster:policy/log",
+        "ringmaster:policy/metrics",
+        "ringmaster:policy/config",
+    ];
+    type Exports = (CheckInputFn, CheckOutputFn);
+
+    fn exports(
+        instance: &Instance,
+        store: &mut Store<StoreData>,
+        indices: &[ComponentExportIndex],
+    ) -> wasmtime::Result<Self::Exports> {
+        let input = instance.get_typed_func(&mut *store, indices[0])?;
+        let output = instance.get_typed_func(&mut *store, indices[1])?;
+        Ok((input, output))
+    }
+}
+
+/// Whether a load runs the probe calls (only tests skip them, to reach a faulty policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    Run,
+    #[cfg_attr(not(test), allow(dead_code))]
+    Skip,
+}
+
+impl PolicyEngine {
+    /// Loads a router policy: compile (cached) → check it targets the `router` world → link →
+    /// instantiate → probe `route` on synthetic requests against a four-server cluster, each
+    /// answer having to be `route` to one of those servers or `reject`.
+    ///
+    /// `config` is what the policy reads through the `config` import.
+    pub fn load_router(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+    ) -> Result<RouterPolicy, PolicyError> {
+        self.load_router_with(name, bytes, config, Probe::Run)
+    }
+
+    pub(crate) fn load_router_with(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+        probe: Probe,
+    ) -> Result<RouterPolicy, PolicyError> {
+        let policy = RouterPolicy {
+            core: self.load::<RouterWorld>(name, bytes, config)?,
+        };
+        if probe == Probe::Run {
+            for (i, (what, request)) in probe::requests().iter().enumerate() {
+                let cluster = ProbeCluster::new(request);
+                match policy.decide(&cluster, request, false) {
+                    Ok(RouteDecision::Route(id)) => {
+                        debug_assert!(PROBE_SERVERS.contains(&id.as_str()))
+                    }
+                    Ok(RouteDecision::Reject(_)) => {}
+                    Err(fault) => {
+                        return Err(self.probe_failed(
+                            name,
+                            i,
+                            what,
+                            &fault,
+                            "route to one of `probe-0`..`probe-3` or reject",
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    /// Loads an admission policy: the same pipeline as [`load_router`](Self::load_router),
+    /// probing `admit` with synthetic requests under an idle, a saturated and an empty cluster.
+    pub fn load_admission(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+    ) -> Result<AdmissionPolicy, PolicyError> {
+        self.load_admission_with(name, bytes, config, Probe::Run)
+    }
+
+    pub(crate) fn load_admission_with(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+        probe: Probe,
+    ) -> Result<AdmissionPolicy, PolicyError> {
+        let policy = AdmissionPolicy {
+            core: self.load::<AdmissionWorld>(name, bytes, config)?,
+        };
+        if probe == Probe::Run {
+            let requests = probe::requests();
+            for (i, (what, load)) in probe::loads().iter().enumerate() {
+                let request = &requests[i % requests.len()].1;
+                let cluster = ProbeCluster::new(request);
+                if let Err(fault) = policy.decide(&cluster, request, load, false) {
+                    return Err(self.probe_failed(
+                        name,
+                        i,
+                        what,
+                        &fault,
+                        "answer accept, queue or reject",
+                    ));
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    /// Loads a safety filter: the same pipeline, probing `check-input` and `check-output`
+    /// with a few ordinary texts.
+    pub fn load_safety(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+    ) -> Result<SafetyPolicy, PolicyError> {
+        self.load_safety_with(name, bytes, config, Probe::Run)
+    }
+
+    pub(crate) fn load_safety_with(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+        probe: Probe,
+    ) -> Result<SafetyPolicy, PolicyError> {
+        let policy = SafetyPolicy {
+            core: self.load::<SafetyWorld>(name, bytes, config)?,
+        };
+        if probe == Probe::Run {
+            for (i, (what, text, output, last)) in probe::texts().into_iter().enumerate() {
+                let answer = if output {
+                    policy.check(Text::Output(text, last), false)
+                } else {
+                    policy.check(Text::Input(text), false)
+                };
+                if let Err(fault) = answer {
+                    return Err(self.probe_failed(name, i, what, &fault, "answer allow or block"));
+                }
+            }
+        }
+        Ok(policy)
+    }
+
+    fn probe_failed(
+        &self,
+        name: &str,
+        i: usize,
+        what: &str,
+        fault: &PolicyFault,
+        expected: &str,
+    ) -> PolicyError {
+        let why = match fault {
+            PolicyFault::InvalidAnswer(answer) => format!("{answer}; it must {expected}"),
+            // Probe calls run under the instantiate deadline (see `Budget::Probe`).
+            PolicyFault::Deadline if self.config().fuel.is_none() => format!(
+                "it ran past the {:?} probe deadline (the instantiate deadline; an endless loop?)",
+                self.config().instantiate_deadline
+            ),
+            other => self.explain(other, false),
+        };
+        PolicyError::ProbeFailed(format!(
+            "`{name}` failed probe call {} of the load checks ({what}): {}: {why}",
+            i + 1,
+            fault.kind()
+        ))
+    }
+}
+
+/// A loaded router policy version. Clone it freely; calls may run on many threads at once.
+#[derive(Clone)]
+pub struct RouterPolicy {
+    core: Arc<Core<RouterWorld>>,
+}
+
+impl RouterPolicy {
+    /// Asks the policy where `request` goes. `host` answers the policy's `ring` and `cluster`
+    /// imports during the call.
+    ///
+    /// A `route(id)` answer is checked with [`RouterHost::routable`]: a server that is not in
+    /// the pool or not healthy is a [`PolicyFault::InvalidAnswer`]. Every fault is counted in
+    /// [`faults`](Self::faults); none of them leaves the policy unusable.
+    pub fn route(
+        &self,
+        host: &dyn RouterHost,
+        request: &PolicyRequest,
+    ) -> Result<RouteDecision, PolicyFault> {
+        self.decide(host, request, true)
+    }
+
+    fn decide(
+        &self,
+        host: &dyn RouterHost,
+        request: &PolicyRequest,
+        counting: bool,
+    ) -> Result<RouteDecision, PolicyFault> {
+        let cx = CallCx {
+            host: Some(host),
+            request_id: &request.id,
+            counting,
+        };
+        let decision = self.core.call(cx, |store, route| {
+            let route: TypedFunc<(&PolicyRequest,), (RouteDecision,)> = route;
+            Ok(route.call(store, (request,))?.0)
+        })?;
+        if let RouteDecision::Route(id) = &decision
+            && !host.routable(id)
+        {
+            return Err(self.core.fault(PolicyFault::InvalidAnswer(format!(
+                "it answered route({}), which is not a healthy server in the pool",
+                quote(id)
+            ))));
+        }
+        Ok(decision)
+    }
+
+    /// What was loaded.
+    pub fn info(&self) -> &PolicyInfo {
+        &self.core.info
+    }
+
+    /// Faults of this version so far, by kind.
+    pub fn faults(&self) -> FaultCounts {
+        self.core.faults()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn core(&self) -> &Core<RouterWorld> {
+        &self.core
+    }
+}
+
+impl fmt::Debug for RouterPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// A loaded admission policy version.
+#[derive(Clone)]
+pub struct AdmissionPolicy {
+    core: Arc<Core<AdmissionWorld>>,
+}
+
+impl AdmissionPolicy {
+    /// Asks the policy whether `request` runs now, waits or is refused under `load`. `host`
+    /// answers its `cluster` import.
+    pub fn admit(
+        &self,
+        host: &dyn RouterHost,
+        request: &PolicyRequest,
+        load: &AdmissionLoad,
+    ) -> Result<AdmissionVerdict, PolicyFault> {
+        self.decide(host, request, load, true)
+    }
+
+    fn decide(
+        &self,
+        host: &dyn RouterHost,
+        request: &PolicyRequest,
+        load: &AdmissionLoad,
+        counting: bool,
+    ) -> Result<AdmissionVerdict, PolicyFault> {
+        let cx = CallCx {
+            host: Some(host),
+            request_id: &request.id,
+            counting,
+        };
+        let verdict = self.core.call(cx, |store, admit| {
+            let admit: TypedFunc<(&PolicyRequest, AdmissionLoad), (WitVerdict,)> = admit;
+            Ok(admit.call(store, (request, *load))?.0)
+        })?;
+        Ok(verdict.into())
+    }
+
+    /// What was loaded.
+    pub fn info(&self) -> &PolicyInfo {
+        &self.core.info
+    }
+
+    /// Faults of this version so far, by kind.
+    pub fn faults(&self) -> FaultCounts {
+        self.core.faults()
+    }
+}
+
+impl fmt::Debug for AdmissionPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// A loaded safety-filter version.
+#[derive(Clone)]
+pub struct SafetyPolicy {
+    core: Arc<Core<SafetyWorld>>,
+}
+
+enum Text<'a> {
+    Input(&'a str),
+    Output(&'a str, bool),
+}
+
+impl SafetyPolicy {
+    /// Checks a prompt's text before anything runs.
+    pub fn check_input(&self, text: &str) -> Result<SafetyVerdict, PolicyFault> {
+        self.check(Text::Input(text), true)
+    }
+
+    /// Checks a window of streamed output; `is_final` for the last one.
+    pub fn check_output(&self, window: &str, is_final: bool) -> Result<SafetyVerdict, PolicyFault> {
+        self.check(Text::Output(window, is_final), true)
+    }
+
+    fn check(&self, text: Text<'_>, counting: bool) -> Result<SafetyVerdict, PolicyFault> {
+        let cx = CallCx {
+            host: None,
+            request_id: "",
+            counting,
+        };
+        self.core.call(cx, |store, (input, output)| {
+            let input: TypedFunc<(&str,), (SafetyVerdict,)> = input;
+            let output: TypedFunc<(&str, bool), (SafetyVerdict,)> = output;
+            let (verdict,) = match text {
+                Text::Input(text) => input.call(store, (text,))?,
+                Text::Output(window, last) => output.call(store, (window, last))?,
+            };
+            Ok(verdict)
+        })
+    }
+
+    /// What was loaded.
+    pub fn info(&self) -> &PolicyInfo {
+        &self.core.info
+    }
+
+    /// Faults of this version so far, by kind.
+    pub fn faults(&self) -> FaultCounts {
+        self.core.faults()
+    }
+}
+
+impl fmt::Debug for SafetyPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
+
+/// A guest string for a message: debug-quoted, at most [`QUOTE_LIMIT`] characters.
+fn quote(s: &str) -> String {
+    if s.chars().count() <= QUOTE_LIMIT {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(QUOTE_LIMIT).collect();
+        format!("{head:?}… ({} bytes)", s.len())
+    }
+}

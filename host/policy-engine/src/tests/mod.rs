@@ -1,0 +1,945 @@
+//! Tests of the engine: loading, routing, the sandbox's limits and fault handling.
+//!
+//! Most run against small components written in component text ([`components`]), so they need
+//! no guest toolchain. The `fixture_*` tests run the built policies and fixtures in
+//! `policies/dist` (`cargo xtask policies`); when those are missing they are skipped with a
+//! note, unless `RINGMASTER_REQUIRE_POLICIES` is set, which makes a missing one a failure.
+
+mod components;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use components::Router;
+
+use crate::policy::Probe;
+use crate::*;
+
+/// The tests' engine settings: a deadline generous enough that a test thread descheduled on a
+/// busy machine is not mistaken for a runaway policy. Tests of the deadline set their own.
+fn config() -> EngineConfig {
+    EngineConfig {
+        max_instances: 32,
+        call_deadline: Duration::from_secs(2),
+        ..EngineConfig::default()
+    }
+}
+
+/// A deadline short enough for a test to wait it out, long enough not to fire on a busy
+/// machine by accident.
+const TEST_DEADLINE: Duration = Duration::from_millis(50);
+
+fn engine() -> PolicyEngine {
+    PolicyEngine::new(config()).expect("engine")
+}
+
+fn no_config() -> BTreeMap<String, String> {
+    BTreeMap::new()
+}
+
+/// A cluster answering like the gateway's: the ring maps a key to `servers[key % n]`.
+///
+/// `ring.lookup-bounded` answers the *next* server (`servers[(key + 1) % n]`), so a test can
+/// tell which of the two a policy asked.
+#[derive(Debug, Clone)]
+struct FakeHost {
+    servers: Vec<ServerView>,
+    prefix_matches: Vec<(String, u32)>,
+}
+
+impl FakeHost {
+    fn new(ids: &[&str]) -> Self {
+        Self {
+            servers: ids
+                .iter()
+                .map(|id| ServerView {
+                    id: (*id).to_owned(),
+                    healthy: true,
+                    weight: 1,
+                    kv_blocks_total: 1000,
+                    ..ServerView::default()
+                })
+                .collect(),
+            prefix_matches: Vec::new(),
+        }
+    }
+
+    fn eight() -> Self {
+        Self::new(&["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"])
+    }
+
+    fn owner(&self, key: u64) -> &str {
+        &self.servers[(key % self.servers.len() as u64) as usize].id
+    }
+}
+
+impl RouterHost for FakeHost {
+    fn ring_lookup(&self, key: u64) -> Option<String> {
+        (!self.servers.is_empty()).then(|| self.owner(key).to_owned())
+    }
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
+        (0..u64::from(n).min(self.servers.len() as u64))
+            .map(|i| self.owner(key.wrapping_add(i)).to_owned())
+            .collect()
+    }
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
+        self.ring_lookup(key.wrapping_add(1))
+    }
+    fn servers(&self) -> Vec<ServerView> {
+        self.servers.clone()
+    }
+    fn server(&self, id: &str) -> Option<ServerView> {
+        self.servers.iter().find(|s| s.id == id).cloned()
+    }
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        self.prefix_matches.clone()
+    }
+}
+
+fn request(key: u64) -> PolicyRequest {
+    PolicyRequest {
+        id: format!("req_{key:x}"),
+        model: "m".into(),
+        tier: "standard".into(),
+        routing_key: key,
+        prefix_hashes: vec![key, key ^ 1, key ^ 2],
+        prompt_tokens: 100,
+        max_tokens: 50,
+        priority: 3,
+        ..PolicyRequest::default()
+    }
+}
+
+/// Asserts the engine still loads and runs a good policy.
+fn assert_engine_works(engine: &PolicyEngine) {
+    let policy = engine
+        .load_router(
+            "still-works",
+            &components::router(Router::Lookup),
+            no_config(),
+        )
+        .expect("a good policy still loads");
+    let host = FakeHost::eight();
+    assert_eq!(
+        policy.route(&host, &request(5)).unwrap(),
+        RouteDecision::Route("s5".into())
+    );
+}
+
+fn message(err: &PolicyError) -> String {
+    err.to_string()
+}
+
+#[test]
+fn routes_by_the_ring_and_counts_only_real_calls() {
+    let engine = engine();
+    let policy = engine
+        .load_router("lookup", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    for key in 0..50u64 {
+        let decision = policy.route(&host, &request(key)).unwrap();
+        assert_eq!(
+            decision,
+            RouteDecision::Route(host.owner(key).to_owned()),
+            "key {key}"
+        );
+    }
+    let empty = FakeHost::new(&[]);
+    assert_eq!(
+        policy.route(&empty, &request(1)).unwrap(),
+        RouteDecision::Reject("empty ring".into())
+    );
+    assert_eq!(policy.faults(), FaultCounts::default());
+    // The probe calls at load time did not count.
+    assert_eq!(
+        engine.policy_counters(),
+        vec![("lookup".to_owned(), "routed_total".to_owned(), 51)]
+    );
+    let info = policy.info();
+    assert_eq!(info.name, "lookup");
+    assert_eq!(info.hash.len(), 32);
+    assert_eq!(info.size, components::router(Router::Lookup).len());
+    assert!(format!("{policy:?}").contains("lookup"));
+}
+
+#[test]
+fn config_is_served_and_answers_are_checked() {
+    let engine = engine();
+    let pin = |server: &str| BTreeMap::from([("pin".to_owned(), server.to_owned())]);
+    let bytes = components::router(Router::Lookup);
+
+    // A pin to a server that exists in the probe cluster passes the probes.
+    let policy = engine
+        .load_router("pinned", &bytes, pin("probe-2"))
+        .unwrap();
+    let host = FakeHost::new(&["probe-1", "probe-2"]);
+    assert_eq!(
+        policy.route(&host, &request(1)).unwrap(),
+        RouteDecision::Route("probe-2".into())
+    );
+
+    // A pin to a server the probe cluster lacks fails them, naming the answer.
+    let err = engine.load_router("pinned", &bytes, pin("s9")).unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+    assert!(
+        message(&err).contains("\"s9\"") && message(&err).contains("invalid-answer"),
+        "{err}"
+    );
+
+    // Loaded anyway (probes skipped), its answers are checked against the live pool.
+    let policy = engine
+        .load_router_with("pinned", &bytes, pin("s2"), Probe::Skip)
+        .unwrap();
+    assert_eq!(
+        policy.route(&FakeHost::eight(), &request(1)).unwrap(),
+        RouteDecision::Route("s2".into())
+    );
+    let mut drained = FakeHost::eight();
+    drained.servers[2].healthy = false;
+    let fault = policy.route(&drained, &request(1)).unwrap_err();
+    assert!(matches!(fault, PolicyFault::InvalidAnswer(_)), "{fault:?}");
+    assert_eq!(fault.kind(), "invalid-answer");
+    assert_eq!(policy.faults().invalid_answer, 1);
+    // An invalid answer does not poison the instance.
+    assert!(policy.route(&FakeHost::eight(), &request(1)).is_ok());
+}
+
+#[test]
+fn refuses_bytes_that_are_not_a_component() {
+    let engine = engine();
+    for bytes in [
+        &b""[..],
+        b"hello, world",
+        b"\0asm\x01\0\0\0",
+        b"\0asm\x02\0\0\0",
+    ] {
+        let err = engine.load_router("junk", bytes, no_config()).unwrap_err();
+        assert!(matches!(err, PolicyError::NotAComponent(_)), "{err:?}");
+        assert!(message(&err).contains("`junk`"), "{err}");
+    }
+    let err = engine
+        .load_router("core", b"\0asm\x01\0\0\0", no_config())
+        .unwrap_err();
+    assert!(message(&err).contains("core WebAssembly module"), "{err}");
+    // A component header followed by garbage fails to compile.
+    let err = engine
+        .load_router("garbage", b"\0asm\x0d\0\x01\0garbage", no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::Compile(_)), "{err:?}");
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn refuses_invalid_config() {
+    for config in [
+        EngineConfig {
+            call_deadline: Duration::ZERO,
+            ..config()
+        },
+        EngineConfig {
+            epoch_tick: Duration::from_secs(3),
+            ..config()
+        },
+        EngineConfig {
+            instantiate_deadline: Duration::from_micros(500),
+            ..config()
+        },
+        EngineConfig {
+            memory_limit_bytes: 100,
+            ..config()
+        },
+        EngineConfig {
+            max_instances: 0,
+            ..config()
+        },
+        EngineConfig {
+            fuel: Some(0),
+            ..config()
+        },
+    ] {
+        let err = PolicyEngine::new(config).unwrap_err();
+        assert!(matches!(err, PolicyError::Engine(_)), "{err:?}");
+    }
+}
+
+#[test]
+fn refuses_a_component_for_another_world() {
+    let engine = engine();
+    let err = engine
+        .load_router("filter", &components::safety(), no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    let text = message(&err);
+    assert!(
+        text.contains("`route`") && text.contains("safety-filter policy"),
+        "{text}"
+    );
+
+    let err = engine
+        .load_safety("router", &components::router(Router::Lookup), no_config())
+        .unwrap_err();
+    assert!(
+        message(&err).contains("`check-input`") && message(&err).contains("router policy"),
+        "{err}"
+    );
+
+    let err = engine
+        .load_router("admission", &components::admission(), no_config())
+        .unwrap_err();
+    assert!(message(&err).contains("admission policy"), "{err}");
+
+    let err = engine
+        .load_admission("router", &components::router(Router::Lookup), no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+
+    let err = engine
+        .load_router(
+            "mistyped",
+            &components::route_with_the_wrong_type(),
+            no_config(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    assert!(message(&err).contains("wrong type"), "{err}");
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn refuses_imports_the_host_does_not_grant() {
+    let engine = engine();
+    let secrets = r#"(import "ringmaster:policy/secrets@0.1.0" (instance
+        (export "get" (func (result string)))))"#;
+    let err = engine
+        .load_router(
+            "nosy",
+            &components::router(Router::ExtraImport(secrets)),
+            no_config(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    assert!(
+        message(&err).contains("`ringmaster:policy/secrets@0.1.0`"),
+        "{err}"
+    );
+
+    // WASI outside 0.2's core interfaces is refused by the linker, which names it.
+    let http = r#"(import "wasi:http/outgoing-handler@0.2.0" (instance
+        (export "handle" (func))))"#;
+    let err = engine
+        .load_router(
+            "online",
+            &components::router(Router::ExtraImport(http)),
+            no_config(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    assert!(
+        message(&err).contains("wasi:http/outgoing-handler@0.2.0"),
+        "{err}"
+    );
+
+    // A ring import is not granted to a safety filter.
+    let err = engine
+        .load_safety("router", &components::router(Router::Lookup), no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+
+    // WASI 0.2 itself is linked (with nothing granted): a policy may import it.
+    let random = r#"(import "wasi:random/random@0.2.0" (instance
+        (export "get-random-u64" (func (result u64)))))"#;
+    engine
+        .load_router(
+            "random",
+            &components::router(Router::ExtraImport(random)),
+            no_config(),
+        )
+        .expect("WASI 0.2 imports link");
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn a_trap_at_start_fails_the_load() {
+    let engine = engine();
+    let err = engine
+        .load_router(
+            "trap-on-start",
+            &components::router(Router::TrapOnStart),
+            no_config(),
+        )
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::Instantiate(_)), "{err:?}");
+    assert!(message(&err).contains("trap"), "{err}");
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn a_trap_drops_the_instance_and_the_next_call_works() {
+    let engine = engine();
+    let policy = engine
+        .load_router("flaky", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    for round in 0..5u64 {
+        let fault = policy.route(&host, &request(0xdead)).unwrap_err();
+        assert!(
+            matches!(&fault, PolicyFault::Trap(m) if !m.contains("cannot enter")),
+            "{fault:?}"
+        );
+        assert_eq!(fault.kind(), "trap");
+        let key = round * 7 + 1;
+        assert_eq!(
+            policy.route(&host, &request(key)).unwrap(),
+            RouteDecision::Route(host.owner(key).to_owned())
+        );
+    }
+    assert_eq!(
+        policy.faults(),
+        FaultCounts {
+            trap: 5,
+            ..FaultCounts::default()
+        }
+    );
+}
+
+#[test]
+fn a_policy_that_always_panics() {
+    let engine = engine();
+    let bytes = components::router(Router::Panics);
+    let err = engine
+        .load_router("panics", &bytes, no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+    assert!(message(&err).contains("trap"), "{err}");
+
+    let policy = engine
+        .load_router_with("panics", &bytes, no_config(), Probe::Skip)
+        .unwrap();
+    let host = FakeHost::eight();
+    for _ in 0..3 {
+        let fault = policy.route(&host, &request(1)).unwrap_err();
+        assert!(
+            matches!(&fault, PolicyFault::Trap(m) if !m.contains("cannot enter")),
+            "{fault:?}"
+        );
+    }
+    assert_eq!(policy.faults().trap, 3);
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn nonsense_answers_fail_the_probe_and_count() {
+    let engine = engine();
+    let bytes = components::router(Router::Nonsense);
+    let err = engine
+        .load_router("nonsense", &bytes, no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+    assert!(message(&err).contains("no-such-server"), "{err}");
+
+    let policy = engine
+        .load_router_with("nonsense", &bytes, no_config(), Probe::Skip)
+        .unwrap();
+    for _ in 0..2 {
+        let fault = policy.route(&FakeHost::eight(), &request(1)).unwrap_err();
+        assert!(
+            matches!(&fault, PolicyFault::InvalidAnswer(m) if m.contains("no-such-server")),
+            "{fault:?}"
+        );
+    }
+    assert_eq!(policy.faults().invalid_answer, 2);
+}
+
+#[test]
+fn an_endless_loop_hits_the_deadline() {
+    let engine = PolicyEngine::new(EngineConfig {
+        call_deadline: TEST_DEADLINE,
+        ..config()
+    })
+    .unwrap();
+    let bytes = components::router(Router::LoopForever);
+    let err = engine.load_router("loop", &bytes, no_config()).unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+    assert!(message(&err).contains("deadline"), "{err}");
+
+    let policy = engine
+        .load_router_with("loop", &bytes, no_config(), Probe::Skip)
+        .unwrap();
+    for _ in 0..3 {
+        let started = Instant::now();
+        let fault = policy.route(&FakeHost::eight(), &request(1)).unwrap_err();
+        let took = started.elapsed();
+        assert_eq!(fault, PolicyFault::Deadline);
+        assert!(
+            took >= Duration::from_millis(4),
+            "stopped too early: {took:?}"
+        );
+        // 5 ms deadline + one 1 ms tick; generous for a loaded CI machine.
+        assert!(
+            took < Duration::from_millis(500),
+            "stopped too late: {took:?}"
+        );
+    }
+    assert_eq!(policy.faults().deadline, 3);
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn fuel_makes_the_deadline_deterministic() {
+    let engine = PolicyEngine::new(EngineConfig {
+        fuel: Some(2_000_000),
+        ..config()
+    })
+    .unwrap();
+    let err = engine
+        .load_router(
+            "loop",
+            &components::router(Router::LoopForever),
+            no_config(),
+        )
+        .unwrap_err();
+    assert!(message(&err).contains("fuel"), "{err}");
+    let policy = engine
+        .load_router_with(
+            "loop",
+            &components::router(Router::LoopForever),
+            no_config(),
+            Probe::Skip,
+        )
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            policy.route(&FakeHost::eight(), &request(1)),
+            Err(PolicyFault::Deadline)
+        );
+    }
+    assert_eq!(policy.faults().deadline, 3);
+    // A well-behaved policy runs within the same budget.
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn memory_is_capped() {
+    let engine = PolicyEngine::new(EngineConfig {
+        memory_limit_bytes: 2 * 1024 * 1024,
+        ..config()
+    })
+    .unwrap();
+    let bytes = components::router(Router::AllocForever);
+    let err = engine.load_router("hog", &bytes, no_config()).unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+    assert!(message(&err).contains("memory"), "{err}");
+
+    let policy = engine
+        .load_router_with("hog", &bytes, no_config(), Probe::Skip)
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            policy.route(&FakeHost::eight(), &request(1)),
+            Err(PolicyFault::OutOfMemory)
+        );
+    }
+    assert_eq!(policy.faults().memory, 2);
+    assert_engine_works(&engine);
+}
+
+#[test]
+fn a_fresh_instance_is_made_when_the_pool_is_empty() {
+    let engine = engine();
+    let policy = engine
+        .load_router("lookup", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    assert_eq!(policy.core().drain(), 1);
+    let host = FakeHost::eight();
+    assert_eq!(
+        policy.route(&host, &request(3)).unwrap(),
+        RouteDecision::Route("s3".into())
+    );
+}
+
+#[test]
+fn calls_from_many_threads() {
+    let engine = engine();
+    let policy = engine
+        .load_router("lookup", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (policy, host) = (policy.clone(), &host);
+            scope.spawn(move || {
+                for i in 0..200u64 {
+                    let key = t * 1000 + i;
+                    assert_eq!(
+                        policy.route(host, &request(key)).unwrap(),
+                        RouteDecision::Route(host.owner(key).to_owned())
+                    );
+                }
+            });
+        }
+    });
+    assert_eq!(policy.faults(), FaultCounts::default());
+}
+
+#[test]
+fn admission_verdicts() {
+    let engine = engine();
+    let policy = engine
+        .load_admission("fifo", &components::admission(), no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    let load = |queued, servers| AdmissionLoad {
+        in_flight: 10,
+        queued,
+        queue_capacity: 8,
+        servers,
+    };
+    assert_eq!(
+        policy.admit(&host, &request(1), &load(0, 8)).unwrap(),
+        AdmissionVerdict::Accept(3)
+    );
+    assert_eq!(
+        policy.admit(&host, &request(1), &load(2, 0)).unwrap(),
+        AdmissionVerdict::Queue
+    );
+    assert_eq!(
+        policy.admit(&host, &request(1), &load(8, 8)).unwrap(),
+        AdmissionVerdict::Reject {
+            reason: "queue full".into(),
+            retry_after_ms: 250
+        }
+    );
+    assert_eq!(policy.faults(), FaultCounts::default());
+}
+
+#[test]
+fn safety_verdicts_and_traps() {
+    let engine = engine();
+    let policy = engine
+        .load_safety("shouting", &components::safety(), no_config())
+        .unwrap();
+    assert_eq!(policy.check_input("hello").unwrap(), SafetyVerdict::Allow);
+    assert_eq!(
+        policy.check_input("!hello").unwrap(),
+        SafetyVerdict::Block("shouting".into())
+    );
+    assert_eq!(
+        policy.check_output("!x", false).unwrap(),
+        SafetyVerdict::Block("shouting".into())
+    );
+    assert!(matches!(
+        policy.check_output("#boom", true),
+        Err(PolicyFault::Trap(_))
+    ));
+    assert_eq!(
+        policy.check_output("fine", true).unwrap(),
+        SafetyVerdict::Allow
+    );
+    assert_eq!(policy.faults().trap, 1);
+}
+
+/// A fresh, empty directory under the system's temporary directory.
+fn temp_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "ringmaster-policy-{tag}-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn count_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| {
+                    let path = e.path();
+                    if path.is_dir() { count_files(&path) } else { 1 }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn compiled_components_are_cached_on_disk() {
+    let dir = temp_dir("cache");
+    let config = EngineConfig {
+        cache_dir: Some(dir.clone()),
+        ..config()
+    };
+    let bytes = components::router(Router::Lookup);
+    let first = PolicyEngine::new(config.clone()).unwrap();
+    first.load_router("lookup", &bytes, no_config()).unwrap();
+    assert_eq!(first.cache_stats(), Some(CacheStats { hits: 0, misses: 1 }));
+    assert!(count_files(&dir) >= 1, "the cache directory got no files");
+
+    // A second engine with the same settings loads it from disk.
+    let second = PolicyEngine::new(config).unwrap();
+    let policy = second.load_router("lookup", &bytes, no_config()).unwrap();
+    assert_eq!(
+        second.cache_stats(),
+        Some(CacheStats { hits: 1, misses: 0 })
+    );
+    assert!(policy.route(&FakeHost::eight(), &request(2)).is_ok());
+
+    // Fuel changes the generated code: a fuel engine does not reuse the epoch artifact.
+    let fuel = PolicyEngine::new(EngineConfig {
+        cache_dir: Some(dir.clone()),
+        fuel: Some(1_000_000),
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    fuel.load_router("lookup", &bytes, no_config()).unwrap();
+    assert_eq!(fuel.cache_stats(), Some(CacheStats { hits: 0, misses: 1 }));
+    assert_eq!(engine().cache_stats(), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// --- The built policies and fixtures in `policies/dist` ------------------------------------
+
+fn dist(relative: &str) -> Option<Vec<u8>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../policies/dist")
+        .join(relative);
+    match std::fs::read(&path) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if std::env::var_os("RINGMASTER_REQUIRE_POLICIES").is_some() => {
+            panic!(
+                "{}: {e} (build it with `cargo xtask policies`)",
+                path.display()
+            )
+        }
+        Err(_) => {
+            eprintln!(
+                "skipped: {} is missing (build it with `cargo xtask policies`)",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn fixture_consistent_hash_follows_the_bounded_ring() {
+    let Some(bytes) = dist("consistent-hash.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let policy = engine
+        .load_router("consistent-hash", &bytes, no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    for i in 0..64u64 {
+        let request = request(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let expected = host.ring_lookup_bounded(request.routing_key).unwrap();
+        assert_eq!(
+            policy.route(&host, &request).unwrap(),
+            RouteDecision::Route(expected)
+        );
+    }
+    assert_eq!(
+        policy.route(&FakeHost::new(&[]), &request(1)).unwrap(),
+        RouteDecision::Reject("no healthy GPU server".into())
+    );
+    assert_eq!(policy.faults(), FaultCounts::default());
+}
+
+#[test]
+fn fixture_cache_aware_prefers_the_longest_cached_prefix() {
+    let Some(bytes) = dist("cache-aware.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let policy = engine
+        .load_router("cache-aware", &bytes, no_config())
+        .unwrap();
+    let mut host = FakeHost::eight();
+    // No server holds the prefix: the bounded ring decides.
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route(host.ring_lookup_bounded(10).unwrap())
+    );
+    // s5 holds all three prefix hashes of the request, s2 one.
+    host.prefix_matches = vec![("s2".into(), 1), ("s5".into(), 3)];
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route("s5".into())
+    );
+    let counters = engine.policy_counters();
+    for counter in ["decision_cache", "decision_ring"] {
+        assert!(
+            counters.contains(&("cache-aware".to_owned(), counter.to_owned(), 1)),
+            "{counters:?}"
+        );
+    }
+
+    // A malformed configuration value traps, so it fails the load's probes.
+    let bad = BTreeMap::from([("cache_threshold".to_owned(), "banana".to_owned())]);
+    let err = engine.load_router("cache-aware", &bytes, bad).unwrap_err();
+    assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+}
+
+#[test]
+fn fixture_every_built_router_loads() {
+    let engine = engine();
+    let host = FakeHost::eight();
+    for name in [
+        "consistent-hash",
+        "cache-aware",
+        "least-loaded",
+        "round-robin",
+    ] {
+        let Some(bytes) = dist(&format!("{name}.wasm")) else {
+            continue;
+        };
+        let policy = engine.load_router(name, &bytes, no_config()).unwrap();
+        for key in 0..16 {
+            match policy.route(&host, &request(key)).unwrap() {
+                RouteDecision::Route(id) => assert!(host.routable(&id), "{name}: {id}"),
+                RouteDecision::Reject(reason) => panic!("{name} rejected: {reason}"),
+            }
+        }
+    }
+}
+
+#[test]
+fn fixture_tiered_is_not_a_router() {
+    let Some(bytes) = dist("tiered.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let err = engine
+        .load_router("tiered", &bytes, no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    assert!(message(&err).contains("admission policy"), "{err}");
+    engine
+        .load_admission("tiered", &bytes, no_config())
+        .unwrap();
+}
+
+#[test]
+fn fixture_blocklist_is_a_safety_filter() {
+    let Some(bytes) = dist("blocklist.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let err = engine
+        .load_router("blocklist", &bytes, no_config())
+        .unwrap_err();
+    assert!(matches!(err, PolicyError::WrongWorld(_)), "{err:?}");
+    let policy = engine
+        .load_safety("blocklist", &bytes, no_config())
+        .unwrap();
+    assert_eq!(
+        policy
+            .check_input("What is the capital of France?")
+            .unwrap(),
+        SafetyVerdict::Allow
+    );
+}
+
+#[test]
+fn fixture_faulty_policies_are_contained() {
+    // 2 MiB: a Rust fixture starts at about 1.1 MiB, so its first 1 MiB allocation is refused
+    // at once (filling the default 32 MiB takes longer than the default deadline here).
+    let engine = PolicyEngine::new(EngineConfig {
+        memory_limit_bytes: 2 * 1024 * 1024,
+        call_deadline: TEST_DEADLINE,
+        ..config()
+    })
+    .unwrap();
+    let host = FakeHost::eight();
+    let load = |name: &str| dist(&format!("fixtures/{name}.wasm"));
+
+    if let Some(bytes) = load("trap-on-start") {
+        let err = engine
+            .load_router("trap-on-start", &bytes, no_config())
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PolicyError::Instantiate(_) | PolicyError::ProbeFailed(_)
+            ),
+            "{err:?}"
+        );
+    }
+    if let Some(bytes) = load("imports-forbidden") {
+        let err = engine
+            .load_router("imports-forbidden", &bytes, no_config())
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PolicyError::WrongWorld(_) | PolicyError::Instantiate(_)
+            ),
+            "{err:?}"
+        );
+        assert!(message(&err).contains("import"), "{err}");
+    }
+    type Expected = fn(&PolicyFault) -> bool;
+    let cases: [(&str, Expected); 4] = [
+        ("loop-forever", |f| *f == PolicyFault::Deadline),
+        ("alloc-forever", |f| *f == PolicyFault::OutOfMemory),
+        ("answer-nonsense", |f| {
+            matches!(f, PolicyFault::InvalidAnswer(_))
+        }),
+        ("panics", |f| matches!(f, PolicyFault::Trap(_))),
+    ];
+    for (name, expected) in cases {
+        let Some(bytes) = load(name) else {
+            continue;
+        };
+        let err = engine.load_router(name, &bytes, no_config()).unwrap_err();
+        assert!(
+            matches!(err, PolicyError::ProbeFailed(_)),
+            "{name}: {err:?}"
+        );
+        let policy = engine
+            .load_router_with(name, &bytes, no_config(), Probe::Skip)
+            .unwrap();
+        for _ in 0..2 {
+            let fault = policy.route(&host, &request(1)).unwrap_err();
+            assert!(expected(&fault), "{name}: {fault:?}");
+        }
+        assert_eq!(policy.faults().total(), 2, "{name}");
+    }
+    assert_engine_works(&engine);
+}
+
+/// The floor under a router call: the hand-written `Lookup` router (no guest allocator, one
+/// import) through the engine, with a request like the benchmark's (32 prefix hashes).
+/// `cargo test --release -p ringmaster-policy-engine -- --ignored --nocapture abi_floor`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn abi_floor() {
+    let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+    let policy = engine
+        .load_router("lookup", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    let host = FakeHost::eight();
+    let mut request = request(7);
+    request.session_id = Some("session-7".into());
+    request.prefix_hashes = (0..32).collect();
+    let mut per_call = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        for _ in 0..2_000 {
+            std::hint::black_box(policy.route(&host, std::hint::black_box(&request)).ok());
+        }
+        per_call.push(started.elapsed().as_nanos() as f64 / 2_000.0);
+    }
+    per_call.sort_by(f64::total_cmp);
+    eprintln!(
+        "hand-written router through the engine: median {:.0} ns per call",
+        per_call[25]
+    );
+}

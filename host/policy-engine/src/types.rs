@@ -1,0 +1,216 @@
+//! The values that cross between the host and a policy: what the gateway passes in, what a
+//! policy answers, and the [`RouterHost`] questions a router may ask during a call.
+//!
+//! The records that go into a policy derive wasmtime's `ComponentType` + `Lower` with the WIT
+//! field names, so a call copies them straight into the guest without an intermediate Rust
+//! value; the answers derive `Lift` the same way.
+
+use std::time::SystemTime;
+
+use wasmtime::component::{ComponentType, Lift, Lower};
+
+/// One request as policies see it (`ringmaster:policy/types.request`): its shape, routing key
+/// and prefix hashes, never its text.
+#[derive(Debug, Clone, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct PolicyRequest {
+    /// The gateway's request id (`req_…`), for log lines.
+    pub id: String,
+    /// The requested model.
+    pub model: String,
+    /// The caller's tier.
+    pub tier: String,
+    /// The session id, when the request carried one.
+    #[component(name = "session-id")]
+    pub session_id: Option<String>,
+    /// The routing key: a hash of the session id, or of the system prompt and first user turn.
+    #[component(name = "routing-key")]
+    pub routing_key: u64,
+    /// Chained hashes of the prompt's fixed-size chunks (`h[i]` covers chunks `0..=i`).
+    #[component(name = "prefix-hashes")]
+    pub prefix_hashes: Vec<u64>,
+    /// Estimated prompt tokens.
+    #[component(name = "prompt-tokens")]
+    pub prompt_tokens: u32,
+    /// Requested `max_tokens`.
+    #[component(name = "max-tokens")]
+    pub max_tokens: u32,
+    /// Priority assigned by admission (0 = lowest).
+    pub priority: u8,
+    /// Whether the client asked for a stream.
+    pub stream: bool,
+    /// Headers the operator chose to pass to policies (lower-case names).
+    pub headers: Vec<(String, String)>,
+}
+
+/// One GPU server's state as the gateway knows it (`ringmaster:policy/types.server`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct ServerView {
+    /// The server's id on the ring.
+    pub id: String,
+    /// Whether it is serving (false while it drains or fails health checks).
+    pub healthy: bool,
+    /// Its ring weight.
+    pub weight: u32,
+    /// Requests routed to it that have not finished.
+    #[component(name = "in-flight")]
+    pub in_flight: u32,
+    /// Requests queued inside it.
+    pub waiting: u32,
+    /// KV-cache blocks in use.
+    #[component(name = "kv-blocks-used")]
+    pub kv_blocks_used: u32,
+    /// KV-cache blocks in all.
+    #[component(name = "kv-blocks-total")]
+    pub kv_blocks_total: u32,
+}
+
+/// What the host answers to a router's (and an admission policy's) imports during one call.
+///
+/// The gateway implements it over its pool snapshot; the engine calls it synchronously, on the
+/// calling thread, only while [`RouterPolicy::route`](crate::RouterPolicy::route) or
+/// [`AdmissionPolicy::admit`](crate::AdmissionPolicy::admit) runs. An implementation may borrow
+/// (it need not be `'static`): the engine never keeps it past the call.
+pub trait RouterHost: Send + Sync {
+    /// `ring.lookup`: the server owning `key`, the first virtual node clockwise.
+    fn ring_lookup(&self, key: u64) -> Option<String>;
+    /// `ring.candidates`: the first `n` distinct servers clockwise from `key`.
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String>;
+    /// `ring.lookup-bounded`: the first server clockwise from `key` under its bounded-load cap.
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String>;
+    /// `cluster.servers`: every server in the pool.
+    fn servers(&self) -> Vec<ServerView>;
+    /// `cluster.get`: one server by id.
+    fn server(&self, id: &str) -> Option<ServerView>;
+    /// `cluster.prefix-matches`: for the request being decided, how many of its leading prefix
+    /// hashes each server is estimated to hold (servers with none left out).
+    fn prefix_matches(&self) -> Vec<(String, u32)>;
+    /// Whether a router may send a request to `id`: a server in the pool that is healthy.
+    ///
+    /// The engine checks every `route(id)` answer with it. The default asks
+    /// [`server`](Self::server); override it when that can be answered without building a
+    /// [`ServerView`].
+    fn routable(&self, id: &str) -> bool {
+        self.server(id).is_some_and(|s| s.healthy)
+    }
+}
+
+/// A router's answer (`router.decision`).
+#[derive(Debug, Clone, PartialEq, Eq, ComponentType, Lift)]
+#[component(variant)]
+pub enum RouteDecision {
+    /// Send the request to the server with this id.
+    #[component(name = "route")]
+    Route(String),
+    /// Refuse it with this reason (the client gets 529 overloaded).
+    #[component(name = "reject")]
+    Reject(String),
+}
+
+/// The gateway's load when a request arrives (`admission.load`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct AdmissionLoad {
+    /// Requests running on GPU servers.
+    #[component(name = "in-flight")]
+    pub in_flight: u32,
+    /// Requests waiting in the gateway's queue.
+    pub queued: u32,
+    /// The queue's capacity.
+    #[component(name = "queue-capacity")]
+    pub queue_capacity: u32,
+    /// Healthy servers.
+    pub servers: u32,
+}
+
+/// An admission policy's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdmissionVerdict {
+    /// Run it now with this priority (0 = lowest).
+    Accept(u8),
+    /// Queue it until a server frees up.
+    Queue,
+    /// Refuse it (the client gets 429 with `retry-after`).
+    Reject {
+        /// Why, for the client.
+        reason: String,
+        /// When to retry, in milliseconds.
+        retry_after_ms: u32,
+    },
+}
+
+/// `admission.rejection` as the guest returns it.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+pub(crate) struct WitRejection {
+    reason: String,
+    #[component(name = "retry-after-ms")]
+    retry_after_ms: u32,
+}
+
+/// `admission.verdict` as the guest returns it.
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+pub(crate) enum WitVerdict {
+    #[component(name = "accept")]
+    Accept(u8),
+    #[component(name = "queue")]
+    Queue,
+    #[component(name = "reject")]
+    Reject(WitRejection),
+}
+
+impl From<WitVerdict> for AdmissionVerdict {
+    fn from(v: WitVerdict) -> Self {
+        match v {
+            WitVerdict::Accept(p) => Self::Accept(p),
+            WitVerdict::Queue => Self::Queue,
+            WitVerdict::Reject(r) => Self::Reject {
+                reason: r.reason,
+                retry_after_ms: r.retry_after_ms,
+            },
+        }
+    }
+}
+
+/// A safety filter's answer (`safety-filter.verdict`).
+#[derive(Debug, Clone, PartialEq, Eq, ComponentType, Lift)]
+#[component(variant)]
+pub enum SafetyVerdict {
+    /// Let it through.
+    #[component(name = "allow")]
+    Allow,
+    /// Stop it, with a reason the client sees.
+    #[component(name = "block")]
+    Block(String),
+}
+
+/// `log.level`. Its values are only ever made by lifting them from a guest.
+#[allow(dead_code)]
+#[derive(Debug, Clone, Copy, ComponentType, Lift)]
+#[component(enum)]
+#[repr(u8)]
+pub(crate) enum Level {
+    #[component(name = "debug")]
+    Debug,
+    #[component(name = "info")]
+    Info,
+    #[component(name = "warn")]
+    Warn,
+    #[component(name = "error")]
+    Error,
+}
+
+/// What was loaded: shown by the admin API and used to make an unchanged reload a no-op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// The name it was loaded under (the tag on its log lines and counters).
+    pub name: String,
+    /// Hex xxh3-128 of the component's bytes.
+    pub hash: String,
+    /// When it was loaded.
+    pub loaded_at: SystemTime,
+    /// The component's size in bytes.
+    pub size: usize,
+}

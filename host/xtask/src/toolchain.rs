@@ -1,0 +1,271 @@
+//! Finding (or installing) a Rust toolchain that can build Wasm guests.
+//!
+//! In order of preference:
+//!
+//! 1. rustup's active toolchain, if it has the `wasm32-unknown-unknown` target installed
+//!    (then `wasm32-wasip2`, whose output may already be a component but imports WASI);
+//! 2. Debian's `rustc-web` (`/usr/bin/rustc`, `/usr/bin/cargo`) with the standard library's
+//!    source from `rust-web-src`, building std for `wasm32-unknown-unknown` with
+//!    `-Zbuild-std` (unlocked with `RUSTC_BOOTSTRAP=1`) and linking with `lld-22`;
+//! 3. when that is incomplete and we run as root with `apt-get`, installing those packages;
+//!    else failing with the exact packages, targets and commands that would fix it.
+//!
+//! Different toolchains give different bytes, so the choice is printed and recorded in
+//! `policies/dist/MANIFEST`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// Debian's rustc-web compiler.
+const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
+/// Debian's cargo-web.
+const DEBIAN_CARGO: &str = "/usr/bin/cargo";
+/// The sysroot of Debian's rustc-web.
+const DEBIAN_SYSROOT: &str = "/usr";
+/// The linker rustc-web uses for Wasm (a link to lld-22).
+const DEBIAN_LLD: &str = "/usr/bin/lld-22";
+/// The Debian packages of the fallback toolchain.
+const DEBIAN_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "lld-22"];
+
+/// How the guests get built.
+#[derive(Debug, Clone)]
+pub struct Toolchain {
+    /// The cargo to run.
+    pub cargo: PathBuf,
+    /// The rustc it must use (`RUSTC`), when not the one on `PATH`.
+    pub rustc: Option<PathBuf>,
+    /// The compiler's `rustc --version`.
+    pub version: String,
+    /// The target triple.
+    pub target: &'static str,
+    /// Whether std is built from source (`-Zbuild-std`).
+    pub build_std: bool,
+    /// The standard library's source, whose paths get remapped.
+    pub rust_src: Option<PathBuf>,
+    /// Where it comes from, for people.
+    pub origin: &'static str,
+}
+
+impl Toolchain {
+    /// One line describing the choice, for the log and the MANIFEST.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({}, {}{})",
+            self.version,
+            self.origin,
+            self.target,
+            if self.build_std {
+                ", std built from source"
+            } else {
+                ""
+            }
+        )
+    }
+
+    /// The build method without the version: the MANIFEST's `target` line.
+    pub fn method(&self) -> String {
+        format!(
+            "{}{}",
+            self.target,
+            if self.build_std {
+                " (std built from source)"
+            } else {
+                ""
+            }
+        )
+    }
+}
+
+/// Picks the toolchain, installing Debian's when that is allowed and needed.
+pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
+    let installed = rustup_targets();
+    for target in ["wasm32-unknown-unknown", "wasm32-wasip2"] {
+        if installed.iter().any(|t| t == target) {
+            let version = rustc_version(Path::new("rustc"))?;
+            let sysroot = command_output(Command::new("rustc").args(["--print", "sysroot"]))?;
+            return Ok(Toolchain {
+                cargo: PathBuf::from("cargo"),
+                rustc: None,
+                version,
+                target,
+                build_std: false,
+                rust_src: Some(Path::new(sysroot.trim()).join("lib/rustlib/src/rust")),
+                origin: "rustup",
+            });
+        }
+    }
+
+    let mut missing = debian_missing();
+    if !missing.is_empty() && is_root() && which("apt-get") {
+        eprintln!(
+            "toolchain: rustup has no wasm target; installing Debian's {} with apt-get",
+            DEBIAN_PACKAGES.join(" ")
+        );
+        apt_install()?;
+        missing = debian_missing();
+    }
+    if !missing.is_empty() {
+        let list: Vec<String> = missing
+            .iter()
+            .map(|(package, path)| format!("{package} ({path})"))
+            .collect();
+        bail!(
+            "no toolchain can build Wasm guests here.\n\
+             rustup has neither the wasm32-unknown-unknown nor the wasm32-wasip2 target, and \
+             Debian's fallback is missing: {}.\n\
+             Fix it with one of:\n  \
+             rustup target add wasm32-unknown-unknown\n  \
+             sudo apt-get install {}",
+            list.join(", "),
+            DEBIAN_PACKAGES.join(" ")
+        );
+    }
+    let rustc = PathBuf::from(DEBIAN_RUSTC);
+    let version = rustc_version(&rustc)?;
+    if let Some(min) = min_rust_version
+        && !version_at_least(&version, min)
+    {
+        bail!(
+            "{DEBIAN_RUSTC} is `{version}`, older than the workspace's rust-version {min}; \
+             install a newer rustc-web (sudo apt-get install {}) or \
+             `rustup target add wasm32-unknown-unknown`",
+            DEBIAN_PACKAGES.join(" ")
+        );
+    }
+    Ok(Toolchain {
+        cargo: PathBuf::from(DEBIAN_CARGO),
+        rustc: Some(rustc),
+        version,
+        target: "wasm32-unknown-unknown",
+        build_std: true,
+        rust_src: Some(Path::new(DEBIAN_SYSROOT).join("lib/rustlib/src/rust")),
+        origin: "Debian rustc-web",
+    })
+}
+
+/// The targets rustup's active toolchain has; empty without rustup.
+fn rustup_targets() -> Vec<String> {
+    Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .ok()
+        .filter(|out| out.status.success())
+        .map(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(|l| l.trim().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The Debian packages whose files are missing, with the file that tells.
+fn debian_missing() -> Vec<(&'static str, String)> {
+    let src_lock = Path::new(DEBIAN_SYSROOT).join("lib/rustlib/src/rust/library/Cargo.lock");
+    let checks: [(&str, PathBuf); 4] = [
+        ("rustc-web", PathBuf::from(DEBIAN_RUSTC)),
+        ("cargo-web", PathBuf::from(DEBIAN_CARGO)),
+        ("rust-web-src", src_lock),
+        ("lld-22", PathBuf::from(DEBIAN_LLD)),
+    ];
+    checks
+        .into_iter()
+        .filter(|(_, path)| !path.exists())
+        .map(|(package, path)| (package, path.display().to_string()))
+        .collect()
+}
+
+fn apt_install() -> Result<()> {
+    let install = || {
+        Command::new("apt-get")
+            .args(["install", "-y", "--no-install-recommends"])
+            .args(DEBIAN_PACKAGES)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+    };
+    if install().context("running apt-get install")?.success() {
+        return Ok(());
+    }
+    // The package lists may be stale or absent: refresh them once and retry.
+    let update = Command::new("apt-get")
+        .arg("update")
+        .status()
+        .context("running apt-get update")?;
+    if update.success() && install().context("running apt-get install")?.success() {
+        return Ok(());
+    }
+    bail!(
+        "apt-get could not install {}; install them by hand or run \
+         `rustup target add wasm32-unknown-unknown`",
+        DEBIAN_PACKAGES.join(" ")
+    )
+}
+
+fn is_root() -> bool {
+    command_output(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
+}
+
+fn which(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
+}
+
+/// `rustc --version` of `rustc`.
+pub fn rustc_version(rustc: &Path) -> Result<String> {
+    let version = command_output(Command::new(rustc).arg("--version"))
+        .with_context(|| format!("running `{} --version`", rustc.display()))?;
+    Ok(version.trim().to_owned())
+}
+
+fn command_output(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Whether `rustc X.Y.Z (…)` is at least `min` (`X.Y` or `X.Y.Z`).
+fn version_at_least(version: &str, min: &str) -> bool {
+    let parse = |s: &str| -> Vec<u64> {
+        s.split('.')
+            .map(|part| part.split('-').next().unwrap_or("").parse().unwrap_or(0))
+            .collect()
+    };
+    let have = version
+        .split_whitespace()
+        .nth(1)
+        .map(parse)
+        .unwrap_or_default();
+    let want = parse(min);
+    for i in 0..want.len().max(have.len()) {
+        let (h, w) = (
+            have.get(i).copied().unwrap_or(0),
+            want.get(i).copied().unwrap_or(0),
+        );
+        if h != w {
+            return h > w;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_numerically() {
+        let v = "rustc 1.96.0 (ac68faa20 2026-05-25) (built from a source tarball)";
+        assert!(version_at_least(v, "1.95"));
+        assert!(version_at_least(v, "1.96.0"));
+        assert!(!version_at_least(v, "1.97"));
+        assert!(!version_at_least("rustc 1.63.0", "1.85"));
+        assert!(version_at_least("rustc 1.100.0-nightly", "1.95"));
+    }
+}

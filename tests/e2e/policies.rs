@@ -1,0 +1,367 @@
+//! Router policies over real sockets: the default variant, hot swap (and refusing bad
+//! components while the gateway keeps serving), A/B variants, the shadow, experiments.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::support::{TestGateway, hello, metric_sum};
+
+/// A committed component from `policies/dist`.
+pub fn component(name: &str) -> Vec<u8> {
+    let path = format!(
+        "{}/../policies/dist/{name}.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+async fn put_router(gw: &TestGateway, query: &str, bytes: Vec<u8>) -> reqwest::Response {
+    gw.admin(Method::PUT, &format!("/admin/policies/router?{query}"))
+        .await
+        .header("content-type", "application/wasm")
+        .body(bytes)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn policies(gw: &TestGateway) -> Value {
+    gw.admin(Method::GET, "/admin/policies")
+        .await
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_default_router_is_the_consistent_hash_component() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let listed = policies(&gw).await;
+    let variants = listed["router"]["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 1);
+    assert_eq!(variants[0]["name"], "default");
+    let response = gw.post_messages(&hello(4)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-ringmaster-variant"], "default");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_routing_decisions_total",
+            "variant=\"default\""
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_variant_requests_total",
+            "variant=\"default\""
+        ),
+        1.0
+    );
+    assert!(
+        metric_sum(
+            &metrics,
+            "ringmaster_routing_seconds_count",
+            "variant=\"default\""
+        ) == 1.0
+    );
+}
+
+#[tokio::test]
+async fn swapping_the_same_bytes_is_a_no_op_and_a_new_version_keeps_history() {
+    let gw = TestGateway::simulated(2, 0.0, "").await;
+    let same: Value = put_router(&gw, "variant=default", component("consistent-hash"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(same["changed"], false);
+    let swapped = put_router(&gw, "variant=default", component("cache-aware")).await;
+    assert_eq!(swapped.status(), 200);
+    let swapped: Value = swapped.json().await.unwrap();
+    assert_eq!(swapped["changed"], true);
+    let variant = &swapped["router"]["variants"][0];
+    assert_eq!(variant["previous_versions"].as_array().unwrap().len(), 1);
+    assert_eq!(gw.post_messages(&hello(2)).await.status(), 200);
+    let rolled = gw
+        .admin(
+            Method::POST,
+            "/admin/policies/router/rollback?variant=default",
+        )
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rolled.status(), 200);
+    let after: Value = rolled.json().await.unwrap();
+    assert_eq!(
+        after["router"]["variants"][0]["hash"],
+        same["router"]["variants"][0]["hash"]
+    );
+    let nothing_left = gw
+        .admin(
+            Method::POST,
+            "/admin/policies/router/rollback?variant=default",
+        )
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(nothing_left.status(), 400);
+}
+
+#[tokio::test]
+async fn bad_components_are_refused_and_the_last_good_version_stays() {
+    let gw = TestGateway::simulated(2, 0.0, "").await;
+    let good = policies(&gw).await["router"]["variants"][0]["hash"].clone();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "not a component",
+            b"\0asm this is not wasm at all".to_vec(),
+            "",
+        ),
+        (
+            "random bytes",
+            (0..4096u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect(),
+            "",
+        ),
+        ("another world", component("tiered"), ""),
+        (
+            "forbidden import",
+            component("fixtures/imports-forbidden"),
+            "evil",
+        ),
+        ("traps at start", component("fixtures/trap-on-start"), ""),
+        ("loops forever", component("fixtures/loop-forever"), ""),
+        ("allocates forever", component("fixtures/alloc-forever"), ""),
+        (
+            "answers nonsense",
+            component("fixtures/answer-nonsense"),
+            "",
+        ),
+        ("panics", component("fixtures/panics"), ""),
+    ];
+    for (what, bytes, needle) in cases {
+        let started = Instant::now();
+        let response = put_router(&gw, "variant=default", bytes).await;
+        assert_eq!(response.status(), 400, "{what}");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            !message.is_empty() && message.contains(needle),
+            "{what}: {message}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what} took {:?}",
+            started.elapsed()
+        );
+        // The gateway keeps serving on the last good version.
+        assert_eq!(
+            policies(&gw).await["router"]["variants"][0]["hash"],
+            good,
+            "{what}"
+        );
+        assert_eq!(gw.post_messages(&hello(2)).await.status(), 200, "{what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_swaps_under_steady_load_fail_no_request() {
+    let gw = Arc::new(TestGateway::simulated(4, 0.001, "").await);
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let (gw, stop, ok, failed) = (gw.clone(), stop.clone(), ok.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let mut request = hello(8);
+                    request["messages"][0]["content"] = json!(format!("client {c} request {i}"));
+                    request["stream"] = json!(i.is_multiple_of(2));
+                    let response = gw.post_messages(&request).await;
+                    let good = response.status() == 200
+                        && response
+                            .text()
+                            .await
+                            .is_ok_and(|t| !t.contains("event: error"));
+                    if good {
+                        ok.fetch_add(1, Ordering::Relaxed)
+                    } else {
+                        failed.fetch_add(1, Ordering::Relaxed)
+                    };
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let versions = [component("consistent-hash"), component("cache-aware")];
+    let mut put_to_first_request = Vec::new();
+    for swap in 0..100 {
+        let response = put_router(&gw, "variant=default", versions[(swap + 1) % 2].clone()).await;
+        assert_eq!(
+            response.status(),
+            200,
+            "swap {swap}: {}",
+            response.text().await.unwrap()
+        );
+        let put_done = Instant::now();
+        // The first request after the PUT returns runs on the new version.
+        let first = gw.post_messages(&hello(1)).await;
+        assert_eq!(first.status(), 200);
+        put_to_first_request.push(put_done.elapsed().as_secs_f64() * 1000.0);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    put_to_first_request.sort_by(f64::total_cmp);
+    eprintln!(
+        "100 swaps under load: {} requests ok, {} failed; first request after PUT: p50 {:.2} ms, max {:.2} ms",
+        ok.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed),
+        put_to_first_request[50],
+        put_to_first_request[99],
+    );
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(ok.load(Ordering::Relaxed) > 100);
+}
+
+#[tokio::test]
+async fn ab_variants_are_sticky_per_session_and_compared() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let added = put_router(
+        &gw,
+        "variant=candidate&weight=100",
+        component("least-loaded"),
+    )
+    .await;
+    assert_eq!(added.status(), 200);
+    let mut seen = std::collections::HashMap::new();
+    for session in 0..40 {
+        for turn in 0..3 {
+            let response = gw
+                .client
+                .post(gw.url("/v1/messages"))
+                .header("x-session-id", format!("session-{session}"))
+                .json(&hello(2))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            let variant = response.headers()["x-ringmaster-variant"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            let first = seen.entry(session).or_insert_with(|| variant.clone());
+            assert_eq!(
+                *first, variant,
+                "session {session} turn {turn} changed variant"
+            );
+        }
+    }
+    let default_count = seen.values().filter(|v| *v == "default").count();
+    assert!(
+        default_count > 5 && default_count < 35,
+        "50/50 split, got {default_count}/40"
+    );
+    let experiments: Value = gw
+        .admin(Method::GET, "/admin/experiments")
+        .await
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let variants = experiments["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 2);
+    assert_eq!(
+        variants[0]["requests"].as_u64().unwrap() + variants[1]["requests"].as_u64().unwrap(),
+        120
+    );
+    assert!(
+        variants[0]["ttft_seconds"]["p99"].as_f64().unwrap()
+            >= variants[0]["ttft_seconds"]["p50"].as_f64().unwrap()
+    );
+    let diff = &variants[1]["ttft_mean_difference_vs_control"];
+    assert_eq!(diff["control"], "default");
+    let ci = diff["ci95"].as_array().unwrap();
+    assert!(ci[0].as_f64().unwrap() <= ci[1].as_f64().unwrap());
+    let metrics = gw.metrics().await;
+    assert!(
+        metric_sum(
+            &metrics,
+            "ringmaster_ttft_seconds_count",
+            "variant=\"candidate\""
+        ) > 0.0
+    );
+    // Removing the candidate sends everything back to the default.
+    let removed = gw
+        .admin(Method::DELETE, "/admin/policies/router?variant=candidate")
+        .await
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let after = gw.post_messages(&hello(2)).await;
+    assert_eq!(after.headers()["x-ringmaster-variant"], "default");
+}
+
+#[tokio::test]
+async fn a_shadow_decides_without_acting() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let added = put_router(
+        &gw,
+        "variant=rr-shadow&shadow=true",
+        component("round-robin"),
+    )
+    .await;
+    assert_eq!(added.status(), 200);
+    for i in 0..20 {
+        let mut request = hello(2);
+        request["messages"][0]["content"] = json!(format!("question {i}"));
+        let response = gw.post_messages(&request).await;
+        assert_eq!(
+            response.headers()["x-ringmaster-variant"],
+            "default",
+            "the shadow never serves"
+        );
+    }
+    let experiments: Value = gw
+        .admin(Method::GET, "/admin/experiments")
+        .await
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shadow = &experiments["shadow"];
+    assert_eq!(shadow["name"], "rr-shadow");
+    assert_eq!(shadow["decisions"], 20);
+    let rate = shadow["agreement_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&rate));
+    let would_be: u64 = shadow["would_be_load"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(would_be, 20);
+    // Round-robin spreads its would-be load over all four servers.
+    assert_eq!(shadow["would_be_load"].as_object().unwrap().len(), 4);
+}
