@@ -6,6 +6,7 @@ mod admin;
 mod api;
 mod disconnect;
 mod errors;
+mod gates;
 mod policies;
 mod routing_quality;
 mod support;

@@ -210,29 +210,39 @@ async fn a_hundred_swaps_under_steady_load_fail_no_request() {
         .collect();
     let versions = [component("consistent-hash"), component("cache-aware")];
     let mut put_to_first_request = Vec::new();
+    let mut load_ms = Vec::new();
     for swap in 0..100 {
+        let put_sent = Instant::now();
         let response = put_router(&gw, "variant=default", versions[(swap + 1) % 2].clone()).await;
-        assert_eq!(
-            response.status(),
-            200,
-            "swap {swap}: {}",
-            response.text().await.unwrap()
-        );
-        let put_done = Instant::now();
-        // The first request after the PUT returns runs on the new version.
+        let status = response.status();
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(status, 200, "swap {swap}: {body}");
+        assert_eq!(body["changed"], true, "swap {swap}");
+        load_ms.push(body["load_ms"].as_f64().unwrap());
+        // The PUT returns once the version is published: the next request runs on it.
         let first = gw.post_messages(&hello(1)).await;
         assert_eq!(first.status(), 200);
-        put_to_first_request.push(put_done.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(
+            first.headers()["x-ringmaster-policy-version"],
+            body["router"]["variants"][0]["hash"].as_str().unwrap(),
+            "swap {swap}: the first request ran on the new version"
+        );
+        put_to_first_request.push(put_sent.elapsed().as_secs_f64() * 1000.0);
     }
     stop.store(true, Ordering::Relaxed);
     for client in clients {
         client.await.unwrap();
     }
     put_to_first_request.sort_by(f64::total_cmp);
+    load_ms.sort_by(f64::total_cmp);
     eprintln!(
-        "100 swaps under load: {} requests ok, {} failed; first request after PUT: p50 {:.2} ms, max {:.2} ms",
+        "100 swaps under load: {} requests ok, {} failed; load (compile, pre-instantiate, probe) \
+         p50 {:.2} ms, max {:.2} ms; PUT sent to first request on the new version answered: \
+         p50 {:.2} ms, max {:.2} ms",
         ok.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
+        load_ms[50],
+        load_ms[99],
         put_to_first_request[50],
         put_to_first_request[99],
     );
@@ -364,4 +374,70 @@ async fn a_shadow_decides_without_acting() {
     assert_eq!(would_be, 20);
     // Round-robin spreads its would-be load over all four servers.
     assert_eq!(shadow["would_be_load"].as_object().unwrap().len(), 4);
+}
+
+#[tokio::test]
+async fn a_faulting_router_falls_back_then_rolls_back() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    let original = policies(&gw).await["router"]["variants"][0]["hash"].clone();
+    let swapped = put_router(
+        &gw,
+        "variant=default",
+        component("fixtures/faults-on-demand"),
+    )
+    .await;
+    assert_eq!(swapped.status(), 200, "the fixture passes the load probes");
+    let chaos = || async {
+        gw.client
+            .post(gw.url("/v1/messages"))
+            .header("x-session-id", "chaos")
+            .json(&hello(2))
+            .send()
+            .await
+            .unwrap()
+    };
+    // Each fault is contained: the native ring routes the request.
+    for i in 1..=4 {
+        assert_eq!(chaos().await.status(), 200, "chaos request {i}");
+        let listed = policies(&gw).await;
+        assert_ne!(
+            listed["router"]["variants"][0]["hash"], original,
+            "rolled back too early"
+        );
+        assert_eq!(listed["router"]["variants"][0]["faults"]["trap"], i);
+    }
+    // An ordinary request on the faulty version succeeds and ends the fault streak.
+    assert_eq!(gw.post_messages(&hello(2)).await.status(), 200);
+    for _ in 0..4 {
+        assert_eq!(chaos().await.status(), 200);
+    }
+    assert_ne!(
+        policies(&gw).await["router"]["variants"][0]["hash"],
+        original
+    );
+    // The fifth fault in a row rolls the variant back to its previous version.
+    assert_eq!(chaos().await.status(), 200);
+    let listed = policies(&gw).await;
+    assert_eq!(listed["router"]["variants"][0]["hash"], original);
+    assert_eq!(chaos().await.status(), 200);
+    let metrics = gw.metrics().await;
+    let faults = metric_sum(&metrics, "ringmaster_policy_faults_total", "kind=\"trap\"");
+    assert_eq!(faults, 9.0, "{metrics}");
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_routing_decisions_total",
+            "reason=\"fallback\""
+        ),
+        9.0
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_http_responses_total",
+            "route=\"messages\",status=\"200\""
+        ),
+        11.0,
+        "every request succeeded"
+    );
 }

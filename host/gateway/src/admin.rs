@@ -68,22 +68,55 @@ pub(crate) async fn handle(
             gateway.router.rollback(&variant).map_err(slot_error)?;
             Ok(json_response(StatusCode::OK, &policies_json(gateway)))
         }
-        (_, p)
-            if p.starts_with("/admin/policies/")
-                && p != "/admin/policies/router"
-                && !p.starts_with("/admin/policies/router/") =>
-        {
-            Err(ApiError::not_found(format!(
-                "no policy slot at {p}; the router slot is /admin/policies/router (admission and safety-filter slots are not wired into the gateway yet)"
-            )))
+        (Method::PUT, "/admin/policies/admission") => {
+            let slot = gateway.admission.clone();
+            put_single(gateway, req, move |name, bytes| {
+                slot.slot.install(name, bytes, None)
+            })
+            .await
+        }
+        (Method::PUT, "/admin/policies/safety-filter") => {
+            let slot = gateway.safety.clone();
+            put_single(gateway, req, move |name, bytes| {
+                slot.slot.install(name, bytes, None)
+            })
+            .await
+        }
+        (Method::POST, "/admin/policies/admission/rollback") => {
+            gateway.admission.slot.rollback().map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (Method::POST, "/admin/policies/safety-filter/rollback") => {
+            gateway.safety.slot.rollback().map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (Method::DELETE, "/admin/policies/admission") => {
+            gateway.admission.slot.remove().map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        }
+        (Method::DELETE, "/admin/policies/safety-filter") => {
+            gateway.safety.slot.remove().map_err(slot_error)?;
+            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
         }
         (
             _,
-            "/admin/servers"
-            | "/admin/route/explain"
-            | "/admin/policies"
-            | "/admin/experiments"
-            | "/admin/policies/router",
+            "/admin/policies/router"
+            | "/admin/policies/admission"
+            | "/admin/policies/safety-filter"
+            | "/admin/policies/router/rollback"
+            | "/admin/policies/admission/rollback"
+            | "/admin/policies/safety-filter/rollback",
+        ) => Err(ApiError::new(
+            ErrorKind::MethodNotAllowed,
+            format!("method {method} is not allowed on {path}"),
+        )),
+        (_, p) if p.starts_with("/admin/policies/") => Err(ApiError::not_found(format!(
+            "no policy slot at {p}; the slots are /admin/policies/router, \
+             /admin/policies/admission and /admin/policies/safety-filter"
+        ))),
+        (
+            _,
+            "/admin/servers" | "/admin/route/explain" | "/admin/policies" | "/admin/experiments",
         ) => Err(ApiError::new(
             ErrorKind::MethodNotAllowed,
             format!("method {method} is not allowed on {path}"),
@@ -273,13 +306,44 @@ fn slot_error(error: SlotError) -> ApiError {
     }
 }
 
+/// The request body as component bytes, under [`MAX_COMPONENT_BYTES`].
+async fn component_bytes(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
+    use http_body_util::{BodyExt, Limited};
+    Ok(Limited::new(req.into_body(), MAX_COMPONENT_BYTES)
+        .collect()
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorKind::RequestTooLarge,
+                format!("components are limited to {MAX_COMPONENT_BYTES} bytes"),
+            )
+        })?
+        .to_bytes())
+}
+
+/// Runs a load (compile, pre-instantiate, probe) off the async threads and answers with the
+/// slots' state, whether anything changed and how long the load took.
+async fn load_and_answer(
+    gateway: &Arc<Gateway>,
+    load: impl FnOnce() -> Result<bool, SlotError> + Send + 'static,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let started = std::time::Instant::now();
+    let changed = tokio::task::spawn_blocking(load)
+        .await
+        .map_err(|e| ApiError::internal(format!("policy load task failed: {e}")))?
+        .map_err(slot_error)?;
+    let mut body = policies_json(gateway);
+    body["changed"] = json!(changed);
+    body["load_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
+    Ok(json_response(StatusCode::OK, &body))
+}
+
 /// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true]` with the component's
 /// bytes as the body: creates the variant or swaps its version.
 async fn put_router(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    use http_body_util::{BodyExt, Limited};
     let variant = query_param(&req, "variant").unwrap_or_else(|| "default".to_owned());
     let weight = match query_param(&req, "weight") {
         None => None,
@@ -293,36 +357,65 @@ async fn put_router(
         ),
     };
     let shadow = matches!(query_param(&req, "shadow").as_deref(), Some("true" | "1"));
-    let started = std::time::Instant::now();
-    let bytes = Limited::new(req.into_body(), MAX_COMPONENT_BYTES)
-        .collect()
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorKind::RequestTooLarge,
-                format!("components are limited to {MAX_COMPONENT_BYTES} bytes"),
-            )
-        })?
-        .to_bytes();
+    let bytes = component_bytes(req).await?;
     let router = gateway.router.clone();
-    let changed =
-        tokio::task::spawn_blocking(move || router.install(&variant, &bytes, weight, shadow, None))
-            .await
-            .map_err(|e| ApiError::internal(format!("policy load task failed: {e}")))?
-            .map_err(slot_error)?;
-    let mut body = policies_json(gateway);
-    body["changed"] = json!(changed);
-    body["load_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
-    Ok(json_response(StatusCode::OK, &body))
+    load_and_answer(gateway, move || {
+        router.install(&variant, &bytes, weight, shadow, None)
+    })
+    .await
 }
 
-fn variant_json(variant: &Variant, shadow: bool) -> serde_json::Value {
-    let info = variant.policy.info();
-    let faults = variant.policy.faults();
+/// `PUT /admin/policies/{admission|safety-filter}[?name=NAME]` with the component's bytes:
+/// swaps the slot's version (the name defaults to the installed one, else the slot's).
+async fn put_single(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+    install: impl FnOnce(&str, &[u8]) -> Result<bool, SlotError> + Send + 'static,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let slot = req.uri().path().trim_start_matches("/admin/policies/");
+    let current = match slot {
+        "admission" => gateway.admission.slot.current().map(|c| c.name.to_string()),
+        _ => gateway.safety.slot.current().map(|c| c.name.to_string()),
+    };
+    let default_name = if slot == "admission" {
+        "admission"
+    } else {
+        "safety"
+    };
+    let name = query_param(&req, "name")
+        .or(current)
+        .unwrap_or_else(|| default_name.to_owned());
+    let bytes = component_bytes(req).await?;
+    load_and_answer(gateway, move || install(&name, &bytes)).await
+}
+
+/// A single slot's state for `GET /admin/policies`.
+fn single_json<P: crate::slot::SlotPolicy>(slot: &crate::slot::PolicySlot<P>) -> serde_json::Value {
+    let Some(installed) = slot.current() else {
+        return serde_json::Value::Null;
+    };
+    let mut entry = policy_json(
+        &installed.name,
+        installed.policy.info(),
+        installed.policy.faults(),
+        installed
+            .history
+            .iter()
+            .map(|p| p.info().hash.clone())
+            .collect(),
+    );
+    entry["config"] = json!(installed.config);
+    entry
+}
+
+fn policy_json(
+    name: &str,
+    info: &ringmaster_policy_engine::PolicyInfo,
+    faults: ringmaster_policy_engine::FaultCounts,
+    previous: Vec<String>,
+) -> serde_json::Value {
     json!({
-        "name": &*variant.name,
-        "shadow": shadow,
-        "weight": variant.weight,
+        "name": name,
         "hash": info.hash,
         "size": info.size,
         "loaded_at": humantime_secs(info.loaded_at),
@@ -333,9 +426,25 @@ fn variant_json(variant: &Variant, shadow: bool) -> serde_json::Value {
             "invalid_answer": faults.invalid_answer,
             "instantiate": faults.instantiate,
         },
-        "previous_versions": variant.history.iter().map(|p| p.info().hash.clone()).collect::<Vec<_>>(),
-        "config": variant.config,
+        "previous_versions": previous,
     })
+}
+
+fn variant_json(variant: &Variant, shadow: bool) -> serde_json::Value {
+    let mut entry = policy_json(
+        &variant.name,
+        variant.policy.info(),
+        variant.policy.faults(),
+        variant
+            .history
+            .iter()
+            .map(|p| p.info().hash.clone())
+            .collect(),
+    );
+    entry["shadow"] = json!(shadow);
+    entry["weight"] = json!(variant.weight);
+    entry["config"] = json!(variant.config);
+    entry
 }
 
 fn humantime_secs(at: std::time::SystemTime) -> f64 {
@@ -350,7 +459,15 @@ fn policies_json(gateway: &Gateway) -> serde_json::Value {
             "variants": set.variants.iter().map(|v| variant_json(v, false)).collect::<Vec<_>>(),
             "shadow": set.shadow.as_ref().map(|v| variant_json(v, true)),
             "native_fallback": gateway.pool.strategy().as_str(),
-        }
+        },
+        "admission": {
+            "policy": single_json(&gateway.admission.slot),
+            "queued": gateway.admission.queued(),
+            "queue_capacity": gateway.admission.queue_capacity(),
+        },
+        "safety_filter": {
+            "policy": single_json(&gateway.safety.slot),
+        },
     })
 }
 

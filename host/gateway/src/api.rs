@@ -288,6 +288,8 @@ pub enum StopReason {
     MaxTokens,
     /// One of `stop_sequences` was produced.
     StopSequence,
+    /// The safety filter blocked the rest of the reply.
+    Refusal,
 }
 
 /// Token accounting of one response.

@@ -105,6 +105,44 @@ pub struct RawPolicies {
     pub cache_dir: Option<String>,
     /// `[[policies.router]]`: router variants and the shadow.
     pub router: Option<Vec<RawRouterVariant>>,
+    /// `[policies.admission]`: the admission policy and the gateway's queue.
+    pub admission: Option<RawAdmission>,
+    /// `[policies.safety]`: the safety filter.
+    pub safety: Option<RawSafety>,
+    /// Request headers passed to policies in `request.headers` (names, any case).
+    pub pass_headers: Option<Vec<String>>,
+}
+
+/// `[policies.admission]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    /// Name (metric label; default `admission`).
+    pub name: Option<String>,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+    /// Requests that may wait in the gateway's queue.
+    pub queue_capacity: Option<u32>,
+    /// How long a request may wait in the queue, milliseconds.
+    pub queue_timeout_ms: Option<u64>,
+}
+
+/// `[policies.safety]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSafety {
+    /// Name (metric label; default `safety`).
+    pub name: Option<String>,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+    /// Output bytes per check.
+    pub window_bytes: Option<usize>,
+    /// Block text when the filter faults (default: allow it).
+    pub fail_closed: Option<bool>,
 }
 
 /// One `[[policies.router]]` entry.
@@ -311,13 +349,61 @@ pub struct RouterVariantSpec {
     pub config: std::collections::BTreeMap<String, String>,
 }
 
-/// The policy engine's settings and the router slot's contents.
+/// The policy in a single-policy slot (admission or safety filter).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotPolicySpec {
+    /// Name (metric label, log tag).
+    pub name: String,
+    /// Component source.
+    pub source: PolicySource,
+    /// Its configuration.
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+/// The policy engine's settings and every slot's contents.
 #[derive(Clone, Debug)]
 pub struct PoliciesConfig {
     /// Engine limits.
     pub engine: ringmaster_policy_engine::EngineConfig,
     /// Router variants (empty: the native strategy routes).
     pub router: Vec<RouterVariantSpec>,
+    /// The admission policy (none: every request is admitted).
+    pub admission: Option<SlotPolicySpec>,
+    /// Requests that may wait in the gateway's queue.
+    pub queue_capacity: u32,
+    /// How long a request may wait in the queue.
+    pub queue_timeout: Duration,
+    /// The safety filter (none: nothing is filtered).
+    pub safety: Option<SlotPolicySpec>,
+    /// Output bytes per safety check.
+    pub safety_window_bytes: usize,
+    /// Block when the safety filter faults.
+    pub safety_fail_closed: bool,
+    /// Lower-case header names passed to policies.
+    pub pass_headers: Vec<String>,
+}
+
+impl PoliciesConfig {
+    /// Every configured policy that comes from a file, as `(slot, name, path)`.
+    pub fn files(&self) -> Vec<(&'static str, &str, &std::path::Path)> {
+        let router = self.router.iter().map(|v| ("router", &v.name, &v.source));
+        let admission = self
+            .admission
+            .iter()
+            .map(|p| ("admission", &p.name, &p.source));
+        let safety = self
+            .safety
+            .iter()
+            .map(|p| ("safety-filter", &p.name, &p.source));
+        router
+            .chain(admission)
+            .chain(safety)
+            .filter_map(|(slot, name, source)| match source {
+                PolicySource::File(path) => Some((slot, name.as_str(), path.as_path())),
+                PolicySource::Builtin(_) => None,
+            })
+            .collect()
+    }
 }
 
 /// A GPU server to start with.
@@ -620,21 +706,7 @@ fn policies_config(raw: RawPolicies, strategy: Strategy) -> Result<PoliciesConfi
     let mut router = Vec::new();
     for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {
         let key = format!("policies.router[{i}]");
-        let source = match variant.source.strip_prefix("builtin:") {
-            Some(name) => {
-                if crate::builtin::builtin(name).is_none() {
-                    return Err(invalid(
-                        format!("{key}.source"),
-                        format!(
-                            "no built-in policy {name:?}; built-ins: {}",
-                            crate::builtin::builtin_names()
-                        ),
-                    ));
-                }
-                PolicySource::Builtin(name.to_owned())
-            }
-            None => PolicySource::File(std::path::PathBuf::from(&variant.source)),
-        };
+        let source = policy_source(&key, &variant.source)?;
         if router
             .iter()
             .any(|v: &RouterVariantSpec| v.name == variant.name)
@@ -651,25 +723,75 @@ fn policies_config(raw: RawPolicies, strategy: Strategy) -> Result<PoliciesConfi
                 "only one shadow variant is allowed",
             ));
         }
-        let config = variant
-            .config
-            .unwrap_or_default()
-            .into_iter()
-            .map(|(k, v)| {
-                let text = match v {
-                    toml::Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                (k, text)
-            })
-            .collect();
         router.push(RouterVariantSpec {
             name: variant.name,
             source,
             weight: variant.weight.unwrap_or(100),
             shadow,
-            config,
+            config: policy_config(variant.config),
         });
+    }
+    let mut queue_capacity = crate::admission::DEFAULT_QUEUE_CAPACITY;
+    let mut queue_timeout = crate::admission::DEFAULT_QUEUE_TIMEOUT;
+    let admission = match raw.admission {
+        None => None,
+        Some(a) => {
+            if let Some(n) = a.queue_capacity {
+                if n > 1_000_000 {
+                    return Err(invalid(
+                        "policies.admission.queue_capacity",
+                        "must be at most 1000000",
+                    ));
+                }
+                queue_capacity = n;
+            }
+            if let Some(ms) = a.queue_timeout_ms {
+                if !(1..=3_600_000).contains(&ms) {
+                    return Err(invalid(
+                        "policies.admission.queue_timeout_ms",
+                        "must be between 1 and 3600000",
+                    ));
+                }
+                queue_timeout = Duration::from_millis(ms);
+            }
+            Some(SlotPolicySpec {
+                name: slot_policy_name("policies.admission.name", a.name, "admission")?,
+                source: policy_source("policies.admission", &a.source)?,
+                config: policy_config(a.config),
+            })
+        }
+    };
+    let mut safety_window_bytes = crate::safety::DEFAULT_OUTPUT_WINDOW_BYTES;
+    let mut safety_fail_closed = false;
+    let safety = match raw.safety {
+        None => None,
+        Some(f) => {
+            if let Some(n) = f.window_bytes {
+                if !(16..=1_048_576).contains(&n) {
+                    return Err(invalid(
+                        "policies.safety.window_bytes",
+                        "must be between 16 and 1048576",
+                    ));
+                }
+                safety_window_bytes = n;
+            }
+            safety_fail_closed = f.fail_closed.unwrap_or(false);
+            Some(SlotPolicySpec {
+                name: slot_policy_name("policies.safety.name", f.name, "safety")?,
+                source: policy_source("policies.safety", &f.source)?,
+                config: policy_config(f.config),
+            })
+        }
+    };
+    let mut pass_headers = Vec::new();
+    for (i, name) in raw.pass_headers.unwrap_or_default().into_iter().enumerate() {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(invalid(
+                format!("policies.pass_headers[{i}]"),
+                format!("{name:?} is not a valid header name"),
+            ));
+        }
+        pass_headers.push(name.to_ascii_lowercase());
     }
     if router.is_empty() && strategy == Strategy::ConsistentHash {
         router.push(RouterVariantSpec {
@@ -680,7 +802,64 @@ fn policies_config(raw: RawPolicies, strategy: Strategy) -> Result<PoliciesConfi
             config: Default::default(),
         });
     }
-    Ok(PoliciesConfig { engine, router })
+    Ok(PoliciesConfig {
+        engine,
+        router,
+        admission,
+        queue_capacity,
+        queue_timeout,
+        safety,
+        safety_window_bytes,
+        safety_fail_closed,
+        pass_headers,
+    })
+}
+
+/// `builtin:NAME` or a file path, checked.
+fn policy_source(key: &str, source: &str) -> Result<PolicySource, ConfigError> {
+    match source.strip_prefix("builtin:") {
+        Some(name) => {
+            if crate::builtin::builtin(name).is_none() {
+                return Err(invalid(
+                    format!("{key}.source"),
+                    format!(
+                        "no built-in policy {name:?}; built-ins: {}",
+                        crate::builtin::builtin_names()
+                    ),
+                ));
+            }
+            Ok(PolicySource::Builtin(name.to_owned()))
+        }
+        None if source.is_empty() => Err(invalid(
+            format!("{key}.source"),
+            "must be builtin:NAME or a path to a .wasm component",
+        )),
+        None => Ok(PolicySource::File(std::path::PathBuf::from(source))),
+    }
+}
+
+/// A policy's configuration as the strings the `config` import hands out.
+fn policy_config(
+    raw: Option<std::collections::BTreeMap<String, toml::Value>>,
+) -> std::collections::BTreeMap<String, String> {
+    raw.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, text)
+        })
+        .collect()
+}
+
+fn slot_policy_name(key: &str, name: Option<String>, default: &str) -> Result<String, ConfigError> {
+    let name = name.unwrap_or_else(|| default.to_owned());
+    if name.is_empty() || name.len() > 64 {
+        return Err(invalid(key, "must be 1 to 64 characters"));
+    }
+    Ok(name)
 }
 
 fn simulator_config(raw: RawSimulator) -> Result<EngineConfig, ConfigError> {
@@ -789,6 +968,23 @@ mod tests {
                 "decode_step_base_ms",
             ),
             ("models = []", "models"),
+            (
+                "[policies.admission]\nsource = \"builtin:nope\"",
+                "policies.admission.source",
+            ),
+            (
+                "[policies.admission]\nsource = \"builtin:tiered\"\nqueue_timeout_ms = 0",
+                "policies.admission.queue_timeout_ms",
+            ),
+            (
+                "[policies.safety]\nsource = \"builtin:blocklist\"\nwindow_bytes = 1",
+                "policies.safety.window_bytes",
+            ),
+            ("[policies.safety]\nsource = \"\"", "policies.safety.source"),
+            (
+                "[policies]\npass_headers = [\"bad header\"]",
+                "pass_headers[0]",
+            ),
         ];
         for (toml, needle) in cases {
             let err = RawConfig::from_toml(toml)
@@ -797,5 +993,60 @@ mod tests {
                 .to_string();
             assert!(err.contains(needle), "{toml}: {err}");
         }
+    }
+
+    #[test]
+    fn slots_and_their_settings_are_read() {
+        let config = RawConfig::from_toml(
+            "[policies]\npass_headers = [\"X-Team\"]\n\
+             [policies.admission]\nsource = \"builtin:tiered\"\nqueue_capacity = 8\n\
+             queue_timeout_ms = 250\nconfig = { \"priority.gold\" = 200 }\n\
+             [policies.safety]\nsource = \"/etc/ringmaster/filter.wasm\"\nwindow_bytes = 64\n\
+             fail_closed = true",
+        )
+        .unwrap()
+        .validate_with_env(no_env)
+        .unwrap();
+        let policies = &config.policies;
+        let admission = policies.admission.as_ref().unwrap();
+        assert_eq!(admission.name, "admission");
+        assert_eq!(admission.source, PolicySource::Builtin("tiered".into()));
+        assert_eq!(admission.config["priority.gold"], "200");
+        assert_eq!(policies.queue_capacity, 8);
+        assert_eq!(policies.queue_timeout, Duration::from_millis(250));
+        assert_eq!(policies.safety_window_bytes, 64);
+        assert!(policies.safety_fail_closed);
+        assert_eq!(policies.pass_headers, ["x-team"]);
+        let files = policies.files();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files[0].0, "safety-filter");
+    }
+
+    /// Every example configuration and the README's annotated one validate.
+    #[test]
+    fn example_configurations_are_valid() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(root.join("examples/configs")).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                RawConfig::from_toml(&text)
+                    .and_then(|raw| raw.validate_with_env(no_env))
+                    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+                checked += 1;
+            }
+        }
+        assert!(checked >= 2);
+        let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+        let block = readme
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("the README has a TOML block");
+        // The README's listen address is public, which needs API keys: it has one.
+        RawConfig::from_toml(block)
+            .and_then(|raw| raw.validate_with_env(no_env))
+            .unwrap_or_else(|e| panic!("README configuration: {e}"));
     }
 }

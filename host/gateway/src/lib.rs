@@ -12,6 +12,7 @@
 #![deny(missing_docs)]
 
 mod admin;
+pub mod admission;
 pub mod api;
 pub mod auth;
 mod body;
@@ -23,7 +24,9 @@ pub mod policy;
 pub mod pool;
 pub mod prefix_index;
 pub mod routing;
+pub mod safety;
 mod service;
+pub mod slot;
 
 use std::sync::Arc;
 
@@ -32,11 +35,14 @@ pub use service::serve;
 
 use ringmaster_policy_engine::PolicyEngine;
 
+use crate::admission::AdmissionGate;
 use crate::auth::Authenticator;
-use crate::config::PolicySource;
+use crate::config::{PolicySource, SlotPolicySpec};
 use crate::metrics::Metrics;
 use crate::policy::{RouterSlot, SlotError};
 use crate::pool::{Pool, PoolError};
+use crate::safety::SafetyGate;
+use crate::slot::{PolicySlot, SlotPolicy};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -48,9 +54,9 @@ pub enum StartError {
     #[error("policy engine: {0}")]
     Engine(#[from] ringmaster_policy_engine::PolicyError),
     /// A configured policy could not be read.
-    #[error("router variant {variant:?}: cannot read {path}: {source}")]
+    #[error("{variant}: cannot read {path}: {source}")]
     ReadPolicy {
-        /// The variant.
+        /// The slot and variant (`router variant "default"`, `admission policy "tiered"`).
         variant: String,
         /// The file.
         path: String,
@@ -58,9 +64,9 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// A configured policy was refused.
-    #[error("router variant {variant:?} ({source_name}): {error}")]
+    #[error("{variant} ({source_name}): {error}")]
     LoadPolicy {
-        /// The variant.
+        /// The slot and variant.
         variant: String,
         /// Where its component came from.
         source_name: String,
@@ -75,6 +81,8 @@ pub struct Gateway {
     config: Config,
     pool: Arc<Pool>,
     router: Arc<RouterSlot>,
+    admission: Arc<AdmissionGate>,
+    safety: Arc<SafetyGate>,
     auth: Authenticator,
     metrics: Metrics,
 }
@@ -93,7 +101,7 @@ impl Gateway {
         let router = Arc::new(RouterSlot::new(engine));
         for variant in &config.policies.router {
             let bytes = policy_bytes(&variant.source).map_err(|source| StartError::ReadPolicy {
-                variant: variant.name.clone(),
+                variant: format!("router variant {:?}", variant.name),
                 path: variant.source.to_string(),
                 source,
             })?;
@@ -106,18 +114,41 @@ impl Gateway {
                     Some(variant.config.clone()),
                 )
                 .map_err(|error| StartError::LoadPolicy {
-                    variant: variant.name.clone(),
+                    variant: format!("router variant {:?}", variant.name),
                     source_name: variant.source.to_string(),
                     error,
                 })?;
         }
+        let policies = &config.policies;
+        let admission = Arc::new(AdmissionGate::new(
+            start_slot(router.engine(), policies.admission.as_ref())?,
+            policies.queue_capacity,
+            policies.queue_timeout,
+        ));
+        let safety = Arc::new(SafetyGate::new(
+            start_slot(router.engine(), policies.safety.as_ref())?,
+            policies.safety_window_bytes,
+            policies.safety_fail_closed,
+        ));
         Ok(Arc::new(Self {
             auth: Authenticator::new(&config.api_keys),
-            metrics: Metrics::new(pool.clone(), router.clone()),
+            metrics: Metrics::new(pool.clone(), router.clone(), admission.clone()),
             pool,
             router,
+            admission,
+            safety,
             config,
         }))
+    }
+
+    /// The admission gate.
+    pub fn admission(&self) -> &Arc<AdmissionGate> {
+        &self.admission
+    }
+
+    /// The safety gate.
+    pub fn safety(&self) -> &Arc<SafetyGate> {
+        &self.safety
     }
 
     /// The router slot.
@@ -130,27 +161,35 @@ impl Gateway {
     /// in place and is logged with its reason.
     pub fn reload_policies(&self) -> Vec<(String, Result<bool, String>)> {
         let mut outcomes = Vec::new();
-        for variant in &self.config.policies.router {
-            let PolicySource::File(path) = &variant.source else {
-                continue;
-            };
+        for (slot, name, path) in self.config.policies.files() {
             let outcome = std::fs::read(path)
                 .map_err(|e| format!("cannot read {}: {e}", path.display()))
                 .and_then(|bytes| {
-                    self.router
-                        .install(&variant.name, &bytes, None, variant.shadow, None)
-                        .map_err(|e| e.to_string())
+                    match slot {
+                        "router" => {
+                            let shadow = self
+                                .config
+                                .policies
+                                .router
+                                .iter()
+                                .any(|v| v.name == name && v.shadow);
+                            self.router.install(name, &bytes, None, shadow, None)
+                        }
+                        "admission" => self.admission.slot.install(name, &bytes, None),
+                        _ => self.safety.slot.install(name, &bytes, None),
+                    }
+                    .map_err(|e| e.to_string())
                 });
             match &outcome {
                 Ok(true) => {
-                    tracing::info!(variant = %variant.name, path = %path.display(), "policy.reloaded")
+                    tracing::info!(slot, policy = name, path = %path.display(), "policy.reloaded")
                 }
                 Ok(false) => {}
                 Err(reason) => {
-                    tracing::warn!(variant = %variant.name, %reason, "policy.reload_refused")
+                    tracing::warn!(slot, policy = name, %reason, "policy.reload_refused")
                 }
             }
-            outcomes.push((variant.name.clone(), outcome));
+            outcomes.push((format!("{slot}/{name}"), outcome));
         }
         outcomes
     }
@@ -159,13 +198,12 @@ impl Gateway {
     fn policy_file_stamps(&self) -> Vec<Option<(std::time::SystemTime, u64)>> {
         self.config
             .policies
-            .router
-            .iter()
-            .map(|variant| match &variant.source {
-                PolicySource::File(path) => std::fs::metadata(path)
+            .files()
+            .into_iter()
+            .map(|(_, _, path)| {
+                std::fs::metadata(path)
                     .ok()
-                    .and_then(|m| Some((m.modified().ok()?, m.len()))),
-                PolicySource::Builtin(_) => None,
+                    .and_then(|m| Some((m.modified().ok()?, m.len())))
             })
             .collect()
     }
@@ -203,6 +241,29 @@ pub fn policy_bytes(source: &PolicySource) -> std::io::Result<Vec<u8>> {
     }
 }
 
+/// A single-policy slot with its configured policy loaded (empty when none is configured).
+fn start_slot<P: SlotPolicy>(
+    engine: &PolicyEngine,
+    spec: Option<&SlotPolicySpec>,
+) -> Result<PolicySlot<P>, StartError> {
+    let slot = PolicySlot::new(engine.clone());
+    if let Some(spec) = spec {
+        let what = format!("{} policy {:?}", P::SLOT, spec.name);
+        let bytes = policy_bytes(&spec.source).map_err(|source| StartError::ReadPolicy {
+            variant: what.clone(),
+            path: spec.source.to_string(),
+            source,
+        })?;
+        slot.install(&spec.name, &bytes, Some(spec.config.clone()))
+            .map_err(|error| StartError::LoadPolicy {
+                variant: what,
+                source_name: spec.source.to_string(),
+                error,
+            })?;
+    }
+    Ok(slot)
+}
+
 /// How often configured policy files are checked for changes.
 pub const POLICY_WATCH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -213,7 +274,7 @@ pub(crate) async fn watch_policy_files(gateway: std::sync::Weak<Gateway>) {
         Some(gateway) => gateway.policy_file_stamps(),
         None => return,
     };
-    if stamps.iter().all(Option::is_none) {
+    if stamps.is_empty() {
         return;
     }
     let mut tick = tokio::time::interval(POLICY_WATCH_INTERVAL);

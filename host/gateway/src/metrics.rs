@@ -15,6 +15,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::admission::AdmissionGate;
 use crate::policy::RouterSlot;
 use crate::pool::Pool;
 
@@ -54,12 +55,28 @@ pub struct VariantLabel {
 /// Label set of policy faults.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FaultLabels {
-    /// Policy slot (`router`).
+    /// Policy slot (`router`, `admission`, `safety-filter`).
     pub slot: &'static str,
     /// Variant.
     pub variant: String,
     /// `trap`, `deadline`, `memory`, `invalid-answer`, `instantiate`.
     pub kind: &'static str,
+}
+
+/// Label set of admission decisions.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    /// `accept`, `queue`, `reject`, or `fault` (the request was admitted).
+    pub verdict: &'static str,
+}
+
+/// Label set of safety-filter verdicts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SafetyLabels {
+    /// `input` (the prompt) or `output` (a window of the reply).
+    pub stage: &'static str,
+    /// `allow`, `block`, or `fault` (decided by `fail_closed`).
+    pub verdict: &'static str,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -85,11 +102,21 @@ pub struct Metrics {
     pub routing_load_to_cap: Histogram,
     /// Generations cancelled because the client went away.
     pub client_disconnects: Counter,
+    /// Admission policy answers by verdict (a queued request is asked again on each wake-up).
+    pub admission_decisions: Family<AdmissionLabels, Counter>,
+    /// Time admitted requests spent in the gateway's queue.
+    pub admission_queue_wait_seconds: Histogram,
+    /// Requests refused because the gateway's queue was full.
+    pub admission_queue_full: Counter,
+    /// Requests refused because they waited in the queue past the timeout.
+    pub admission_queue_timeouts: Counter,
+    /// Safety-filter verdicts by stage.
+    pub safety_verdicts: Family<SafetyLabels, Counter>,
 }
 
 impl Metrics {
     /// Registers every family, including the collectors over `pool` and `router`.
-    pub fn new(pool: Arc<Pool>, router: Arc<RouterSlot>) -> Self {
+    pub fn new(pool: Arc<Pool>, router: Arc<RouterSlot>, admission: Arc<AdmissionGate>) -> Self {
         let mut registry = Registry::with_prefix("ringmaster");
         let responses = Family::<ResponseLabels, Counter>::default();
         registry.register(
@@ -142,8 +169,38 @@ impl Metrics {
             "Generations cancelled because the client disconnected",
             client_disconnects.clone(),
         );
+        let admission_decisions = Family::<AdmissionLabels, Counter>::default();
+        registry.register(
+            "admission_decisions",
+            "Admission policy answers by verdict (fault: the request was admitted)",
+            admission_decisions.clone(),
+        );
+        let admission_queue_wait_seconds = latency_histogram();
+        registry.register(
+            "admission_queue_wait_seconds",
+            "Time admitted requests waited in the gateway's queue",
+            admission_queue_wait_seconds.clone(),
+        );
+        let admission_queue_full = Counter::default();
+        registry.register(
+            "admission_queue_full",
+            "Requests refused because the gateway's queue was full",
+            admission_queue_full.clone(),
+        );
+        let admission_queue_timeouts = Counter::default();
+        registry.register(
+            "admission_queue_timeouts",
+            "Requests refused after waiting in the queue past the timeout",
+            admission_queue_timeouts.clone(),
+        );
+        let safety_verdicts = Family::<SafetyLabels, Counter>::default();
+        registry.register(
+            "safety_verdicts",
+            "Safety-filter verdicts by stage (input, output) and verdict",
+            safety_verdicts.clone(),
+        );
         registry.register_collector(Box::new(ServerCollector { pool }));
-        registry.register_collector(Box::new(PolicyCollector { router }));
+        registry.register_collector(Box::new(PolicyCollector { router, admission }));
         Self {
             registry,
             responses,
@@ -154,6 +211,11 @@ impl Metrics {
             policy_faults,
             routing_load_to_cap,
             client_disconnects,
+            admission_decisions,
+            admission_queue_wait_seconds,
+            admission_queue_full,
+            admission_queue_timeouts,
+            safety_verdicts,
         }
     }
 
@@ -184,6 +246,7 @@ fn routing_histogram() -> Histogram {
 #[derive(Debug)]
 struct PolicyCollector {
     router: Arc<RouterSlot>,
+    admission: Arc<AdmissionGate>,
 }
 
 impl Collector for PolicyCollector {
@@ -241,6 +304,13 @@ impl Collector for PolicyCollector {
                 ConstCounter::new(read(&variant.stats)).encode(family.encode_family(&label)?)?;
             }
         }
+        let family = encoder.encode_descriptor(
+            "admission_queued",
+            "Requests waiting in the gateway's admission queue",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.admission.queued())).encode(family)?;
         let mut family = encoder.encode_descriptor(
             "policy_counter",
             "Counters emitted by policies through the metrics import",

@@ -128,13 +128,19 @@ pub struct Variant {
 }
 
 impl Variant {
-    fn successor(&self, policy: RouterPolicy, history: Vec<RouterPolicy>, weight: u32) -> Self {
+    fn successor(
+        &self,
+        policy: RouterPolicy,
+        history: Vec<RouterPolicy>,
+        weight: u32,
+        config: BTreeMap<String, String>,
+    ) -> Self {
         Self {
             name: self.name.clone(),
             weight,
             policy,
             history,
-            config: self.config.clone(),
+            config,
             consecutive_faults: AtomicU32::new(0),
             stats: self.stats.clone(),
         }
@@ -258,6 +264,13 @@ impl RouterSlot {
         let config = config
             .or_else(|| existing.as_ref().map(|v| v.config.clone()))
             .unwrap_or_default();
+        if let Some(old) = &existing
+            && old.policy.info().hash == ringmaster_policy_engine::content_hash(bytes)
+            && old.config == config
+            && weight.is_none_or(|w| w == old.weight)
+        {
+            return Ok(false);
+        }
         let started = Instant::now();
         let policy = self.engine.load_router(name, bytes, config.clone())?;
         let mut next = RouterSet {
@@ -265,12 +278,6 @@ impl RouterSlot {
             shadow: current.shadow.clone(),
         };
         let variant = match &existing {
-            Some(old)
-                if old.policy.info().hash == policy.info().hash
-                    && weight.is_none_or(|w| w == old.weight) =>
-            {
-                return Ok(false);
-            }
             Some(old) => {
                 let mut history = old.history.clone();
                 if old.policy.info().hash != policy.info().hash {
@@ -279,7 +286,7 @@ impl RouterSlot {
                         history.remove(0);
                     }
                 }
-                Arc::new(old.successor(policy, history, weight.unwrap_or(old.weight)))
+                Arc::new(old.successor(policy, history, weight.unwrap_or(old.weight), config))
             }
             None => Arc::new(Variant {
                 name: name.into(),
@@ -359,7 +366,7 @@ impl RouterSlot {
         let previous = history
             .pop()
             .ok_or_else(|| SlotError::NoPreviousVersion(name.to_owned()))?;
-        let rolled = Arc::new(old.successor(previous, history, old.weight));
+        let rolled = Arc::new(old.successor(previous, history, old.weight, old.config.clone()));
         warn!(variant = name, from = %old.policy.info().hash, to = %rolled.policy.info().hash, "policy.rolled_back");
         let mut next = RouterSet {
             variants: current.variants.clone(),
@@ -476,13 +483,22 @@ impl RouterSlot {
 }
 
 /// The pool as a router policy's imports see it during one call.
-struct PoolView<'a> {
+pub(crate) struct PoolView<'a> {
     snapshot: &'a PoolSnapshot,
     prefixes: &'a PrefixIndex,
     hashes: &'a [u64],
 }
 
-impl PoolView<'_> {
+impl<'a> PoolView<'a> {
+    /// The view of `snapshot` for a request with prefix `hashes`.
+    pub(crate) fn new(snapshot: &'a PoolSnapshot, pool: &'a Pool, hashes: &'a [u64]) -> Self {
+        Self {
+            snapshot,
+            prefixes: pool.prefixes(),
+            hashes,
+        }
+    }
+
     fn view(server: &crate::pool::Server) -> ServerView {
         let load = server.engine().load();
         ServerView {
@@ -533,6 +549,11 @@ impl RouterHost for PoolView<'_> {
 
     fn server(&self, id: &str) -> Option<ServerView> {
         self.snapshot.server(id).map(|s| Self::view(s))
+    }
+
+    // Checked on every answer: skip the engine load report that a full view reads.
+    fn routable(&self, id: &str) -> bool {
+        self.snapshot.server(id).is_some_and(|s| !s.is_draining())
     }
 
     fn prefix_matches(&self) -> Vec<(String, u32)> {

@@ -59,6 +59,8 @@ pub struct Server {
     peak_in_flight: AtomicU64,
     requests_total: AtomicU64,
     draining: AtomicBool,
+    /// The pool's wake-up for requests waiting in the admission queue.
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl Server {
@@ -116,6 +118,7 @@ impl InFlight {
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.server.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.server.released.notify_waiters();
     }
 }
 
@@ -197,6 +200,7 @@ pub struct Pool {
     ring_config: RingConfig,
     simulator: EngineConfig,
     prefixes: PrefixIndex,
+    released: Arc<tokio::sync::Notify>,
 }
 
 impl Pool {
@@ -207,12 +211,13 @@ impl Pool {
         ring_config: RingConfig,
         simulator: EngineConfig,
     ) -> Result<Self, PoolError> {
+        let released = Arc::new(tokio::sync::Notify::new());
         let mut servers = Vec::with_capacity(specs.len());
         for (slot, spec) in specs.iter().enumerate() {
             if servers.iter().any(|s: &Arc<Server>| s.id == spec.id) {
                 return Err(PoolError::Duplicate(spec.id.clone()));
             }
-            servers.push(start_server(spec, slot, &simulator)?);
+            servers.push(start_server(spec, slot, &simulator, &released)?);
         }
         let ring = build_ring(&servers, &ring_config)?;
         Ok(Self {
@@ -229,7 +234,20 @@ impl Pool {
             ring_config,
             simulator,
             prefixes: PrefixIndex::new(DEFAULT_PREFIX_INDEX_CAPACITY),
+            released,
         })
+    }
+
+    /// Notified whenever a request releases its server slot (the admission queue waits on it).
+    pub fn released(&self) -> &tokio::sync::Notify {
+        &self.released
+    }
+
+    /// Requests in flight on active servers, and how many active servers there are.
+    pub fn load(&self) -> (u64, usize) {
+        let snapshot = self.snapshot();
+        let in_flight = snapshot.servers.iter().map(|s| s.in_flight()).sum();
+        (in_flight, snapshot.servers.len())
     }
 
     /// The gateway's estimate of which prefixes each server holds.
@@ -388,7 +406,7 @@ impl Pool {
         let slot = (0..)
             .find(|slot| !used.contains(slot))
             .expect("a free slot");
-        let server = start_server(spec, slot, &self.simulator)?;
+        let server = start_server(spec, slot, &self.simulator, &self.released)?;
         let mut servers = current.servers.clone();
         servers.push(server.clone());
         let ring = build_ring(&servers, &self.ring_config)?;
@@ -462,6 +480,7 @@ fn start_server(
     spec: &ServerSpec,
     slot: usize,
     template: &EngineConfig,
+    released: &Arc<tokio::sync::Notify>,
 ) -> Result<Arc<Server>, PoolError> {
     let engine = match &spec.address {
         ServerAddress::Simulated { name } => {
@@ -483,6 +502,7 @@ fn start_server(
         peak_in_flight: AtomicU64::new(0),
         requests_total: AtomicU64::new(0),
         draining: AtomicBool::new(false),
+        released: released.clone(),
     }))
 }
 

@@ -39,6 +39,7 @@ use crate::metrics::{DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
 use crate::pool::{Decision, DecisionReason, InFlight};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
+use crate::safety::Blocked;
 use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
 use std::sync::atomic::Ordering;
 
@@ -341,9 +342,15 @@ async fn messages(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller = gateway.auth.check(req.headers())?;
     let session = session_header(req.headers())?;
+    let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let body = read_json_body(gateway, req).await?;
     let request = api::parse_messages_request(&body, gateway.limits())?;
     drop(body);
+    if gateway.safety.slot.current().is_some() {
+        gateway
+            .safety
+            .check_input(&gateway.metrics, &prompt_text(&request))?;
+    }
     let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
     let snapshot = gateway.pool.snapshot();
     if !snapshot.servers.is_empty()
@@ -358,13 +365,18 @@ async fn messages(
         )
         .with_retry_after(Duration::from_secs(1)));
     }
-    let policy_request = policy_request(
+    let mut policy_request = policy_request(
         &request,
         &input,
         &caller.tier,
         session.as_deref(),
         request_id,
     );
+    policy_request.headers = passed_headers;
+    gateway
+        .admission
+        .admit(&gateway.pool, &gateway.metrics, &mut policy_request)
+        .await?;
     let routing_started = Instant::now();
     let routed = match gateway.router.route(&gateway.pool, &input, &policy_request) {
         RouteOutcome::Routed(routed) => *routed,
@@ -431,6 +443,10 @@ async fn messages(
     let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let server_id = decision.server.id().to_owned();
     let variant_name = tracker.label.variant.clone();
+    let variant_hash = tracker
+        .variant
+        .as_ref()
+        .map(|v| v.policy.info().hash.clone());
     let mut response = if request.stream {
         stream_reply(tracker, request, generation, in_flight, message_id)
     } else {
@@ -447,7 +463,37 @@ async fn messages(
     if let Ok(value) = HeaderValue::from_str(&variant_name) {
         response.headers_mut().insert("x-ringmaster-variant", value);
     }
+    // The router version that decided (absent when the native ring decided alone).
+    if let Some(value) = variant_hash.and_then(|h| HeaderValue::from_str(&h).ok()) {
+        response
+            .headers_mut()
+            .insert("x-ringmaster-policy-version", value);
+    }
     Ok(response)
+}
+
+/// The configured headers a request carries, for policies (lower-case names, visible ASCII
+/// values only).
+fn passed_headers(headers: &http::HeaderMap, names: &[String]) -> Vec<(String, String)> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(name.as_str())?.to_str().ok()?;
+            Some((name.clone(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// The prompt as the safety filter reads it: the system prompt and every message, in order.
+fn prompt_text(request: &MessagesRequest) -> String {
+    let mut text = request.system.clone().unwrap_or_default();
+    for message in &request.messages {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(&message.text);
+    }
+    text
 }
 
 fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
@@ -689,17 +735,65 @@ async fn collect_reply(
         tracker,
         finished: false,
     };
+    let metrics = &tracker.gateway.metrics;
+    let mut filter = tracker.gateway.safety.output();
     let mut text = String::new();
+    let (mut prompt, mut cached, mut generated) = (0, 0, 0u32);
+    let refusal = |text: String, prompt: u32, cached: u32, generated: u32, why: Blocked| {
+        info!(reason = %why.reason, "request.output_blocked");
+        tracker.finished(prompt, cached);
+        let mut reply = empty_message(
+            &request.model,
+            &message_id,
+            usage(prompt, cached, generated),
+        );
+        reply.content = vec![TextBlock::new(text)];
+        reply.stop_reason = Some(StopReason::Refusal);
+        reply
+    };
     while let Some(event) = generation.next().await {
         match event {
-            GenerateEvent::Started { .. } => tracker.first_token(),
-            GenerateEvent::Token { text: piece } => text.push_str(&piece),
+            GenerateEvent::Started {
+                prompt_tokens,
+                cached_tokens,
+            } => {
+                tracker.first_token();
+                (prompt, cached) = (prompt_tokens, cached_tokens);
+            }
+            GenerateEvent::Token { text: piece } => {
+                generated += 1;
+                match filter.as_mut().map(|f| f.push(metrics, &piece)) {
+                    None => text.push_str(&piece),
+                    Some(Ok(allowed)) => text.push_str(&allowed),
+                    Some(Err(why)) => {
+                        // Dropping the stream cancels the generation.
+                        drop(generation);
+                        guard.finished = true;
+                        return Ok(refusal(text, prompt, cached, generated, why));
+                    }
+                }
+            }
             GenerateEvent::Finished {
                 reason,
                 prompt_tokens,
                 cached_tokens,
                 output_tokens,
             } => {
+                guard.finished = true;
+                if let Some(filter) = filter.as_mut() {
+                    match filter.finish(metrics) {
+                        Ok(allowed) => text.push_str(&allowed),
+                        Err(why) => {
+                            return Ok(refusal(
+                                text,
+                                prompt_tokens,
+                                cached_tokens,
+                                output_tokens,
+                                why,
+                            ));
+                        }
+                    }
+                }
                 tracker.finished(prompt_tokens, cached_tokens);
                 let (stop_reason, stop_sequence) = stop_of(&reason);
                 let mut reply = empty_message(
@@ -710,7 +804,6 @@ async fn collect_reply(
                 reply.content = vec![TextBlock::new(text)];
                 reply.stop_reason = Some(stop_reason);
                 reply.stop_sequence = stop_sequence;
-                guard.finished = true;
                 return Ok(reply);
             }
         }
@@ -760,6 +853,29 @@ async fn produce_stream(
                 .map_err(|_| StreamEnd::ClientGone)
         }
     };
+    let metrics = &tracker.gateway.metrics;
+    let mut filter = tracker.gateway.safety.output();
+    let (mut prompt, mut cached, mut generated) = (0, 0, 0u32);
+    // Ends the reply at a block: the held-back window is dropped, the generation cancelled.
+    let refuse = |why: Blocked, prompt: u32, cached: u32, generated: u32| {
+        let send = &send;
+        let tracker = &tracker;
+        async move {
+            info!(reason = %why.reason, "stream.output_blocked");
+            tracker.finished(prompt, cached);
+            send(StreamEvent::ContentBlockStop { index: 0 }).await?;
+            send(StreamEvent::MessageDelta {
+                delta: MessageDeltaBody {
+                    stop_reason: StopReason::Refusal,
+                    stop_sequence: None,
+                },
+                usage: usage(prompt, cached, generated),
+            })
+            .await?;
+            send(StreamEvent::MessageStop).await?;
+            Ok(generated)
+        }
+    };
     let result: Result<u32, StreamEnd> = async {
         loop {
             let event = tokio::select! {
@@ -773,6 +889,7 @@ async fn produce_stream(
                     cached_tokens,
                 }) => {
                     tracker.first_token();
+                    (prompt, cached) = (prompt_tokens, cached_tokens);
                     let message = empty_message(
                         &request.model,
                         &message_id,
@@ -786,13 +903,33 @@ async fn produce_stream(
                     .await?;
                     send(StreamEvent::Ping).await?;
                 }
-                Some(GenerateEvent::Token { text }) => send(StreamEvent::text(text)).await?,
+                Some(GenerateEvent::Token { text }) => {
+                    generated += 1;
+                    match filter.as_mut().map(|f| f.push(metrics, &text)) {
+                        None => send(StreamEvent::text(text)).await?,
+                        Some(Ok(allowed)) if allowed.is_empty() => {}
+                        Some(Ok(allowed)) => send(StreamEvent::text(allowed)).await?,
+                        Some(Err(why)) => {
+                            return refuse(why, prompt, cached, generated).await;
+                        }
+                    }
+                }
                 Some(GenerateEvent::Finished {
                     reason,
                     prompt_tokens,
                     cached_tokens,
                     output_tokens,
                 }) => {
+                    if let Some(filter) = filter.as_mut() {
+                        match filter.finish(metrics) {
+                            Ok(allowed) if allowed.is_empty() => {}
+                            Ok(allowed) => send(StreamEvent::text(allowed)).await?,
+                            Err(why) => {
+                                return refuse(why, prompt_tokens, cached_tokens, output_tokens)
+                                    .await;
+                            }
+                        }
+                    }
                     tracker.finished(prompt_tokens, cached_tokens);
                     let (stop_reason, stop_sequence) = stop_of(&reason);
                     send(StreamEvent::ContentBlockStop { index: 0 }).await?;

@@ -435,9 +435,52 @@ const INTERLEAVED_ROUNDS: usize = 200;
 /// Calls per variant per round.
 const INTERLEAVED_BLOCK: usize = 300;
 
+/// Time to load a version (what a swap costs before it is published): compile, check the
+/// world, pre-instantiate, instantiate once, and the probe calls. Wall time: compilation runs
+/// on several threads. `cold`: no compilation cache; `cached`: the on-disk cache holds it.
+fn bench_load(c: &mut Criterion<WallTime>) {
+    let cache = std::env::temp_dir().join(format!("ringmaster-bench-cache-{}", std::process::id()));
+    let cold = PolicyEngine::new(EngineConfig::default()).expect("policy engine");
+    let cached = PolicyEngine::new(EngineConfig {
+        cache_dir: Some(cache.clone()),
+        ..EngineConfig::default()
+    })
+    .expect("policy engine");
+    let mut group = c.benchmark_group("load");
+    group.sample_size(10);
+    for name in POLICIES {
+        let Ok(bytes) = std::fs::read(dist(name)) else {
+            eprintln!("skipping load/{name}: run `cargo xtask policies` first");
+            continue;
+        };
+        for (label, engine) in [("cold", &cold), ("cached", &cached)] {
+            // Fill the cache before measuring `cached`.
+            engine
+                .load_router(name, &bytes, BTreeMap::new())
+                .expect("loads");
+            group.bench_function(format!("{name}/{label}"), |b| {
+                b.iter(|| {
+                    black_box(
+                        engine
+                            .load_router(name, &bytes, BTreeMap::new())
+                            .expect("loads"),
+                    )
+                })
+            });
+        }
+    }
+    group.finish();
+    let _ = std::fs::remove_dir_all(cache);
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().with_measurement(ThreadCpu::default());
     targets = bench_route
 }
-criterion_main!(benches);
+criterion_group! {
+    name = loads;
+    config = Criterion::default();
+    targets = bench_load
+}
+criterion_main!(benches, loads);

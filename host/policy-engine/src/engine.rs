@@ -214,7 +214,7 @@ impl PolicyEngine {
         let core = Arc::new(Core {
             info: PolicyInfo {
                 name: name.to_owned(),
-                hash: format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes)),
+                hash: crate::content_hash(bytes),
                 loaded_at: SystemTime::now(),
                 size: bytes.len(),
             },

@@ -66,6 +66,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use engine::{CacheStats, PolicyEngine};
+
+/// The content hash a loaded version is known by ([`PolicyInfo::hash`]): hex xxh3-128 of the
+/// component's bytes. Slots compare it before loading, so an unchanged reload is a no-op.
+pub fn content_hash(bytes: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
+}
 pub use error::{FaultCounts, PolicyError, PolicyFault};
 pub use policy::{AdmissionPolicy, RouterPolicy, SafetyPolicy};
 pub use types::{

@@ -1,0 +1,204 @@
+//! The admission gate: asks the admission policy whether a request runs now, waits in the
+//! gateway's queue, or is refused, and carries the answer out.
+//!
+//! The queue is a count and a wake-up, not a list: a waiting request holds a [`QueuedTicket`]
+//! and sleeps until a request anywhere releases its server slot (or a short poll interval
+//! passes), then asks the policy again with the new load. It leaves the queue when the policy
+//! accepts it, refuses it, or its wait passes the configured timeout (529, with
+//! `retry-after`). A client that goes away while queued leaves the queue at once (its future
+//! is dropped). A fault of the policy admits the request with its default priority: the gate
+//! fails open, like the router slot falls back to the ring. With no admission policy every
+//! request is admitted.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use ringmaster_policy_engine::{AdmissionLoad, AdmissionPolicy, AdmissionVerdict, PolicyRequest};
+use tracing::debug;
+
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
+use crate::policy::PoolView;
+use crate::pool::Pool;
+use crate::slot::PolicySlot;
+
+/// Requests that may wait in the gateway's queue at once, unless configured.
+pub const DEFAULT_QUEUE_CAPACITY: u32 = 256;
+/// How long a request may wait in the queue, unless configured.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+/// A queued request re-asks the policy at least this often, even without a wake-up (a server
+/// added to the pool frees capacity without releasing a slot).
+const QUEUE_POLL: Duration = Duration::from_millis(100);
+
+/// The admission slot and its queue.
+#[derive(Debug)]
+pub struct AdmissionGate {
+    /// The slot holding the admission policy.
+    pub slot: PolicySlot<AdmissionPolicy>,
+    queue_capacity: u32,
+    queue_timeout: Duration,
+    queued: AtomicU32,
+}
+
+/// A request's place in the queue; leaving the queue (any way) drops it.
+struct QueuedTicket<'a> {
+    gate: &'a AdmissionGate,
+}
+
+impl Drop for QueuedTicket<'_> {
+    fn drop(&mut self) {
+        self.gate.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl AdmissionGate {
+    /// An empty gate with a queue of `queue_capacity` and a wait limit of `queue_timeout`.
+    pub fn new(
+        slot: PolicySlot<AdmissionPolicy>,
+        queue_capacity: u32,
+        queue_timeout: Duration,
+    ) -> Self {
+        Self {
+            slot,
+            queue_capacity,
+            queue_timeout,
+            queued: AtomicU32::new(0),
+        }
+    }
+
+    /// Requests waiting in the queue now.
+    pub fn queued(&self) -> u32 {
+        self.queued.load(Ordering::Acquire)
+    }
+
+    /// The queue's capacity.
+    pub fn queue_capacity(&self) -> u32 {
+        self.queue_capacity
+    }
+
+    /// Admits `request` (setting its priority), waiting in the queue while the policy says so.
+    pub async fn admit(
+        &self,
+        pool: &Pool,
+        metrics: &Metrics,
+        request: &mut PolicyRequest,
+    ) -> Result<(), ApiError> {
+        let mut ticket: Option<QueuedTicket<'_>> = None;
+        let mut queued_at: Option<Instant> = None;
+        loop {
+            // Registered before asking, so a slot released while the policy runs still wakes us.
+            let released = pool.released().notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            let Some(verdict) = self.ask(pool, metrics, request, ticket.is_some()) else {
+                return Ok(());
+            };
+            match verdict {
+                AdmissionVerdict::Accept(priority) => {
+                    request.priority = priority;
+                    if let Some(at) = queued_at {
+                        metrics
+                            .admission_queue_wait_seconds
+                            .observe(at.elapsed().as_secs_f64());
+                    }
+                    return Ok(());
+                }
+                AdmissionVerdict::Reject {
+                    reason,
+                    retry_after_ms,
+                } => {
+                    return Err(ApiError::new(
+                        ErrorKind::RateLimit,
+                        format!("the admission policy refused the request: {reason}"),
+                    )
+                    .with_retry_after(Duration::from_millis(u64::from(retry_after_ms))));
+                }
+                AdmissionVerdict::Queue => {}
+            }
+            if ticket.is_none() {
+                if self.queued.fetch_add(1, Ordering::AcqRel) >= self.queue_capacity {
+                    self.queued.fetch_sub(1, Ordering::AcqRel);
+                    metrics.admission_queue_full.inc();
+                    return Err(ApiError::new(
+                        ErrorKind::Overloaded,
+                        format!(
+                            "the gateway's queue is full ({} waiting); retry shortly",
+                            self.queue_capacity
+                        ),
+                    )
+                    .with_retry_after(Duration::from_secs(1)));
+                }
+                ticket = Some(QueuedTicket { gate: self });
+                queued_at = Some(Instant::now());
+                debug!(queued = self.queued(), "admission.queued");
+            }
+            let waited = queued_at.map_or(Duration::ZERO, |at| at.elapsed());
+            let Some(left) = self.queue_timeout.checked_sub(waited) else {
+                metrics.admission_queue_timeouts.inc();
+                return Err(ApiError::new(
+                    ErrorKind::Overloaded,
+                    format!(
+                        "the request waited {:?} in the gateway's queue without a free server; retry shortly",
+                        self.queue_timeout
+                    ),
+                )
+                .with_retry_after(Duration::from_secs(1)));
+            };
+            let _ = tokio::time::timeout(left.min(QUEUE_POLL), released).await;
+        }
+    }
+
+    /// One question to the policy; `None` when there is no policy or it faulted (admit).
+    fn ask(
+        &self,
+        pool: &Pool,
+        metrics: &Metrics,
+        request: &PolicyRequest,
+        requeued: bool,
+    ) -> Option<AdmissionVerdict> {
+        let installed = self.slot.current()?;
+        let snapshot = pool.snapshot();
+        let view = PoolView::new(&snapshot, pool, &request.prefix_hashes);
+        let in_flight: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
+        // A request that already waits is not counted against itself.
+        let queued = self.queued().saturating_sub(u32::from(requeued));
+        let load = AdmissionLoad {
+            in_flight: u32::try_from(in_flight).unwrap_or(u32::MAX),
+            queued,
+            queue_capacity: self.queue_capacity,
+            servers: u32::try_from(snapshot.servers.iter().filter(|s| !s.is_draining()).count())
+                .unwrap_or(u32::MAX),
+        };
+        let outcome = installed.policy.admit(&view, request, &load);
+        let verdict_label = match &outcome {
+            Ok(AdmissionVerdict::Accept(_)) => "accept",
+            Ok(AdmissionVerdict::Queue) => "queue",
+            Ok(AdmissionVerdict::Reject { .. }) => "reject",
+            Err(_) => "fault",
+        };
+        metrics
+            .admission_decisions
+            .get_or_create(&AdmissionLabels {
+                verdict: verdict_label,
+            })
+            .inc();
+        match outcome {
+            Ok(verdict) => {
+                self.slot.succeeded(&installed);
+                Some(verdict)
+            }
+            Err(fault) => {
+                metrics
+                    .policy_faults
+                    .get_or_create(&FaultLabels {
+                        slot: "admission",
+                        variant: installed.name.to_string(),
+                        kind: fault.kind(),
+                    })
+                    .inc();
+                self.slot.faulted(&installed, &fault);
+                None
+            }
+        }
+    }
+}
