@@ -110,19 +110,9 @@ async fn list_add_remove_servers() {
     }
     assert_eq!(gw.servers().await["servers"].as_array().unwrap().len(), 5);
 
-    let missing = gw
-        .admin(Method::DELETE, "/admin/servers/gpu-99")
-        .await
-        .send()
-        .await
-        .unwrap();
+    let missing = gw.admin_call(Method::DELETE, "/admin/servers/gpu-99").await;
     assert_eq!(missing.status(), 404);
-    let removed = gw
-        .admin(Method::DELETE, "/admin/servers/gpu-4")
-        .await
-        .send()
-        .await
-        .unwrap();
+    let removed = gw.admin_call(Method::DELETE, "/admin/servers/gpu-4").await;
     assert_eq!(removed.status(), 200);
     let gone = eventually(Duration::from_secs(5), async || {
         gw.servers().await["servers"].as_array().unwrap().len() == 4
@@ -146,11 +136,8 @@ async fn removing_a_server_drains_its_in_flight_requests() {
     let first = body.next().await.unwrap().unwrap();
     assert!(!first.is_empty());
     let removed = gw
-        .admin(Method::DELETE, &format!("/admin/servers/{server}"))
-        .await
-        .send()
-        .await
-        .unwrap();
+        .admin_call(Method::DELETE, &format!("/admin/servers/{server}"))
+        .await;
     assert_eq!(removed.status(), 200);
     let listed = gw.servers().await;
     assert_eq!(listed["servers"][0]["state"], "draining");

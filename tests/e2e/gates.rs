@@ -243,15 +243,7 @@ async fn an_allowing_filter_holds_back_nothing() {
 #[tokio::test]
 async fn admission_and_safety_slots_swap_roll_back_and_empty_through_the_admin_api() {
     let gw = TestGateway::simulated(2, 0.0, "").await;
-    let listed: Value = gw
-        .admin(Method::GET, "/admin/policies")
-        .await
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = gw.admin_json(Method::GET, "/admin/policies").await;
     assert!(listed["admission"]["policy"].is_null());
     assert!(listed["safety_filter"]["policy"].is_null());
 
@@ -294,31 +286,17 @@ async fn admission_and_safety_slots_swap_roll_back_and_empty_through_the_admin_a
     // No patterns configured: everything passes.
     assert_eq!(gw.post_messages(&hello(2)).await.status(), 200);
     let rollback = gw
-        .admin(Method::POST, "/admin/policies/safety-filter/rollback")
-        .await
-        .send()
-        .await
-        .unwrap();
+        .admin_call(Method::POST, "/admin/policies/safety-filter/rollback")
+        .await;
     assert_eq!(rollback.status(), 400, "nothing to roll back to");
 
     for slot in ["admission", "safety-filter"] {
         let removed = gw
-            .admin(Method::DELETE, &format!("/admin/policies/{slot}"))
-            .await
-            .send()
-            .await
-            .unwrap();
+            .admin_call(Method::DELETE, &format!("/admin/policies/{slot}"))
+            .await;
         assert_eq!(removed.status(), 200, "{slot}");
     }
-    let listed: Value = gw
-        .admin(Method::GET, "/admin/policies")
-        .await
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed: Value = gw.admin_json(Method::GET, "/admin/policies").await;
     assert!(listed["admission"]["policy"].is_null());
     assert!(listed["safety_filter"]["policy"].is_null());
     assert_eq!(gw.post_messages(&hello(2)).await.status(), 200);

@@ -30,14 +30,7 @@ async fn put_router(gw: &TestGateway, query: &str, bytes: Vec<u8>) -> reqwest::R
 }
 
 async fn policies(gw: &TestGateway) -> Value {
-    gw.admin(Method::GET, "/admin/policies")
-        .await
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    gw.admin_json(Method::GET, "/admin/policies").await
 }
 
 #[tokio::test]
@@ -93,14 +86,11 @@ async fn swapping_the_same_bytes_is_a_no_op_and_a_new_version_keeps_history() {
     assert_eq!(variant["previous_versions"].as_array().unwrap().len(), 1);
     assert_eq!(gw.post_messages(&hello(2)).await.status(), 200);
     let rolled = gw
-        .admin(
+        .admin_call(
             Method::POST,
             "/admin/policies/router/rollback?variant=default",
         )
-        .await
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(rolled.status(), 200);
     let after: Value = rolled.json().await.unwrap();
     assert_eq!(
@@ -108,14 +98,11 @@ async fn swapping_the_same_bytes_is_a_no_op_and_a_new_version_keeps_history() {
         same["router"]["variants"][0]["hash"]
     );
     let nothing_left = gw
-        .admin(
+        .admin_call(
             Method::POST,
             "/admin/policies/router/rollback?variant=default",
         )
-        .await
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(nothing_left.status(), 400);
 }
 
@@ -288,15 +275,7 @@ async fn ab_variants_are_sticky_per_session_and_compared() {
         default_count > 5 && default_count < 35,
         "50/50 split, got {default_count}/40"
     );
-    let experiments: Value = gw
-        .admin(Method::GET, "/admin/experiments")
-        .await
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let experiments: Value = gw.admin_json(Method::GET, "/admin/experiments").await;
     let variants = experiments["variants"].as_array().unwrap();
     assert_eq!(variants.len(), 2);
     assert_eq!(
@@ -321,11 +300,8 @@ async fn ab_variants_are_sticky_per_session_and_compared() {
     );
     // Removing the candidate sends everything back to the default.
     let removed = gw
-        .admin(Method::DELETE, "/admin/policies/router?variant=candidate")
-        .await
-        .send()
-        .await
-        .unwrap();
+        .admin_call(Method::DELETE, "/admin/policies/router?variant=candidate")
+        .await;
     assert_eq!(removed.status(), 200);
     let after = gw.post_messages(&hello(2)).await;
     assert_eq!(after.headers()["x-ringmaster-variant"], "default");
@@ -351,15 +327,7 @@ async fn a_shadow_decides_without_acting() {
             "the shadow never serves"
         );
     }
-    let experiments: Value = gw
-        .admin(Method::GET, "/admin/experiments")
-        .await
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let experiments: Value = gw.admin_json(Method::GET, "/admin/experiments").await;
     let shadow = &experiments["shadow"];
     assert_eq!(shadow["name"], "rr-shadow");
     assert_eq!(shadow["decisions"], 20);

@@ -80,15 +80,19 @@ impl TestGateway {
             .bearer_auth(ADMIN_TOKEN)
     }
 
+    /// Sends an admin request without a body.
+    pub async fn admin_call(&self, method: reqwest::Method, path: &str) -> reqwest::Response {
+        self.admin(method, path).await.send().await.unwrap()
+    }
+
+    /// Sends an admin request without a body and reads its JSON answer.
+    pub async fn admin_json(&self, method: reqwest::Method, path: &str) -> Value {
+        self.admin_call(method, path).await.json().await.unwrap()
+    }
+
     pub async fn servers(&self) -> Value {
-        self.admin(reqwest::Method::GET, "/admin/servers")
+        self.admin_json(reqwest::Method::GET, "/admin/servers")
             .await
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
     }
 
     pub async fn metrics(&self) -> String {

@@ -17,6 +17,8 @@ import pytest
 
 API_KEY = "sk-ringmaster-sdk-test"
 MODEL = "sim-llama-3-8b"
+# A phrase the gateway's safety filter (the built-in blocklist) refuses in prompts.
+BLOCKED = "open the pod bay doors"
 
 
 def free_port() -> int:
@@ -36,6 +38,9 @@ listen = "127.0.0.1:{port}"
 models = ["{MODEL}"]
 [[api_keys]]
 key = "{API_KEY}"
+[policies.safety]
+source = "builtin:blocklist"
+config = {{ patterns = "{BLOCKED}" }}
 [simulator]
 time_scale = 0.01
 [[servers]]
@@ -143,3 +148,14 @@ def test_not_found_error(client):
 def test_models_list(client):
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]
+
+
+def test_a_prompt_the_safety_filter_blocks_is_a_bad_request(client):
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            messages=[{"role": "user", "content": "Please OPEN THE POD BAY DOORS, HAL."}],
+        )
+    assert caught.value.status_code == 400
+    assert "safety filter blocked the prompt" in str(caught.value)
