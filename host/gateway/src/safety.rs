@@ -36,6 +36,8 @@ pub struct SafetyGate {
 pub struct Blocked {
     /// The filter's reason (or that it failed, when failing closed).
     pub reason: String,
+    /// The filter faulted and the gate fails closed (not the text's fault).
+    pub by_fault: bool,
 }
 
 impl SafetyGate {
@@ -56,6 +58,10 @@ impl SafetyGate {
         let verdict = installed.policy.check_input(text);
         match self.settle(&installed, metrics, "input", verdict) {
             Ok(()) => Ok(()),
+            Err(blocked) if blocked.by_fault => Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("the prompt could not be checked: {}", blocked.reason),
+            )),
             Err(blocked) => Err(ApiError::new(
                 ErrorKind::InvalidRequest,
                 format!("the safety filter blocked the prompt: {}", blocked.reason),
@@ -88,7 +94,13 @@ impl SafetyGate {
             }
             Ok(SafetyVerdict::Block(reason)) => {
                 self.slot.succeeded(installed);
-                ("block", Err(Blocked { reason }))
+                (
+                    "block",
+                    Err(Blocked {
+                        reason,
+                        by_fault: false,
+                    }),
+                )
             }
             Err(fault) => {
                 metrics
@@ -105,7 +117,13 @@ impl SafetyGate {
                         "the safety filter failed ({}) and the gateway fails closed",
                         fault.kind()
                     );
-                    ("fault", Err(Blocked { reason }))
+                    (
+                        "fault",
+                        Err(Blocked {
+                            reason,
+                            by_fault: true,
+                        }),
+                    )
                 } else {
                     ("fault", Ok(()))
                 }
@@ -199,6 +217,86 @@ mod tests {
             Arc::new(RouterSlot::new(engine.clone())),
             Arc::new(admission),
         )
+    }
+
+    fn fixture(name: &str) -> Vec<u8> {
+        let path = format!(
+            "{}/../../policies/dist/fixtures/{name}.wasm",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    fn faulty(fail_closed: bool) -> (Arc<SafetyGate>, Metrics) {
+        let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+        let slot = PolicySlot::new(engine.clone());
+        let bytes = fixture("filter-faults-on-demand");
+        slot.install("faulty", &bytes, None).unwrap();
+        let metrics = metrics(&engine);
+        (Arc::new(SafetyGate::new(slot, 16, fail_closed)), metrics)
+    }
+
+    #[tokio::test]
+    async fn a_fault_allows_unless_the_gate_fails_closed() {
+        let (open, metrics) = faulty(false);
+        assert!(open.check_input(&metrics, "total chaos").is_ok());
+        let mut filter = open.output().unwrap();
+        assert_eq!(
+            filter.push(&metrics, "chaos and more chaos").unwrap(),
+            "chaos and more chaos"
+        );
+
+        let (closed, metrics) = faulty(true);
+        let err = closed.check_input(&metrics, "total chaos").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "not the client's fault");
+        assert!(closed.check_input(&metrics, "calm").is_ok());
+        let mut filter = closed.output().unwrap();
+        let blocked = filter.push(&metrics, "chaos and more chaos").unwrap_err();
+        assert!(blocked.by_fault);
+        assert!(
+            blocked.reason.contains("fails closed"),
+            "{}",
+            blocked.reason
+        );
+        assert!(
+            closed
+                .slot
+                .faults_total
+                .load(std::sync::atomic::Ordering::Relaxed)
+                >= 2
+        );
+    }
+
+    #[tokio::test]
+    async fn repeated_faults_roll_the_slot_back_and_a_success_ends_the_streak() {
+        let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
+        let slot = PolicySlot::<SafetyPolicy>::new(engine.clone());
+        let good = crate::builtin::builtin("blocklist").unwrap();
+        slot.install("filter", good, None).unwrap();
+        slot.install("filter", &fixture("filter-faults-on-demand"), None)
+            .unwrap();
+        let faulty_hash = slot.current().unwrap().policy.info().hash.clone();
+        let gate = Arc::new(SafetyGate::new(slot, 16, false));
+        let metrics = metrics(&engine);
+        for _ in 0..4 {
+            gate.check_input(&metrics, "chaos").unwrap();
+        }
+        gate.check_input(&metrics, "calm").unwrap();
+        for _ in 0..4 {
+            gate.check_input(&metrics, "chaos").unwrap();
+        }
+        assert_eq!(gate.slot.current().unwrap().policy.info().hash, faulty_hash);
+        gate.check_input(&metrics, "chaos").unwrap();
+        let now = gate.slot.current().unwrap();
+        assert_eq!(
+            now.policy.info().hash,
+            ringmaster_policy_engine::content_hash(good)
+        );
+        assert!(now.history.is_empty());
+        assert!(matches!(
+            gate.slot.rollback(),
+            Err(crate::policy::SlotError::NoPreviousVersion(_))
+        ));
     }
 
     fn blocklist(patterns: &str, window_bytes: usize) -> (Arc<SafetyGate>, Metrics) {
