@@ -5,6 +5,7 @@
 //! Needs the built policies: `cargo xtask policies` writes `policies/dist/*.wasm`. A policy
 //! that is missing is skipped with a note.
 //!
+//! - `native-ring`: the host's own bounded-load ring lookup, the decision policies replace.
 //! - `engine`: [`RouterPolicy::route`] against a fake [`RouterHost`]: warm-instance pool, epoch
 //!   deadline, memory limiter, scoped call context, answer validation.
 //! - `bare`: `bindgen!` bindings, one instance kept in one store, imports answered by a plain
@@ -116,6 +117,17 @@ impl RouterHost for Cluster {
     fn routable(&self, id: &str) -> bool {
         self.healthy.contains(id)
     }
+}
+
+/// A ring of `n` servers with the same loads as [`Cluster::new`].
+fn native_ring(n: usize) -> (ringmaster_ring::Ring, Vec<u64>) {
+    let members = (0..n)
+        .map(|i| ringmaster_ring::Member::new(format!("gpu-{i}"), 1))
+        .collect();
+    let ring =
+        ringmaster_ring::Ring::new(members, ringmaster_ring::RingConfig::default()).expect("ring");
+    let loads = (0..n as u64).map(|i| i % 7).collect();
+    (ring, loads)
 }
 
 fn requests() -> Vec<PolicyRequest> {
@@ -300,6 +312,19 @@ fn bench_route(c: &mut Criterion<ThreadCpu>) {
     // Equal samples, each long enough for the scheduler's CPU-time accounting (updated at
     // ticks and context switches) to be accurate.
     group.sampling_mode(SamplingMode::Flat);
+    // The native decision the policies are measured against: the host's own bounded-load
+    // ring lookup (what the gateway does with no policy, and on a fault).
+    for n in SERVER_COUNTS {
+        let (ring, loads) = native_ring(n);
+        let mut i = 0;
+        group.bench_function(format!("native-ring/{n}-servers"), |b| {
+            b.iter(|| {
+                i = (i + 1) % REQUESTS;
+                ring.lookup_bounded(black_box(requests[i].routing_key), &loads)
+                    .expect("lookup")
+            })
+        });
+    }
     for policy in POLICIES {
         let Ok(bytes) = std::fs::read(dist(policy)) else {
             eprintln!(
@@ -393,6 +418,8 @@ fn interleaved(
     bares: &mut [(&str, Store<Bare>, bare::Router)],
     bare_requests: &[bare::ringmaster::policy::types::Request],
 ) {
+    let (ring, loads) = native_ring(cluster.servers.len());
+    let mut native_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
     let mut engine_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
     let mut bare_ns: Vec<Vec<f64>> = vec![Vec::with_capacity(INTERLEAVED_ROUNDS); bares.len()];
     let time = |f: &mut dyn FnMut(usize)| {
@@ -403,6 +430,9 @@ fn interleaved(
         started.elapsed().as_nanos() as f64 / INTERLEAVED_BLOCK as f64
     };
     for _ in 0..INTERLEAVED_ROUNDS {
+        native_ns.push(time(&mut |i| {
+            let _ = black_box(ring.lookup_bounded(black_box(requests[i].routing_key), &loads));
+        }));
         engine_ns.push(time(&mut |i| {
             let _ = black_box(engine.route(cluster, black_box(&requests[i])));
         }));
@@ -421,7 +451,8 @@ fn interleaved(
         v[v.len() / 2]
     };
     let mut line = format!(
-        "interleaved {name}: engine {:.0} ns",
+        "interleaved {name}: native ring {:.0} ns, engine {:.0} ns",
+        median(&mut native_ns),
         median(&mut engine_ns)
     );
     for ((label, _, _), ns) in bares.iter().zip(&mut bare_ns) {
