@@ -43,6 +43,7 @@ pub mod cost;
 mod engine;
 mod error;
 pub mod executor;
+pub mod model;
 mod output;
 mod request;
 pub mod scheduler;

@@ -207,7 +207,7 @@ pub struct RawRouting {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
-    /// `sim://NAME` (later: `http://host:port`).
+    /// `sim://NAME` or `gguf:PATH` (later: `http://host:port`).
     pub address: String,
     /// Id on the ring; defaults to the address's name.
     pub id: Option<String>,
@@ -273,6 +273,13 @@ pub enum ServerAddress {
         /// The name after `sim://`.
         name: String,
     },
+    /// A llama GGUF model run on this machine's CPU: `gguf:PATH`.
+    Model {
+        /// The GGUF file.
+        path: std::path::PathBuf,
+        /// The ring id it defaults to (the file name without its extensions).
+        name: String,
+    },
 }
 
 impl ServerAddress {
@@ -292,18 +299,29 @@ impl ServerAddress {
                 name: name.to_owned(),
             });
         }
+        if let Some(path) = text.strip_prefix("gguf:") {
+            let path = std::path::PathBuf::from(path);
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('.').next())
+                .filter(|n| !n.is_empty())
+                .ok_or_else(|| format!("{text:?}: expected gguf:PATH to a .gguf file"))?
+                .to_owned();
+            return Ok(Self::Model { path, name });
+        }
         if text.starts_with("http://") || text.starts_with("https://") {
             return Err(format!(
                 "{text:?}: remote workers are not supported yet (they arrive with `ringmaster worker`); use sim://NAME"
             ));
         }
-        Err(format!("{text:?}: expected sim://NAME"))
+        Err(format!("{text:?}: expected sim://NAME or gguf:PATH"))
     }
 
     /// The default ring id for this address.
     pub fn default_id(&self) -> &str {
         match self {
-            Self::Simulated { name } => name,
+            Self::Simulated { name } | Self::Model { name, .. } => name,
         }
     }
 }
@@ -312,6 +330,7 @@ impl std::fmt::Display for ServerAddress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Simulated { name } => write!(f, "sim://{name}"),
+            Self::Model { path, .. } => write!(f, "gguf:{}", path.display()),
         }
     }
 }

@@ -44,7 +44,23 @@ pub enum PoolError {
         /// Why.
         source: EngineError,
     },
+    /// The server's model could not be loaded.
+    #[error("cannot start server {id:?}: {source}")]
+    Model {
+        /// The server.
+        id: String,
+        /// Why.
+        source: ringmaster_gpu_runtime::model::ModelError,
+    },
 }
+
+/// KV blocks of a CPU model server (16 tokens each; about 46 KB a token for SmolLM2-135M in
+/// F32, so 2048 blocks are 32,768 tokens and 1.5 GB at most, committed as used).
+pub const MODEL_KV_BLOCKS: u32 = 2048;
+/// Sequences a CPU model server runs at once.
+pub const MODEL_MAX_RUNNING: u32 = 16;
+/// Tokens a CPU model server computes per step.
+pub const MODEL_STEP_TOKEN_BUDGET: u32 = 512;
 
 /// One GPU server as the gateway sees it.
 #[derive(Debug)]
@@ -489,6 +505,35 @@ fn start_server(
             EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
                 id: spec.id.clone(),
                 source,
+            })?
+        }
+        ServerAddress::Model { path, name } => {
+            let mut config = template.clone();
+            config.name = name.clone();
+            config.kv_blocks = template.kv_blocks.min(MODEL_KV_BLOCKS);
+            config.max_running = MODEL_MAX_RUNNING;
+            config.step_token_budget = MODEL_STEP_TOKEN_BUDGET;
+            // Step durations are measured, not modelled: the clock must not add to them.
+            config.time_scale = 1.0;
+            let started = std::time::Instant::now();
+            let executor =
+                ringmaster_gpu_runtime::model::ModelExecutor::load(path, config.kv_blocks)
+                    .map_err(|source| PoolError::Model {
+                        id: spec.id.clone(),
+                        source,
+                    })?;
+            tracing::info!(
+                server = %spec.id,
+                model = %path.display(),
+                load_ms = started.elapsed().as_millis() as u64,
+                kv_blocks = config.kv_blocks,
+                "pool.model_loaded"
+            );
+            EngineHandle::spawn_with_executor(config, executor).map_err(|source| {
+                PoolError::Engine {
+                    id: spec.id.clone(),
+                    source,
+                }
             })?
         }
     };

@@ -54,6 +54,14 @@ struct ServeArgs {
     /// Simulated servers' time scale: 1.0 real time, 0.01 a hundred times faster.
     #[arg(long)]
     sim_time_scale: Option<f64>,
+    /// Serve this llama GGUF model on the CPU (one server) instead of the configured ones.
+    /// Without --config and --model, the model `cargo xtask model` fetched is used when it is
+    /// there, else simulated servers.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Serve simulated servers even when a model is in the model cache.
+    #[arg(long, conflicts_with = "model")]
+    simulated: bool,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -110,6 +118,36 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(strategy) = args.strategy {
         raw.routing.get_or_insert_with(Default::default).strategy = Some(strategy);
+    }
+    let model = match (&args.model, &args.config, args.simulated) {
+        (Some(path), _, _) => Some(path.clone()),
+        (None, None, false) => {
+            let cached = ringmaster_gpu_runtime::model::default_model_path();
+            if cached.is_file() {
+                Some(cached)
+            } else {
+                info!(
+                    model = %cached.display(),
+                    "no model in the model cache (run `cargo xtask model` to fetch SmolLM2); serving simulated GPU servers"
+                );
+                None
+            }
+        }
+        _ => None,
+    };
+    if let Some(path) = model {
+        let address = format!("gguf:{}", path.display());
+        let name = ringmaster_gateway::config::ServerAddress::parse(&address)
+            .map_err(anyhow::Error::msg)?
+            .default_id()
+            .to_lowercase();
+        info!(model = %path.display(), served_as = %name, "serving a model on the CPU");
+        raw.servers = Some(vec![ringmaster_gateway::config::RawServer {
+            address,
+            id: Some(name.clone()),
+            weight: None,
+        }]);
+        raw.models = Some(vec![name]);
     }
     if let Some(scale) = args.sim_time_scale {
         raw.simulator

