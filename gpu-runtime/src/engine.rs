@@ -109,6 +109,7 @@ struct HandleInner {
     name: String,
     tokenizer: Arc<dyn Tokenizer>,
     kv_blocks: u32,
+    max_positions: Option<usize>,
     submissions: mpsc::UnboundedSender<Submission>,
     shared: Arc<Shared>,
     next_seq: AtomicU64,
@@ -165,6 +166,7 @@ struct Submission {
     max_tokens: u32,
     stop_sequences: Vec<String>,
     sampling: SamplingParams,
+    priority: u8,
     events: mpsc::UnboundedSender<GenerateEvent>,
 }
 
@@ -186,6 +188,7 @@ impl EngineHandle {
             EngineError::InvalidConfig("an engine must be spawned within a tokio runtime".into())
         })?;
         let tokenizer = executor.tokenizer();
+        let max_positions = executor.max_positions();
         let shared = Arc::new(Shared {
             load: Mutex::new(LoadReport {
                 kv_blocks_total: config.kv_blocks,
@@ -218,6 +221,7 @@ impl EngineHandle {
                 name: config.name,
                 tokenizer,
                 kv_blocks: config.kv_blocks,
+                max_positions,
                 submissions: tx,
                 shared,
                 next_seq: AtomicU64::new(0),
@@ -259,6 +263,15 @@ impl EngineHandle {
         let prompt_tokens = saturating_u32(prompt.len());
         // KV slots the sequence can ever hold: the last sampled token is never computed.
         let max_kv_tokens = prompt.len() + (request.max_tokens as usize).saturating_sub(1);
+        if let Some(limit) = inner.max_positions
+            && prompt.len() + request.max_tokens as usize > limit
+        {
+            return Err(EngineError::ContextTooLong {
+                prompt_tokens,
+                max_tokens: request.max_tokens,
+                context_tokens: saturating_u32(limit),
+            });
+        }
         if blocks_for(max_kv_tokens) + ADMISSION_HEADROOM_BLOCKS > inner.kv_blocks as usize {
             return Err(EngineError::PromptTooLong {
                 prompt_tokens,
@@ -294,6 +307,7 @@ impl EngineHandle {
             max_tokens: request.max_tokens,
             stop_sequences: request.stop_sequences,
             sampling: request.sampling,
+            priority: request.priority,
             events: tx,
         };
         inner.shared.inbox.fetch_add(1, Ordering::Relaxed);
@@ -504,6 +518,7 @@ impl Engine {
             prompt: s.prompt,
             prompt_fingerprint: s.prompt_fingerprint,
             sampling: s.sampling,
+            priority: s.priority,
         });
         self.requests.insert(
             s.seq_id,

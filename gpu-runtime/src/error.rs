@@ -20,6 +20,18 @@ pub enum EngineError {
         /// Tokens the whole KV cache holds.
         capacity_tokens: u32,
     },
+    /// The prompt plus `max_tokens` is longer than the model's context. Rejected at submit.
+    #[error(
+        "prompt of {prompt_tokens} tokens with max_tokens {max_tokens} exceeds the model's context of {context_tokens} tokens"
+    )]
+    ContextTooLong {
+        /// Tokens in the rendered prompt.
+        prompt_tokens: u32,
+        /// The request's `max_tokens`.
+        max_tokens: u32,
+        /// The model's context length.
+        context_tokens: u32,
+    },
     /// The engine task is gone (it panicked, or its runtime shut down).
     #[error("the engine has stopped")]
     Stopped,

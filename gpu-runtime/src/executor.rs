@@ -147,6 +147,13 @@ pub trait Executor: Send + 'static {
         false
     }
 
+    /// The most positions (prompt plus output) a sequence can have, when the executor has a
+    /// limit of its own (a model's context length); the engine rejects requests that could
+    /// pass it. Defaults to none.
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
     /// Called when a sequence leaves the engine for good (finished or cancelled), so that an
     /// executor keeping per-sequence state can drop it. Defaults to doing nothing.
     fn sequence_finished(&mut self, _seq_id: SeqId) {}

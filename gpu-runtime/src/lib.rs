@@ -24,6 +24,7 @@
 //!     max_tokens: 64,
 //!     stop_sequences: vec![],
 //!     sampling: SamplingParams::default(),
+//!     priority: 0,
 //! })?;
 //! while let Some(event) = stream.next().await {
 //!     if let GenerateEvent::Token { text } = event {

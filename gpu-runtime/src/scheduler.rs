@@ -12,7 +12,9 @@
 //! 1. Cancelled sequences are already gone: the engine calls [`Scheduler::abort`] before each
 //!    step, which frees their blocks at once.
 //! 2. **Running decodes first**, one token each, oldest first. If a decode needs a new block
-//!    and none is free or evictable, the **newest** running sequence is preempted: its blocks
+//!    and none is free or evictable, the running sequence with the **lowest priority** is
+//!    preempted (the newest among equals; if it was already planned this step, its plan is
+//!    withdrawn): its blocks
 //!    are freed, it goes back to the front of the waiting queue, and it recomputes its prompt
 //!    and output so far when readmitted (its registered blocks stay in the prefix cache, so the
 //!    recompute is often cheap). No request is lost.
@@ -65,6 +67,8 @@ pub struct NewSequence {
     pub prompt_fingerprint: u64,
     /// How to sample (passed through to the executor).
     pub sampling: SamplingParams,
+    /// 0 = lowest; the lowest is preempted first.
+    pub priority: u8,
 }
 
 /// A sequence admitted for the first time.
@@ -109,6 +113,7 @@ struct Sequence {
     prefill_end: usize,
     prompt_fingerprint: u64,
     sampling: SamplingParams,
+    priority: u8,
     admitted_before: bool,
 }
 
@@ -162,6 +167,7 @@ impl Scheduler {
                 prefill_end: 0,
                 prompt_fingerprint: seq.prompt_fingerprint,
                 sampling: seq.sampling,
+                priority: seq.priority,
                 admitted_before: false,
             },
         );
@@ -226,7 +232,8 @@ impl Scheduler {
         let mut planned = Vec::new();
         let mut preempted = Vec::new();
 
-        // (2) Decodes, oldest first; preempt the newest when out of blocks.
+        // (2) Decodes, oldest first; preempt the lowest priority (newest among equals) when out
+        // of blocks.
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let id = self.running[i];
@@ -238,15 +245,19 @@ impl Scheduler {
             let needed_tokens = seq.tokens.len();
             let mut preempted_self = false;
             while self.blocks.ensure_capacity(id, needed_tokens).is_err() {
-                let victim = *self
-                    .running
-                    .last()
-                    .expect("the decoding sequence is running");
+                let victim_at = self.victim();
+                let victim = self.running[victim_at];
                 self.preempt(victim);
                 preempted.push(victim);
                 if victim == id {
                     preempted_self = true;
                     break;
+                }
+                if victim_at < i {
+                    // Already planned in this step: withdraw its decode.
+                    planned.retain(|p: &ScheduledSeq| p.seq_id != victim);
+                    budget += 1;
+                    i -= 1;
                 }
             }
             if preempted_self {
@@ -373,6 +384,18 @@ impl Scheduler {
         out
     }
 
+    /// The index in `running` of the sequence to preempt: the lowest priority, the newest
+    /// among equals.
+    fn victim(&self) -> usize {
+        let mut at = self.running.len() - 1;
+        for (i, id) in self.running.iter().enumerate().rev() {
+            if self.seqs[id].priority < self.seqs[&self.running[at]].priority {
+                at = i;
+            }
+        }
+        at
+    }
+
     /// Frees a running sequence's blocks and puts it back at the front of the waiting queue.
     fn preempt(&mut self, id: SeqId) {
         let i = self
@@ -434,6 +457,7 @@ mod tests {
             prompt_fingerprint: id,
             prompt,
             sampling: SamplingParams::default(),
+            priority: 0,
         }
     }
 
@@ -568,6 +592,33 @@ mod tests {
         // third block, seqs 0 and 1 take the last two, and seq 2, the newest, is preempted.
         let first = schedules.iter().find(|x| !x.preempted.is_empty()).unwrap();
         assert_eq!(first.preempted, [SeqId(2)]);
+        assert_eq!(tight.blocks().used_blocks(), 0);
+    }
+
+    #[test]
+    fn the_lowest_priority_is_preempted_first_even_when_already_planned() {
+        let prompts: Vec<Vec<u32>> = (0..3).map(|i| prompt(i * 1000, 20)).collect();
+        let mut roomy = Scheduler::new(config(1000, 8, 1000));
+        for (i, p) in prompts.iter().enumerate() {
+            roomy.add(new_seq(i as u64, p.clone()));
+        }
+        let (want, _) = run(&mut roomy, 60);
+        // As above, but the oldest sequence has the lowest priority: when seq 2 needs a block,
+        // seq 0 (already planned to decode in that step) is the one preempted.
+        let mut tight = Scheduler::new(config(8, 8, 1000));
+        for (i, p) in prompts.iter().enumerate() {
+            let mut seq = new_seq(i as u64, p.clone());
+            seq.priority = if i == 0 { 0 } else { 5 };
+            tight.add(seq);
+        }
+        let (got, schedules) = run(&mut tight, 60);
+        let first = schedules.iter().find(|x| !x.preempted.is_empty()).unwrap();
+        assert_eq!(first.preempted, [SeqId(0)]);
+        assert!(
+            first.plan.seqs.iter().all(|p| p.seq_id != SeqId(0)),
+            "the withdrawn decode is not in the plan"
+        );
+        assert_eq!(got, want, "every request finished with the same output");
         assert_eq!(tight.blocks().used_blocks(), 0);
     }
 

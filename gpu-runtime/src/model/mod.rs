@@ -16,14 +16,17 @@
 pub mod executor;
 pub mod gguf;
 pub mod llama;
+#[cfg(test)]
+mod reference;
 pub mod sampler;
 pub mod tokenizer;
 
 #[cfg(test)]
 mod tests;
 
-pub use executor::ModelExecutor;
+pub use executor::{ModelExecutor, ModelOptions};
 pub use gguf::{LlamaConfig, ModelFile};
+pub use ringmaster_kernels::Isa;
 pub use tokenizer::GgufTokenizer;
 
 /// The file name of the model `cargo xtask model` fetches (SmolLM2-135M-Instruct, Q4_1, from

@@ -33,6 +33,14 @@ fn model_path() -> Option<PathBuf> {
     None
 }
 
+fn options(kv_blocks: u32) -> ModelOptions {
+    ModelOptions {
+        kv_blocks,
+        threads: 1,
+        isa: None,
+    }
+}
+
 fn write_gguf(name: &str, metadata: &[(&str, Value)], tensors: &[(&str, QTensor)]) -> PathBuf {
     let path = std::env::temp_dir().join(format!(
         "ringmaster-test-{}-{name}.gguf",
@@ -160,6 +168,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
                 temperature: Some(0.0),
                 ..Default::default()
             },
+            priority: 0,
         })
         .unwrap();
     let mut text = String::new();
@@ -177,7 +186,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm_answers_through_the_paged_engine_and_reuses_the_cached_prefix() {
     let Some(path) = model_path() else { return };
-    let executor = ModelExecutor::load(&path, 512).unwrap();
+    let executor = ModelExecutor::load(&path, &options(512)).unwrap();
     let mut config = crate::EngineConfig::simulated("smollm");
     config.kv_blocks = 512;
     config.max_running = 8;
@@ -193,10 +202,50 @@ async fn smollm_answers_through_the_paged_engine_and_reuses_the_cached_prefix() 
     assert!(cached_second >= 16, "cached {cached_second} tokens");
 }
 
+#[tokio::test]
+async fn a_request_past_the_context_or_the_kv_pool_is_refused_at_submit() {
+    let Some(path) = model_path() else { return };
+    let executor = ModelExecutor::load(&path, &options(64)).unwrap();
+    let mut config = crate::EngineConfig::simulated("smollm");
+    config.kv_blocks = 64;
+    let handle = crate::EngineHandle::spawn_with_executor(config, executor).unwrap();
+    let ask = |max_tokens| crate::GenerateRequest {
+        request_id: "too-long".into(),
+        system: None,
+        messages: vec![crate::ChatMessage {
+            role: crate::Role::User,
+            text: "Hello".into(),
+        }],
+        max_tokens,
+        stop_sequences: Vec::new(),
+        sampling: Default::default(),
+        priority: 0,
+    };
+    // Past SmolLM2's 8192-token context.
+    let err = handle.submit(ask(9000)).err().unwrap();
+    assert!(
+        matches!(
+            err,
+            crate::EngineError::ContextTooLong {
+                context_tokens: 8192,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Within the context but past the 64-block (1024-token) pool: it could never fit.
+    let err = handle.submit(ask(2000)).err().unwrap();
+    assert!(
+        matches!(err, crate::EngineError::PromptTooLong { .. }),
+        "{err}"
+    );
+    assert!(handle.submit(ask(100)).is_ok());
+}
+
 #[test]
 fn the_paged_pass_equals_a_contiguous_one_token_for_token() {
     let Some(path) = model_path() else { return };
-    let mut executor = ModelExecutor::load(&path, 64).unwrap();
+    let mut executor = ModelExecutor::load(&path, &options(64)).unwrap();
     let tokenizer = executor.gguf_tokenizer().clone();
     let prompt = tokenizer.encode_chat(
         None,
@@ -214,16 +263,22 @@ fn the_paged_pass_equals_a_contiguous_one_token_for_token() {
         .map(crate::block::BlockId)
         .to_vec();
     let run = |executor: &mut ModelExecutor, table: &[crate::block::BlockId], chunk: usize| {
-        let model = &executor.model;
-        let kv = &mut executor.kv;
         let mut tokens = prompt.clone();
         let mut done = 0usize;
         let mut out = Vec::new();
         while out.len() < steps {
             let end = done.saturating_add(chunk).min(tokens.len());
-            let logits = model
-                .forward(kv, table, done, &tokens[done..end], end == tokens.len())
-                .unwrap();
+            let input = llama::SeqInput {
+                table,
+                start: done,
+                tokens: &tokens[done..end],
+                logits: end == tokens.len(),
+            };
+            let logits = executor
+                .model
+                .forward(&executor.cpu, &mut executor.kv, &[input])
+                .unwrap()
+                .remove(0);
             done = end;
             if let Some(logits) = logits {
                 let next = sampler::argmax(&logits);
@@ -241,4 +296,208 @@ fn the_paged_pass_equals_a_contiguous_one_token_for_token() {
         .flat_map(|id| tokenizer.token_bytes(*id).into_owned())
         .collect();
     assert!(!String::from_utf8_lossy(&text).trim().is_empty());
+}
+
+fn chat(tokenizer: &GgufTokenizer, text: &str) -> Vec<u32> {
+    tokenizer.encode_chat(
+        None,
+        &[crate::ChatMessage {
+            role: crate::Role::User,
+            text: text.into(),
+        }],
+    )
+}
+
+/// Greedy tokens from the engine's own pass, in one go per step.
+fn greedy(executor: &mut ModelExecutor, prompt: &[u32], steps: usize) -> Vec<u32> {
+    let table: Vec<crate::block::BlockId> = (0..16).map(crate::block::BlockId).collect();
+    let mut tokens = prompt.to_vec();
+    let mut done = 0;
+    let mut out = Vec::new();
+    while out.len() < steps {
+        let input = llama::SeqInput {
+            table: &table,
+            start: done,
+            tokens: &tokens[done..],
+            logits: true,
+        };
+        let logits = executor
+            .model
+            .forward(&executor.cpu, &mut executor.kv, &[input])
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        done = tokens.len();
+        let next = sampler::argmax(&logits);
+        out.push(next);
+        tokens.push(next);
+    }
+    out
+}
+
+#[test]
+fn the_int8_engine_agrees_with_an_f32_reference_built_on_candle() {
+    let Some(path) = model_path() else { return };
+    let mut executor = ModelExecutor::load(&path, &options(16)).unwrap();
+    let tokenizer = executor.gguf_tokenizer().clone();
+    let mut file = ModelFile::open(&path).unwrap();
+    let reference = reference::Reference::load(&mut file).unwrap();
+    let mut reference_kv = reference::ReferenceKv::new(&reference.config, 16);
+    let table: Vec<crate::block::BlockId> = (0..16).map(crate::block::BlockId).collect();
+    let prompt = chat(
+        &tokenizer,
+        "What is the capital of France? Answer in one sentence.",
+    );
+    // The prompt's logits: the same top token, and close as vectors.
+    let ours = executor
+        .model
+        .forward(
+            &executor.cpu,
+            &mut executor.kv,
+            &[llama::SeqInput {
+                table: &table,
+                start: 0,
+                tokens: &prompt,
+                logits: true,
+            }],
+        )
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let theirs = reference
+        .forward(&mut reference_kv, &table, 0, &prompt, true)
+        .unwrap()
+        .unwrap();
+    assert_eq!(sampler::argmax(&ours), sampler::argmax(&theirs));
+    let dot: f64 = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|a| f64::from(*a).powi(2)).sum::<f64>().sqrt();
+    let cosine = dot / (norm(&ours) * norm(&theirs));
+    assert!(cosine > 0.995, "cosine {cosine}");
+    // Greedy continuations agree token for token.
+    let mut tokens = prompt.clone();
+    let mut expected = Vec::new();
+    let mut done = 0;
+    while expected.len() < 10 {
+        let logits = reference
+            .forward(&mut reference_kv, &table, done, &tokens[done..], true)
+            .unwrap()
+            .unwrap();
+        done = tokens.len();
+        let next = sampler::argmax(&logits);
+        expected.push(next);
+        tokens.push(next);
+    }
+    assert_eq!(greedy(&mut executor, &prompt, 10), expected);
+}
+
+#[test]
+fn a_sequence_computes_the_same_alone_and_in_a_batch() {
+    let Some(path) = model_path() else { return };
+    let mut executor = ModelExecutor::load(&path, &options(64)).unwrap();
+    let tokenizer = executor.gguf_tokenizer().clone();
+    let a = chat(&tokenizer, "Name three colours.");
+    let b = chat(&tokenizer, "Count to five.");
+    let table_a: Vec<crate::block::BlockId> = (0..8).map(crate::block::BlockId).collect();
+    let table_b: Vec<crate::block::BlockId> = (8..16).map(crate::block::BlockId).collect();
+    let input = |table, tokens| llama::SeqInput {
+        table,
+        start: 0,
+        tokens,
+        logits: true,
+    };
+    let cpu = &executor.cpu;
+    let alone_a = executor
+        .model
+        .forward(cpu, &mut executor.kv, &[input(&table_a, &a)])
+        .unwrap();
+    let alone_b = executor
+        .model
+        .forward(cpu, &mut executor.kv, &[input(&table_b, &b)])
+        .unwrap();
+    let together = executor
+        .model
+        .forward(
+            cpu,
+            &mut executor.kv,
+            &[input(&table_a, &a), input(&table_b, &b)],
+        )
+        .unwrap();
+    assert_eq!(together[0], alone_a[0]);
+    assert_eq!(together[1], alone_b[0]);
+    // A decode row batched with the other sequence's prefill: the same logits as alone.
+    let next = [sampler::argmax(alone_a[0].as_ref().unwrap())];
+    let decode = llama::SeqInput {
+        table: &table_a,
+        start: a.len(),
+        tokens: &next,
+        logits: true,
+    };
+    let alone = executor
+        .model
+        .forward(cpu, &mut executor.kv, &[decode])
+        .unwrap();
+    let mixed = executor
+        .model
+        .forward(cpu, &mut executor.kv, &[input(&table_b, &b), decode])
+        .unwrap();
+    assert_eq!(mixed[1], alone[0]);
+}
+
+#[test]
+fn a_forward_past_the_table_or_vocabulary_is_an_error_not_a_panic() {
+    let Some(path) = model_path() else { return };
+    let mut executor = ModelExecutor::load(&path, &options(4)).unwrap();
+    let cpu = &executor.cpu;
+    let table = [crate::block::BlockId(0)];
+    let long = vec![1u32; 17];
+    let err = executor
+        .model
+        .forward(
+            cpu,
+            &mut executor.kv,
+            &[llama::SeqInput {
+                table: &table,
+                start: 0,
+                tokens: &long,
+                logits: true,
+            }],
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, llama::ForwardError::OutOfRange { .. }),
+        "{err}"
+    );
+    let outside = [crate::block::BlockId(9)];
+    let err = executor
+        .model
+        .forward(
+            cpu,
+            &mut executor.kv,
+            &[llama::SeqInput {
+                table: &outside,
+                start: 0,
+                tokens: &[1],
+                logits: true,
+            }],
+        )
+        .unwrap_err();
+    assert!(matches!(err, llama::ForwardError::BadBlock(9)), "{err}");
+    let err = executor
+        .model
+        .forward(
+            cpu,
+            &mut executor.kv,
+            &[llama::SeqInput {
+                table: &table,
+                start: 0,
+                tokens: &[u32::MAX],
+                logits: true,
+            }],
+        )
+        .unwrap_err();
+    assert!(matches!(err, llama::ForwardError::BadToken(_)), "{err}");
 }

@@ -11,6 +11,7 @@ use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
+use ringmaster_gpu_runtime::model::{Isa, ModelOptions};
 use ringmaster_gpu_runtime::{EngineConfig, SimCostModel};
 use ringmaster_ring::{MAX_VNODES_PER_WEIGHT, RingConfig};
 use serde::Deserialize;
@@ -91,6 +92,21 @@ pub struct RawConfig {
     pub simulator: Option<RawSimulator>,
     /// `[policies]`.
     pub policies: Option<RawPolicies>,
+    /// `[model]`.
+    pub model: Option<RawModel>,
+}
+
+/// `[model]`: how `gguf:` servers run their model on the CPU.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// Kernel threads per model server (default 1). More threads than free cores slows
+    /// every step down.
+    pub threads: Option<usize>,
+    /// `auto`, `avx2`, `avx` or `scalar` (default `auto`: the best this CPU has).
+    pub kernels: Option<String>,
+    /// KV-cache blocks of 16 tokens per model server (default 2048).
+    pub kv_blocks: Option<u32>,
 }
 
 /// `[policies]`: the policy engine and the router slot.
@@ -490,6 +506,8 @@ pub struct Config {
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
     pub simulator: EngineConfig,
+    /// How model (`gguf:`) servers run.
+    pub model: ModelOptions,
     /// Policies.
     pub policies: PoliciesConfig,
 }
@@ -680,6 +698,7 @@ impl RawConfig {
         }
 
         let simulator = simulator_config(self.simulator.unwrap_or_default())?;
+        let model = model_config(self.model.unwrap_or_default())?;
         let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
 
         Ok(Config {
@@ -696,6 +715,7 @@ impl RawConfig {
             prefix_hashing,
             servers,
             simulator,
+            model,
             policies,
         })
     }
@@ -881,6 +901,40 @@ fn slot_policy_name(key: &str, name: Option<String>, default: &str) -> Result<St
     Ok(name)
 }
 
+fn model_config(raw: RawModel) -> Result<ModelOptions, ConfigError> {
+    let mut model = ModelOptions::default();
+    if let Some(threads) = raw.threads {
+        if threads == 0 || threads > 256 {
+            return Err(invalid("model.threads", "must be 1 to 256"));
+        }
+        model.threads = threads;
+    }
+    if let Some(kernels) = raw.kernels
+        && kernels != "auto"
+    {
+        let isa = Isa::from_name(&kernels).ok_or_else(|| {
+            invalid(
+                "model.kernels",
+                format!("{kernels:?} is not one of auto, avx2, avx, scalar"),
+            )
+        })?;
+        if !isa.available() {
+            return Err(invalid(
+                "model.kernels",
+                format!("this CPU does not support the {kernels} kernels"),
+            ));
+        }
+        model.isa = Some(isa);
+    }
+    if let Some(blocks) = raw.kv_blocks {
+        if blocks == 0 {
+            return Err(invalid("model.kv_blocks", "must be at least 1"));
+        }
+        model.kv_blocks = blocks;
+    }
+    Ok(model)
+}
+
 fn simulator_config(raw: RawSimulator) -> Result<EngineConfig, ConfigError> {
     let mut engine = EngineConfig::simulated("template");
     let mut cost = SimCostModel::default();
@@ -987,6 +1041,9 @@ mod tests {
                 "decode_step_base_ms",
             ),
             ("models = []", "models"),
+            ("[model]\nthreads = 0", "model.threads"),
+            ("[model]\nkernels = \"neon\"", "model.kernels"),
+            ("[model]\nkv_blocks = 0", "model.kv_blocks"),
             (
                 "[policies.admission]\nsource = \"builtin:nope\"",
                 "policies.admission.source",

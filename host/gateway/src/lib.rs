@@ -95,7 +95,10 @@ impl Gateway {
             &config.servers,
             config.strategy,
             config.ring.clone(),
-            config.simulator.clone(),
+            pool::ServerTemplates {
+                simulator: config.simulator.clone(),
+                model: config.model.clone(),
+            },
         )?);
         let engine = PolicyEngine::new(config.policies.engine.clone())?;
         let router = Arc::new(RouterSlot::new(engine));

@@ -54,9 +54,6 @@ pub enum PoolError {
     },
 }
 
-/// KV blocks of a CPU model server (16 tokens each; about 46 KB a token for SmolLM2-135M in
-/// F32, so 2048 blocks are 32,768 tokens and 1.5 GB at most, committed as used).
-pub const MODEL_KV_BLOCKS: u32 = 2048;
 /// Sequences a CPU model server runs at once.
 pub const MODEL_MAX_RUNNING: u32 = 16;
 /// Tokens a CPU model server computes per step.
@@ -214,9 +211,28 @@ pub struct Pool {
     round_robin: AtomicU64,
     strategy: Strategy,
     ring_config: RingConfig,
-    simulator: EngineConfig,
+    templates: ServerTemplates,
     prefixes: PrefixIndex,
     released: Arc<tokio::sync::Notify>,
+}
+
+/// How new servers are made: the simulated servers' engine template, and how model servers
+/// run their model.
+#[derive(Clone, Debug)]
+pub struct ServerTemplates {
+    /// Simulated servers (and the engine settings model servers start from).
+    pub simulator: EngineConfig,
+    /// Model (`gguf:`) servers.
+    pub model: ringmaster_gpu_runtime::model::ModelOptions,
+}
+
+impl From<EngineConfig> for ServerTemplates {
+    fn from(simulator: EngineConfig) -> Self {
+        Self {
+            simulator,
+            model: Default::default(),
+        }
+    }
 }
 
 impl Pool {
@@ -225,15 +241,16 @@ impl Pool {
         specs: &[ServerSpec],
         strategy: Strategy,
         ring_config: RingConfig,
-        simulator: EngineConfig,
+        templates: impl Into<ServerTemplates>,
     ) -> Result<Self, PoolError> {
+        let templates = templates.into();
         let released = Arc::new(tokio::sync::Notify::new());
         let mut servers = Vec::with_capacity(specs.len());
         for (slot, spec) in specs.iter().enumerate() {
             if servers.iter().any(|s: &Arc<Server>| s.id == spec.id) {
                 return Err(PoolError::Duplicate(spec.id.clone()));
             }
-            servers.push(start_server(spec, slot, &simulator, &released)?);
+            servers.push(start_server(spec, slot, &templates, &released)?);
         }
         let ring = build_ring(&servers, &ring_config)?;
         Ok(Self {
@@ -248,7 +265,7 @@ impl Pool {
             round_robin: AtomicU64::new(0),
             strategy,
             ring_config,
-            simulator,
+            templates,
             prefixes: PrefixIndex::new(DEFAULT_PREFIX_INDEX_CAPACITY),
             released,
         })
@@ -422,7 +439,7 @@ impl Pool {
         let slot = (0..)
             .find(|slot| !used.contains(slot))
             .expect("a free slot");
-        let server = start_server(spec, slot, &self.simulator, &self.released)?;
+        let server = start_server(spec, slot, &self.templates, &self.released)?;
         let mut servers = current.servers.clone();
         servers.push(server.clone());
         let ring = build_ring(&servers, &self.ring_config)?;
@@ -495,12 +512,12 @@ impl Pool {
 fn start_server(
     spec: &ServerSpec,
     slot: usize,
-    template: &EngineConfig,
+    templates: &ServerTemplates,
     released: &Arc<tokio::sync::Notify>,
 ) -> Result<Arc<Server>, PoolError> {
     let engine = match &spec.address {
         ServerAddress::Simulated { name } => {
-            let mut config = template.clone();
+            let mut config = templates.simulator.clone();
             config.name = name.clone();
             EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
                 id: spec.id.clone(),
@@ -508,16 +525,16 @@ fn start_server(
             })?
         }
         ServerAddress::Model { path, name } => {
-            let mut config = template.clone();
+            let mut config = templates.simulator.clone();
             config.name = name.clone();
-            config.kv_blocks = template.kv_blocks.min(MODEL_KV_BLOCKS);
+            config.kv_blocks = templates.model.kv_blocks;
             config.max_running = MODEL_MAX_RUNNING;
             config.step_token_budget = MODEL_STEP_TOKEN_BUDGET;
             // Step durations are measured, not modelled: the clock must not add to them.
             config.time_scale = 1.0;
             let started = std::time::Instant::now();
             let executor =
-                ringmaster_gpu_runtime::model::ModelExecutor::load(path, config.kv_blocks)
+                ringmaster_gpu_runtime::model::ModelExecutor::load(path, &templates.model)
                     .map_err(|source| PoolError::Model {
                         id: spec.id.clone(),
                         source,
@@ -527,6 +544,8 @@ fn start_server(
                 model = %path.display(),
                 load_ms = started.elapsed().as_millis() as u64,
                 kv_blocks = config.kv_blocks,
+                threads = templates.model.threads,
+                kernels = executor.cpu().isa().name(),
                 "pool.model_loaded"
             );
             EngineHandle::spawn_with_executor(config, executor).map_err(|source| {

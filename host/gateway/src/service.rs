@@ -429,11 +429,11 @@ async fn messages(
         key = %caller.key_label,
         "request.routed"
     );
-    let generation = match decision
-        .server
-        .engine()
-        .submit(generate_request(&request, request_id))
-    {
+    let generation = match decision.server.engine().submit(generate_request(
+        &request,
+        request_id,
+        policy_request.priority,
+    )) {
         Ok(generation) => generation,
         Err(e) => {
             tracker.failed();
@@ -638,8 +638,9 @@ impl Tracker {
     }
 }
 
-fn generate_request(request: &MessagesRequest, request_id: &str) -> GenerateRequest {
+fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -> GenerateRequest {
     GenerateRequest {
+        priority,
         request_id: request_id.to_owned(),
         system: request.system.clone(),
         messages: request
@@ -666,7 +667,7 @@ fn generate_request(request: &MessagesRequest, request_id: &str) -> GenerateRequ
 
 fn engine_error(error: EngineError) -> ApiError {
     match error {
-        EngineError::PromptTooLong { .. } => {
+        EngineError::PromptTooLong { .. } | EngineError::ContextTooLong { .. } => {
             ApiError::invalid(format!("prompt is too long: {error}"))
         }
         EngineError::Stopped => ApiError::new(

@@ -62,6 +62,9 @@ struct ServeArgs {
     /// Serve simulated servers even when a model is in the model cache.
     #[arg(long, conflicts_with = "model")]
     simulated: bool,
+    /// Kernel threads per model server (overrides `[model] threads`; default 1).
+    #[arg(long, env = "RINGMASTER_MODEL_THREADS")]
+    threads: Option<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -148,6 +151,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             weight: None,
         }]);
         raw.models = Some(vec![name]);
+    }
+    if let Some(threads) = args.threads {
+        raw.model.get_or_insert_with(Default::default).threads = Some(threads);
     }
     if let Some(scale) = args.sim_time_scale {
         raw.simulator
