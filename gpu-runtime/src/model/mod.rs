@@ -5,7 +5,9 @@
 //!
 //! - [`gguf`]: opening a file and checking it is a llama model with supported tensor types.
 //! - [`tokenizer`]: the byte-level BPE tokenizer and chat template from the file's metadata.
-//! - [`llama`]: the weights and the forward pass over a paged KV cache.
+//! - [`llama`]: the weights (requantized to the `ringmaster-kernels` block formats) and the
+//!   forward pass over a paged KV cache, batched across a step's sequences.
+//! - `reference` (tests only): an independent F32 forward pass on candle, the oracle.
 //! - [`sampler`]: temperature, top-k, top-p and seeded sampling.
 //! - [`executor`]: [`ModelExecutor`], the [`Executor`] that ties them together.
 //!
