@@ -36,27 +36,22 @@ impl Weights {
 
     /// Stacks matrices of one format and column count, one under the other.
     pub fn stack(parts: Vec<Weights>) -> Result<Self, KernelError> {
-        let q8: Option<Vec<Q8Matrix>> = parts
-            .iter()
-            .map(|p| match p {
-                Self::Q8(m) => Some(m.clone()),
-                Self::Q4(_) => None,
-            })
-            .collect();
-        if let Some(q8) = q8 {
-            return Ok(Self::Q8(Q8Matrix::stack(&q8)?));
+        let format = parts.first().map_or(Format::Q8, Weights::format);
+        if parts.iter().any(|p| p.format() != format) {
+            return Err(KernelError::MixedFormats);
         }
-        let q4: Option<Vec<Q4Matrix>> = parts
-            .into_iter()
-            .map(|p| match p {
-                Self::Q4(m) => Some(m),
-                Self::Q8(_) => None,
-            })
-            .collect();
-        match q4 {
-            Some(q4) => Ok(Self::Q4(Q4Matrix::stack(&q4)?)),
-            None => Err(KernelError::MixedFormats),
+        let mut q8 = Vec::new();
+        let mut q4 = Vec::new();
+        for part in parts {
+            match part {
+                Self::Q8(m) => q8.push(m),
+                Self::Q4(m) => q4.push(m),
+            }
         }
+        Ok(match format {
+            Format::Q8 => Self::Q8(Q8Matrix::stack(&q8)?),
+            Format::Q4 => Self::Q4(Q4Matrix::stack(&q4)?),
+        })
     }
 
     /// Its format.
@@ -97,5 +92,24 @@ impl Weights {
             Self::Q8(m) => m.dequantize_row(r, out),
             Self::Q4(m) => m.dequantize_row(r, out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stacking_keeps_the_format_and_refuses_a_mix() {
+        let q8 = || Weights::quantize(Format::Q8, &[0.5; 64], 2, 32).unwrap();
+        let q4 = || Weights::quantize(Format::Q4, &[0.5; 32], 1, 32).unwrap();
+        let stacked = Weights::stack(vec![q8(), q8()]).unwrap();
+        assert_eq!((stacked.format(), stacked.rows()), (Format::Q8, 4));
+        let stacked = Weights::stack(vec![q4(), q4(), q4()]).unwrap();
+        assert_eq!((stacked.format(), stacked.rows()), (Format::Q4, 3));
+        assert!(matches!(
+            Weights::stack(vec![q8(), q4()]),
+            Err(KernelError::MixedFormats)
+        ));
     }
 }
