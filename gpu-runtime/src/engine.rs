@@ -91,6 +91,21 @@ pub struct LoadReport {
     pub preemptions: u64,
     /// Steps run (cumulative).
     pub steps: u64,
+    /// Sequences in the last step (its batch size).
+    pub last_batch_size: u32,
+    /// Sequences scheduled, summed over steps (cumulative; over `steps`, the mean batch).
+    pub step_sequences_total: u64,
+    /// Tokens computed, summed over steps (cumulative).
+    pub step_tokens_total: u64,
+    /// The step token budget, summed over steps (cumulative; `step_tokens_total` over this is
+    /// the batch utilisation).
+    pub step_budget_tokens_total: u64,
+    /// Prompt tokens computed (prefill, including recompute after preemption; cumulative).
+    pub prefill_tokens_total: u64,
+    /// Decode tokens computed (cumulative).
+    pub decode_tokens_total: u64,
+    /// Time the executor spent computing steps (cumulative); tokens over it are tokens/s.
+    pub busy_seconds_total: f64,
 }
 
 /// State shared by the engine task, its handles and its streams.
@@ -345,6 +360,13 @@ struct Counters {
     generated_tokens_total: u64,
     requests_finished: u64,
     requests_cancelled: u64,
+    last_batch_size: u32,
+    step_sequences_total: u64,
+    step_tokens_total: u64,
+    step_budget_tokens_total: u64,
+    prefill_tokens_total: u64,
+    decode_tokens_total: u64,
+    busy_seconds_total: f64,
 }
 
 #[derive(Debug)]
@@ -422,6 +444,7 @@ impl Engine {
             } else {
                 tokio::task::yield_now().await;
             }
+            self.count_step(&plan, &outcome);
             for token in self.scheduler.apply(&plan, &outcome) {
                 self.on_token(token);
             }
@@ -632,6 +655,17 @@ impl Engine {
         self.counters.requests_finished += 1;
     }
 
+    fn count_step(&mut self, plan: &StepPlan, outcome: &StepOutcome) {
+        let c = &mut self.counters;
+        c.last_batch_size = saturating_u32(plan.seqs.len());
+        c.step_sequences_total += plan.seqs.len() as u64;
+        c.step_tokens_total += plan.num_tokens() as u64;
+        c.step_budget_tokens_total += u64::from(self.config.step_token_budget);
+        c.prefill_tokens_total += plan.num_prefill_tokens() as u64;
+        c.decode_tokens_total += plan.num_decodes() as u64;
+        c.busy_seconds_total += outcome.duration.as_secs_f64();
+    }
+
     fn publish(&self) {
         let blocks = self.scheduler.blocks();
         let stats = self.scheduler.stats();
@@ -648,6 +682,13 @@ impl Engine {
             requests_cancelled: self.counters.requests_cancelled,
             preemptions: stats.preemptions,
             steps: stats.steps,
+            last_batch_size: self.counters.last_batch_size,
+            step_sequences_total: self.counters.step_sequences_total,
+            step_tokens_total: self.counters.step_tokens_total,
+            step_budget_tokens_total: self.counters.step_budget_tokens_total,
+            prefill_tokens_total: self.counters.prefill_tokens_total,
+            decode_tokens_total: self.counters.decode_tokens_total,
+            busy_seconds_total: self.counters.busy_seconds_total,
         };
         *self
             .shared

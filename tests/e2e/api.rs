@@ -197,6 +197,35 @@ async fn models_health_ready_and_metrics() {
         metric_sum(&metrics, "ringmaster_ttft_seconds_count", ""),
         1.0
     );
+    // The engine's step counters: the one request decoded its 4 tokens (the last sampled
+    // token is never computed, so 3 decode steps) after prefilling its whole prompt.
+    let prompt = metric_sum(&metrics, "ringmaster_server_prompt_tokens_total", "");
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_prefill_tokens_total", ""),
+        prompt
+    );
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_decode_tokens_total", ""),
+        3.0
+    );
+    let steps = metric_sum(&metrics, "ringmaster_server_steps_total", "");
+    assert!(steps >= 4.0, "{steps} steps");
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_step_tokens_total", ""),
+        prompt + 3.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_step_sequences_total", ""),
+        steps
+    );
+    assert!(metric_sum(&metrics, "ringmaster_server_step_budget_tokens_total", "") >= steps);
+    assert!(metric_sum(&metrics, "ringmaster_server_busy_seconds_total", "") >= 0.0);
+    for family in [
+        "ringmaster_server_batch_size",
+        "ringmaster_server_model_load_seconds",
+    ] {
+        assert!(metrics.contains(family), "missing {family}");
+    }
     assert_eq!(
         metric_sum(
             &metrics,

@@ -221,6 +221,11 @@ impl Gateway {
         &self.pool
     }
 
+    /// The metrics registry.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     fn limits(&self) -> api::Limits<'_> {
         api::Limits {
             models: &self.config.models,

@@ -6,12 +6,13 @@
 //! every change. Every family is prefixed `ringmaster_`. This module never sees a prompt.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -112,6 +113,8 @@ pub struct Metrics {
     pub admission_queue_timeouts: Counter,
     /// Safety-filter verdicts by stage.
     pub safety_verdicts: Family<SafetyLabels, Counter>,
+    /// Seconds from process start to accepting requests (set once by the binary).
+    pub cold_start_seconds: Gauge<f64, AtomicU64>,
 }
 
 impl Metrics {
@@ -199,6 +202,12 @@ impl Metrics {
             "Safety-filter verdicts by stage (input, output) and verdict",
             safety_verdicts.clone(),
         );
+        let cold_start_seconds = Gauge::<f64, AtomicU64>::default();
+        registry.register(
+            "cold_start_seconds",
+            "Seconds from process start to accepting requests (models loaded, policies ready)",
+            cold_start_seconds.clone(),
+        );
         registry.register_collector(Box::new(ServerCollector { pool }));
         registry.register_collector(Box::new(PolicyCollector { router, admission }));
         Self {
@@ -216,6 +225,7 @@ impl Metrics {
             admission_queue_full,
             admission_queue_timeouts,
             safety_verdicts,
+            cold_start_seconds,
         }
     }
 
@@ -356,7 +366,17 @@ impl Collector for ServerCollector {
             })
             .collect();
         type Read = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
-        let gauges: [(&str, &str, Read); 9] = [
+        let gauges: [(&str, &str, Read); 11] = [
+            (
+                "server_batch_size",
+                "Sequences in the server's last engine step",
+                |_, l| f64::from(l.last_batch_size),
+            ),
+            (
+                "server_model_load_seconds",
+                "How long loading the server's model took (0 for simulated servers)",
+                |s, _| s.model_load().map_or(0.0, |d| d.as_secs_f64()),
+            ),
             (
                 "server_in_flight",
                 "Requests routed to the server and not finished",
@@ -427,7 +447,31 @@ impl Collector for ServerCollector {
             }
         }
         type Count = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
-        let counters: [(&str, &str, Count); 6] = [
+        let counters: [(&str, &str, Count); 12] = [
+            ("server_steps", "Engine steps run", |_, l| l.steps),
+            (
+                "server_step_sequences",
+                "Sequences scheduled, summed over steps (over server_steps: the mean batch size)",
+                |_, l| l.step_sequences_total,
+            ),
+            (
+                "server_step_tokens",
+                "Tokens computed, summed over steps",
+                |_, l| l.step_tokens_total,
+            ),
+            (
+                "server_step_budget_tokens",
+                "The step token budget, summed over steps (server_step_tokens over this: batch utilisation)",
+                |_, l| l.step_budget_tokens_total,
+            ),
+            (
+                "server_prefill_tokens",
+                "Prompt tokens computed (prefill, including recompute after preemption)",
+                |_, l| l.prefill_tokens_total,
+            ),
+            ("server_decode_tokens", "Decode tokens computed", |_, l| {
+                l.decode_tokens_total
+            }),
             (
                 "server_requests",
                 "Requests routed to the server",
@@ -469,6 +513,15 @@ impl Collector for ServerCollector {
             for (label, server, load) in &servers {
                 ConstCounter::new(read(server, load)).encode(family.encode_family(label)?)?;
             }
+        }
+        let mut family = encoder.encode_descriptor(
+            "server_busy_seconds",
+            "Time the server's executor spent computing steps (tokens over it: tokens per second)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (label, _, load) in &servers {
+            ConstCounter::new(load.busy_seconds_total).encode(family.encode_family(label)?)?;
         }
         Ok(())
     }

@@ -74,6 +74,8 @@ pub struct Server {
     draining: AtomicBool,
     /// The pool's wake-up for requests waiting in the admission queue.
     released: Arc<tokio::sync::Notify>,
+    /// How long loading its model took (model servers only).
+    model_load: Option<std::time::Duration>,
 }
 
 impl Server {
@@ -112,6 +114,10 @@ impl Server {
     /// Whether it was removed and is finishing its last requests.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+    /// How long loading its model took (model servers only).
+    pub fn model_load(&self) -> Option<std::time::Duration> {
+        self.model_load
     }
 }
 
@@ -515,6 +521,7 @@ fn start_server(
     templates: &ServerTemplates,
     released: &Arc<tokio::sync::Notify>,
 ) -> Result<Arc<Server>, PoolError> {
+    let mut model_load = None;
     let engine = match &spec.address {
         ServerAddress::Simulated { name } => {
             let mut config = templates.simulator.clone();
@@ -539,6 +546,7 @@ fn start_server(
                         id: spec.id.clone(),
                         source,
                     })?;
+            model_load = Some(started.elapsed());
             tracing::info!(
                 server = %spec.id,
                 model = %path.display(),
@@ -567,6 +575,7 @@ fn start_server(
         requests_total: AtomicU64::new(0),
         draining: AtomicBool::new(false),
         released: released.clone(),
+        model_load,
     }))
 }
 

@@ -112,6 +112,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let process_started = std::time::Instant::now();
     let mut raw = match &args.config {
         Some(path) => RawConfig::from_file(path)?,
         None => RawConfig::embedded_default(),
@@ -172,7 +173,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let gateway = Gateway::start(config).context("starting the GPU server pool")?;
+        let cold_start = process_started.elapsed();
+        gateway
+            .metrics()
+            .cold_start_seconds
+            .set(cold_start.as_secs_f64());
         info!(
+            cold_start_ms = cold_start.as_millis() as u64,
             address = %listener.local_addr()?,
             servers = gateway.pool().snapshot().servers.len(),
             strategy = gateway.pool().strategy().as_str(),
