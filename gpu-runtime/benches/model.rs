@@ -306,6 +306,7 @@ fn ttft(path: &std::path::Path, threads: usize) {
             max_tokens: 1,
             stop_sequences: Vec::new(),
             sampling: Default::default(),
+            prompt: None,
             priority: 0,
         };
         let (elapsed, cached, prompt) = runtime.block_on(async {

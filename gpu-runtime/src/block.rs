@@ -151,6 +151,16 @@ struct SeqBlocks {
     registered: usize,
 }
 
+/// A change to what the prefix cache holds, by the block's chained hash: what a router outside
+/// the engine needs to know which prefixes this server can serve from cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KvEvent {
+    /// A full, computed block was registered in the prefix cache.
+    Stored(BlockHash),
+    /// A cached block was reused for new content; its prefix is gone.
+    Evicted(BlockHash),
+}
+
 /// The pool of KV blocks, the sequences' block tables and the prefix cache.
 #[derive(Debug)]
 pub struct BlockManager {
@@ -167,6 +177,8 @@ pub struct BlockManager {
     seqs: HashMap<SeqId, SeqBlocks>,
     used: usize,
     stats: PrefixCacheStats,
+    /// Changes to the prefix cache since [`BlockManager::take_events`] last ran.
+    events: Vec<KvEvent>,
 }
 
 impl BlockManager {
@@ -184,6 +196,7 @@ impl BlockManager {
             seqs: HashMap::new(),
             used: 0,
             stats: PrefixCacheStats::default(),
+            events: Vec::new(),
         }
     }
 
@@ -411,6 +424,7 @@ impl BlockManager {
             if meta.hash.is_none() && !self.cached.contains_key(&hash) {
                 meta.hash = Some(hash);
                 self.cached.insert(hash, b);
+                self.events.push(KvEvent::Stored(hash));
             }
             s.registered += 1;
         }
@@ -447,6 +461,11 @@ impl BlockManager {
         }
     }
 
+    /// The prefix-cache changes since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        std::mem::take(&mut self.events)
+    }
+
     /// References `b`, taking it out of the LRU if it was unreferenced.
     fn acquire(&mut self, b: BlockId) {
         let meta = &mut self.blocks[b.0 as usize];
@@ -472,6 +491,7 @@ impl BlockManager {
                     && self.cached.get(&h) == Some(&b)
                 {
                     self.cached.remove(&h);
+                    self.events.push(KvEvent::Evicted(h));
                 }
                 self.stats.evictions += 1;
                 b
@@ -665,6 +685,23 @@ mod tests {
                 .cached_blocks,
             2
         );
+    }
+
+    #[test]
+    fn the_cache_reports_blocks_stored_and_evicted_by_hash() {
+        let mut bm = BlockManager::new(3);
+        let a = toks(0, 17);
+        alloc(&mut bm, 1, &a);
+        assert!(bm.take_events().is_empty(), "nothing registered yet");
+        bm.commit_computed(SeqId(1), &a, 17);
+        let stored = block_hashes(&a)[0];
+        assert_eq!(bm.take_events(), [KvEvent::Stored(stored)]);
+        assert!(bm.take_events().is_empty(), "taking drains");
+        bm.free(SeqId(1));
+        // Three new blocks: the two plain free ones, then a's cached block is evicted.
+        alloc(&mut bm, 2, &toks(900, 33));
+        assert_eq!(bm.take_events(), [KvEvent::Evicted(stored)]);
+        bm.assert_consistent();
     }
 
     #[test]

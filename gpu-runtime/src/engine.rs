@@ -42,12 +42,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, broadcast, mpsc};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::block::{SeqId, blocks_for};
+use crate::block::{KvEvent, SeqId, blocks_for};
 use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
 use crate::output::OutputText;
 use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
@@ -62,6 +62,9 @@ use crate::{BLOCK_SIZE, EngineConfig, EngineError};
 /// few milliseconds of lag is ordinary jitter that the deadline absorbs (keeping
 /// sub-millisecond steps accurate on average); more means the host could not keep up.
 const MAX_CLOCK_LAG: Duration = Duration::from_millis(5);
+
+/// Prefix-cache events kept for slow subscribers (see [`EngineHandle::kv_events`]).
+pub const KV_EVENT_BUFFER: usize = 4096;
 
 /// A snapshot of an engine's load and cumulative counters, published after every step.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -117,6 +120,8 @@ struct Shared {
     inbox: AtomicU32,
     /// Wakes the engine when a stream is dropped.
     wake: Notify,
+    /// Prefix-cache changes, published after each step.
+    kv_events: broadcast::Sender<KvEvent>,
 }
 
 #[derive(Debug)]
@@ -211,6 +216,7 @@ impl EngineHandle {
             }),
             inbox: AtomicU32::new(0),
             wake: Notify::new(),
+            kv_events: broadcast::channel(KV_EVENT_BUFFER).0,
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let engine = Engine {
@@ -266,9 +272,18 @@ impl EngineHandle {
         if inner.submissions.is_closed() {
             return Err(EngineError::Stopped);
         }
-        let prompt = inner
-            .tokenizer
-            .encode_chat(request.system.as_deref(), &request.messages);
+        let prompt = match &request.prompt {
+            Some(raw) => {
+                let prompt = inner.tokenizer.encode_plain(raw);
+                if prompt.is_empty() {
+                    return Err(EngineError::EmptyPrompt);
+                }
+                prompt
+            }
+            None => inner
+                .tokenizer
+                .encode_chat(request.system.as_deref(), &request.messages),
+        };
         if prompt.is_empty() {
             // The tokenizer is broken (a chat template always adds a generation prompt).
             return Err(EngineError::InvalidConfig(
@@ -331,6 +346,18 @@ impl EngineHandle {
             return Err(EngineError::Stopped);
         }
         Ok(stream)
+    }
+
+    /// Whether the engine has stopped (its task ended); submissions then fail.
+    pub fn is_stopped(&self) -> bool {
+        self.inner.submissions.is_closed()
+    }
+
+    /// Subscribes to the prefix cache's changes (blocks stored and evicted, by hash), from
+    /// now on. A subscriber that falls more than [`KV_EVENT_BUFFER`] events behind gets
+    /// `Lagged` and should treat its view of the cache as stale.
+    pub fn kv_events(&self) -> broadcast::Receiver<KvEvent> {
+        self.inner.shared.kv_events.subscribe()
     }
 
     /// The engine's load as of its last step (waiting includes requests submitted since).
@@ -445,6 +472,10 @@ impl Engine {
                 tokio::task::yield_now().await;
             }
             self.count_step(&plan, &outcome);
+            for event in self.scheduler.take_kv_events() {
+                // No subscriber is the common case, not an error.
+                let _ = self.shared.kv_events.send(event);
+            }
             for token in self.scheduler.apply(&plan, &outcome) {
                 self.on_token(token);
             }

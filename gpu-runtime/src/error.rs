@@ -32,6 +32,9 @@ pub enum EngineError {
         /// The model's context length.
         context_tokens: u32,
     },
+    /// The prompt has no tokens (an empty raw prompt). Rejected at submit.
+    #[error("the prompt is empty")]
+    EmptyPrompt,
     /// The engine task is gone (it panicked, or its runtime shut down).
     #[error("the engine has stopped")]
     Stopped,

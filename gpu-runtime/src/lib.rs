@@ -24,6 +24,7 @@
 //!     max_tokens: 64,
 //!     stop_sequences: vec![],
 //!     sampling: SamplingParams::default(),
+//!     prompt: None,
 //!     priority: 0,
 //! })?;
 //! while let Some(event) = stream.next().await {
@@ -51,9 +52,10 @@ pub mod scheduler;
 pub mod tokenizer;
 
 pub use block::BLOCK_SIZE;
+pub use block::KvEvent;
 pub use config::EngineConfig;
 pub use cost::{DEFAULT_KV_BLOCKS, SimCostModel};
-pub use engine::{EngineHandle, GenerationStream, LoadReport};
+pub use engine::{EngineHandle, GenerationStream, KV_EVENT_BUFFER, LoadReport};
 pub use error::EngineError;
 pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,

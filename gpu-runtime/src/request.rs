@@ -64,6 +64,9 @@ pub struct GenerateRequest {
     pub stop_sequences: Vec<String>,
     /// How to pick tokens.
     pub sampling: SamplingParams,
+    /// A raw prompt, tokenized without the chat template (OpenAI-style completions); when set,
+    /// `system` and `messages` are ignored.
+    pub prompt: Option<String>,
     /// Scheduling priority, 0 = lowest (the admission policy's verdict). When the KV cache
     /// runs out, the lowest-priority running sequence is preempted first.
     pub priority: u8,

@@ -210,6 +210,11 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// The prefix-cache changes since the last call (see [`BlockManager::take_events`]).
+    pub fn take_kv_events(&mut self) -> Vec<crate::block::KvEvent> {
+        self.blocks.take_events()
+    }
+
     /// The block manager, for inspection.
     pub fn blocks(&self) -> &BlockManager {
         &self.blocks

@@ -42,6 +42,9 @@ pub trait Tokenizer: Send + Sync + std::fmt::Debug + 'static {
     /// The token ids of the rendered chat, generation prompt included (so never empty).
     fn encode_chat(&self, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32>;
 
+    /// The token ids of plain text, without the chat template (raw completions).
+    fn encode_plain(&self, text: &str) -> Vec<u32>;
+
     /// The bytes one token stands for. A token may hold part of a UTF-8 character (byte-level
     /// BPE); the engine assembles bytes into text across tokens.
     fn token_bytes(&self, id: u32) -> Cow<'_, [u8]>;
@@ -174,6 +177,12 @@ impl SimTokenizer {
 }
 
 impl Tokenizer for SimTokenizer {
+    fn encode_plain(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::new();
+        self.encode_text(text, &mut out);
+        out
+    }
+
     fn encode_chat(&self, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32> {
         let mut out = Vec::new();
         if let Some(system) = system {

@@ -10,3 +10,4 @@ mod gates;
 mod policies;
 mod routing_quality;
 mod support;
+mod worker;

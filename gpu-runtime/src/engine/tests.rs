@@ -36,6 +36,7 @@ fn request(system: Option<&str>, messages: Vec<ChatMessage>, max_tokens: u32) ->
         max_tokens,
         stop_sequences: vec![],
         sampling: SamplingParams::default(),
+        prompt: None,
         priority: 0,
     }
 }

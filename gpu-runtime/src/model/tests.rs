@@ -168,6 +168,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
                 temperature: Some(0.0),
                 ..Default::default()
             },
+            prompt: None,
             priority: 0,
         })
         .unwrap();
@@ -219,6 +220,7 @@ async fn a_request_past_the_context_or_the_kv_pool_is_refused_at_submit() {
         max_tokens,
         stop_sequences: Vec::new(),
         sampling: Default::default(),
+        prompt: None,
         priority: 0,
     };
     // Past SmolLM2's 8192-token context.

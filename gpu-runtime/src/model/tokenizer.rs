@@ -176,6 +176,10 @@ impl GgufTokenizer {
 }
 
 impl Tokenizer for GgufTokenizer {
+    fn encode_plain(&self, text: &str) -> Vec<u32> {
+        self.encode(text)
+    }
+
     fn encode_chat(&self, system: Option<&str>, messages: &[ChatMessage]) -> Vec<u32> {
         self.encode(&self.render_chat(system, messages))
     }

@@ -640,6 +640,7 @@ impl Tracker {
 
 fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -> GenerateRequest {
     GenerateRequest {
+        prompt: None,
         priority,
         request_id: request_id.to_owned(),
         system: request.system.clone(),
@@ -667,9 +668,9 @@ fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -
 
 fn engine_error(error: EngineError) -> ApiError {
     match error {
-        EngineError::PromptTooLong { .. } | EngineError::ContextTooLong { .. } => {
-            ApiError::invalid(format!("prompt is too long: {error}"))
-        }
+        EngineError::PromptTooLong { .. }
+        | EngineError::ContextTooLong { .. }
+        | EngineError::EmptyPrompt => ApiError::invalid(format!("prompt is too long: {error}")),
         EngineError::Stopped => ApiError::new(
             ErrorKind::Overloaded,
             "the GPU server is shutting down; retry",

@@ -1,6 +1,7 @@
 //! `ringmaster`: the gateway binary. Parses the command line, loads and validates the
 //! configuration (embedded default, then `--config`, then flags), sets up logging, and runs the
-//! gateway until SIGINT or SIGTERM. All logic lives in `ringmaster-gateway`.
+//! gateway until SIGINT or SIGTERM; or, as `ringmaster worker`, serves one model engine over
+//! HTTP. All logic lives in `ringmaster-gateway` and `ringmaster-worker`.
 
 use std::path::PathBuf;
 
@@ -38,6 +39,34 @@ enum Command {
     },
     /// Print the embedded default configuration, a starting point for your own.
     DefaultConfig,
+    /// Serve one model engine over HTTP (OpenAI-compatible API, load, KV events).
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    /// The llama GGUF model (default: the model `cargo xtask model` fetched).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: String,
+    /// The model name clients use (default: the file name, lowercased, without `.gguf` and
+    /// its quantization suffix).
+    #[arg(long)]
+    name: Option<String>,
+    /// Kernel threads.
+    #[arg(long, env = "RINGMASTER_MODEL_THREADS", default_value_t = 1)]
+    threads: usize,
+    /// KV-cache blocks of 16 tokens.
+    #[arg(long, default_value_t = 2048)]
+    kv_blocks: u32,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 16)]
+    max_running: u32,
+    /// Most tokens computed per engine step.
+    #[arg(long, default_value_t = 512)]
+    step_token_budget: u32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -101,6 +130,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Worker(args) => worker(args),
         Command::DefaultConfig => {
             #[allow(clippy::print_stdout)]
             {
@@ -190,6 +220,68 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         tokio::spawn(reload_on_sighup(std::sync::Arc::downgrade(&gateway)));
         ringmaster_gateway::serve(gateway, listener, shutdown_signal()).await?;
         info!("gateway.stopped");
+        Ok(())
+    })
+}
+
+fn worker(args: WorkerArgs) -> anyhow::Result<()> {
+    use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
+    let process_started = std::time::Instant::now();
+    let path = args.model.unwrap_or_else(default_model_path);
+    let name = match args.name {
+        Some(name) => name,
+        None => {
+            ringmaster_gateway::config::ServerAddress::parse(&format!("gguf:{}", path.display()))
+                .map_err(anyhow::Error::msg)?
+                .default_id()
+                .to_lowercase()
+        }
+    };
+    let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
+    config.kv_blocks = args.kv_blocks;
+    config.max_running = args.max_running;
+    config.step_token_budget = args.step_token_budget;
+    config.time_scale = 1.0;
+    config.validate().context("invalid engine settings")?;
+    let executor = ModelExecutor::load(
+        &path,
+        &ModelOptions {
+            kv_blocks: args.kv_blocks,
+            threads: args.threads,
+            isa: None,
+        },
+    )
+    .with_context(|| format!("loading {}", path.display()))?;
+    info!(
+        model = %path.display(),
+        load_ms = executor.load_time().as_millis() as u64,
+        kernels = executor.cpu().isa().name(),
+        threads = args.threads,
+        "worker.model_loaded"
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("ringmaster-worker")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let engine = ringmaster_gpu_runtime::EngineHandle::spawn_with_executor(config, executor)?;
+        info!(
+            address = %listener.local_addr()?,
+            model = %name,
+            cold_start_ms = process_started.elapsed().as_millis() as u64,
+            "worker.listening"
+        );
+        ringmaster_worker::serve(
+            ringmaster_worker::Worker::new(engine, name),
+            listener,
+            shutdown_signal(),
+        )
+        .await?;
+        info!("worker.stopped");
         Ok(())
     })
 }

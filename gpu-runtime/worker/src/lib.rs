@@ -1,0 +1,510 @@
+//! Worker mode: one inference engine served over HTTP, so an operator runs `ringmaster worker`
+//! on each GPU box and a gateway in front.
+//!
+//! # Endpoints
+//!
+//! - `POST /v1/chat/completions` and `POST /v1/completions`: OpenAI-compatible, plain JSON or
+//!   server-sent events (`"stream": true`, ending with `data: [DONE]`; `stream_options.
+//!   include_usage` adds a usage chunk). Usage reports `prompt_tokens_details.cached_tokens`,
+//!   the prompt tokens served from the prefix cache.
+//! - `GET /health`: 200 while the engine runs, 503 once it has stopped.
+//! - `GET /v1/models`: the one model served.
+//! - `GET /load`: the engine's load report (running, waiting, KV blocks used, cached and total,
+//!   cumulative token and step counters), for a gateway's routing.
+//! - `GET /kv/events`: server-sent events, one per prefix-cache change from the moment of
+//!   subscribing: `{"type":"stored","hash":"<16 hex digits>"}` or `"evicted"`, by the block's
+//!   chained hash (see `ringmaster_gpu_runtime::block::chain_hash`). A subscriber that falls
+//!   behind gets `{"type":"lagged","missed":N}` and should treat its view as stale.
+//!
+//! A client that disconnects cancels its generation: the engine frees its KV blocks at once.
+//! This crate owns the HTTP surface only; the engine, its executor and its model are the
+//! engine crate's, built by the caller.
+
+pub mod openai;
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use ringmaster_gpu_runtime::{EngineError, EngineHandle, GenerateEvent, KvEvent, LoadReport};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::{broadcast, mpsc};
+use tracing::{debug, info, warn};
+
+use crate::openai::{Endpoint, Invalid};
+
+/// Largest request body, bytes.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+/// How long in-flight requests get to finish at shutdown.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// Every response's body type.
+type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
+
+/// The engine a worker serves and the name it serves it as.
+#[derive(Debug)]
+pub struct Worker {
+    engine: EngineHandle,
+    model: String,
+}
+
+impl Worker {
+    /// A worker serving `engine` as the model `model`.
+    pub fn new(engine: EngineHandle, model: impl Into<String>) -> Arc<Self> {
+        Arc::new(Self {
+            engine,
+            model: model.into(),
+        })
+    }
+
+    /// The model name requests must use (or omit).
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+}
+
+/// Serves `worker` on `listener` until `shutdown` completes, then gives in-flight requests
+/// [`SHUTDOWN_GRACE`] to finish.
+pub async fn serve(
+    worker: Arc<Worker>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let builder = auto::Builder::new(TokioExecutor::new());
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(conn) => conn,
+                    Err(e) => {
+                        warn!(error = %e, "worker.accept_failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let worker = worker.clone();
+                let service = hyper::service::service_fn(move |req| {
+                    let worker = worker.clone();
+                    async move { Ok::<_, Infallible>(handle(worker, req).await) }
+                });
+                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = conn.await {
+                        debug!(error = %e, %peer, "worker.connection_closed_with_error");
+                    }
+                });
+            }
+            () = &mut shutdown => break,
+        }
+    }
+    drop(listener);
+    info!("worker.draining");
+    tokio::select! {
+        () = graceful.shutdown() => info!("worker.drained"),
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => warn!("worker.grace_expired"),
+    }
+    Ok(())
+}
+
+async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<ResponseBody> {
+    let request_id = format!("{:032x}", uuid::Uuid::new_v4().as_u128());
+    let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+    let response = match (&method, path.as_str()) {
+        (&Method::GET, "/health") => health(&worker),
+        (&Method::GET, "/v1/models") => models(&worker),
+        (&Method::GET, "/load") => json_response(StatusCode::OK, &load_json(&worker.engine.load())),
+        (&Method::GET, "/kv/events") => kv_events(&worker),
+        (&Method::POST, "/v1/chat/completions") => {
+            generate(&worker, req, Endpoint::Chat, &request_id).await
+        }
+        (&Method::POST, "/v1/completions") => {
+            generate(&worker, req, Endpoint::Completions, &request_id).await
+        }
+        (
+            _,
+            "/health"
+            | "/v1/models"
+            | "/load"
+            | "/kv/events"
+            | "/v1/chat/completions"
+            | "/v1/completions",
+        ) => error_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            &format!("{method} is not allowed on {path}"),
+        ),
+        _ => error_response(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!("no route for {method} {path}"),
+        ),
+    };
+    debug!(request_id = %request_id, %method, %path, status = response.status().as_u16(), "worker.response");
+    response
+}
+
+fn health(worker: &Worker) -> Response<ResponseBody> {
+    if worker.engine.is_stopped() {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "the engine has stopped",
+        )
+    } else {
+        json_response(
+            StatusCode::OK,
+            &json!({ "status": "ok", "model": worker.model }),
+        )
+    }
+}
+
+fn models(worker: &Worker) -> Response<ResponseBody> {
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "object": "list",
+            "data": [{ "id": worker.model, "object": "model", "created": 0, "owned_by": "ringmaster" }],
+        }),
+    )
+}
+
+/// The load report as JSON (the field names of [`LoadReport`]).
+pub fn load_json(l: &LoadReport) -> Value {
+    json!({
+        "running": l.running,
+        "waiting": l.waiting,
+        "kv_blocks_total": l.kv_blocks_total,
+        "kv_blocks_used": l.kv_blocks_used,
+        "kv_blocks_cached": l.kv_blocks_cached,
+        "prompt_tokens_total": l.prompt_tokens_total,
+        "cached_prompt_tokens_total": l.cached_prompt_tokens_total,
+        "generated_tokens_total": l.generated_tokens_total,
+        "requests_finished": l.requests_finished,
+        "requests_cancelled": l.requests_cancelled,
+        "preemptions": l.preemptions,
+        "steps": l.steps,
+        "last_batch_size": l.last_batch_size,
+        "step_tokens_total": l.step_tokens_total,
+        "step_budget_tokens_total": l.step_budget_tokens_total,
+        "prefill_tokens_total": l.prefill_tokens_total,
+        "decode_tokens_total": l.decode_tokens_total,
+        "busy_seconds_total": l.busy_seconds_total,
+    })
+}
+
+/// One KV event as its SSE frame.
+pub fn kv_event_frame(event: &KvEvent) -> Bytes {
+    let (kind, hash) = match event {
+        KvEvent::Stored(h) => ("stored", h.0),
+        KvEvent::Evicted(h) => ("evicted", h.0),
+    };
+    sse_data(&json!({ "type": kind, "hash": format!("{hash:016x}") }))
+}
+
+fn kv_events(worker: &Worker) -> Response<ResponseBody> {
+    let mut events = worker.engine.kv_events();
+    let (tx, body) = ChannelBody::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let frame = match events.recv().await {
+                Ok(event) => kv_event_frame(&event),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    sse_data(&json!({ "type": "lagged", "missed": missed }))
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            };
+            if tx.send(frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    sse_response(body)
+}
+
+async fn generate(
+    worker: &Worker,
+    req: http::Request<Incoming>,
+    endpoint: Endpoint,
+    request_id: &str,
+) -> Response<ResponseBody> {
+    let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(e) => {
+            return error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                &format!(
+                    "the request body could not be read (at most {MAX_BODY_BYTES} bytes): {e}"
+                ),
+            );
+        }
+    };
+    let request = match openai::Request::parse(&body, endpoint, &worker.model, request_id) {
+        Ok(request) => request,
+        Err(Invalid(message)) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
+        }
+    };
+    let mut stream = match worker.engine.submit(request.generate) {
+        Ok(stream) => stream,
+        Err(e @ EngineError::Stopped) => {
+            return error_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                &e.to_string(),
+            );
+        }
+        Err(
+            e @ (EngineError::PromptTooLong { .. }
+            | EngineError::ContextTooLong { .. }
+            | EngineError::EmptyPrompt),
+        ) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                &e.to_string(),
+            );
+        }
+        Err(e) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "api_error",
+                &e.to_string(),
+            );
+        }
+    };
+    let reply = Reply {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{request_id}"),
+            Endpoint::Completions => format!("cmpl-{request_id}"),
+        },
+        endpoint,
+        model: worker.model.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    if !request.stream {
+        let mut text = String::new();
+        while let Some(event) = stream.next().await {
+            match event {
+                GenerateEvent::Started { .. } => {}
+                GenerateEvent::Token { text: piece } => text.push_str(&piece),
+                GenerateEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    cached_tokens,
+                    output_tokens,
+                } => {
+                    let usage = openai::usage(prompt_tokens, cached_tokens, output_tokens);
+                    return json_response(
+                        StatusCode::OK,
+                        &reply.whole(&text, openai::finish_reason(&reason), usage),
+                    );
+                }
+            }
+        }
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "the engine stopped before the reply finished",
+        );
+    }
+    let (tx, body) = ChannelBody::channel(64);
+    let include_usage = request.include_usage;
+    tokio::spawn(async move {
+        // Dropping `stream` (when the client is gone and a send fails) cancels the generation.
+        if tx
+            .send(sse_data(&reply.chunk(Some(""), None)))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        while let Some(event) = stream.next().await {
+            let frame = match event {
+                GenerateEvent::Started { .. } => continue,
+                GenerateEvent::Token { text } => sse_data(&reply.chunk(Some(&text), None)),
+                GenerateEvent::Finished {
+                    reason,
+                    prompt_tokens,
+                    cached_tokens,
+                    output_tokens,
+                } => {
+                    let mut last = vec![sse_data(
+                        &reply.chunk(None, Some(openai::finish_reason(&reason))),
+                    )];
+                    if include_usage {
+                        last.push(sse_data(&reply.usage_chunk(openai::usage(
+                            prompt_tokens,
+                            cached_tokens,
+                            output_tokens,
+                        ))));
+                    }
+                    last.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    for frame in last {
+                        if tx.send(frame).await.is_err() {
+                            return;
+                        }
+                    }
+                    return;
+                }
+            };
+            if tx.send(frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    sse_response(body)
+}
+
+/// What every chunk or reply of one request repeats.
+struct Reply {
+    id: String,
+    endpoint: Endpoint,
+    model: String,
+    created: u64,
+}
+
+impl Reply {
+    fn whole(&self, text: &str, finish: &str, usage: Value) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": { "role": "assistant", "content": text },
+                "finish_reason": finish,
+                "logprobs": null,
+            }),
+            Endpoint::Completions => json!({
+                "index": 0, "text": text, "finish_reason": finish, "logprobs": null,
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        })
+    }
+
+    /// A streamed chunk: text (the first chat chunk also names the role), or the finish.
+    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let delta = match text {
+                    Some("") => json!({ "role": "assistant", "content": "" }),
+                    Some(t) => json!({ "content": t }),
+                    None => json!({}),
+                };
+                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null })
+            }
+            Endpoint::Completions => json!({
+                "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null,
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        })
+    }
+
+    fn usage_chunk(&self, usage: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        })
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+}
+
+fn sse_data(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(full(Bytes::new())))
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(Bytes::from(value.to_string())))
+        .unwrap_or_else(|_| Response::new(full(Bytes::new())))
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ResponseBody> {
+    json_response(status, &openai::error(kind, message))
+}
+
+fn full(bytes: Bytes) -> ResponseBody {
+    Full::new(bytes).boxed_unsync()
+}
+
+/// A body fed by a channel; when the client goes away hyper drops it, and the producer's
+/// next send fails.
+#[derive(Debug)]
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl ChannelBody {
+    fn channel(capacity: usize) -> (mpsc::Sender<Bytes>, ResponseBody) {
+        let (tx, rx) = mpsc::channel(capacity);
+        (tx, Self { rx }.boxed_unsync())
+    }
+}
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|frame| frame.map(|b| Ok(Frame::data(b))))
+    }
+}

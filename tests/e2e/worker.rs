@@ -1,0 +1,309 @@
+//! Worker mode over real sockets: the OpenAI endpoints (plain and streamed), health, models,
+//! load and the KV event stream on a simulated engine, and SmolLM2 through a worker when the
+//! model is in the cache (required when `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`).
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use ringmaster_gpu_runtime::{EngineConfig, EngineHandle};
+use ringmaster_worker::Worker;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+struct TestWorker {
+    base: String,
+    client: reqwest::Client,
+    _stop: oneshot::Sender<()>,
+}
+
+impl TestWorker {
+    async fn start(engine: EngineHandle, model: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        tokio::spawn(ringmaster_worker::serve(
+            Worker::new(engine, model),
+            listener,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            base,
+            client: reqwest::Client::new(),
+            _stop: stop,
+        }
+    }
+
+    async fn simulated() -> Self {
+        let mut config = EngineConfig::simulated("worker-test");
+        config.time_scale = 0.0;
+        Self::start(EngineHandle::spawn(config).unwrap(), "sim").await
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let response = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap())
+    }
+}
+
+/// A system prompt long enough to fill several 16-token blocks.
+fn system() -> String {
+    (0..60).map(|i| format!("rule{i} ")).collect()
+}
+
+fn chat(text: &str, max_tokens: u32) -> Value {
+    json!({
+        "model": "sim",
+        "max_tokens": max_tokens,
+        "messages": [
+            {"role": "system", "content": system()},
+            {"role": "user", "content": text},
+        ],
+    })
+}
+
+/// The `data:` payloads of an SSE body, in order.
+fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|frame| frame.strip_prefix("data: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_completions_answer_and_report_cached_prompt_tokens() {
+    let w = TestWorker::simulated().await;
+    let (status, first) = w.post("/v1/chat/completions", &chat("Hello", 8)).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["object"], "chat.completion");
+    assert_eq!(first["model"], "sim");
+    assert!(first["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    let choice = &first["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(!choice["message"]["content"].as_str().unwrap().is_empty());
+    // The simulated model's replies are longer than 8 tokens.
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(first["usage"]["completion_tokens"], 8);
+    let prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(first["usage"]["total_tokens"].as_u64().unwrap(), prompt + 8);
+    // The same system prompt again: its full blocks come from the prefix cache.
+    let (_, second) = w.post("/v1/chat/completions", &chat("Hi again", 8)).await;
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(cached >= 48, "{cached} cached tokens");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_chat_sends_role_text_finish_usage_then_done() {
+    let w = TestWorker::simulated().await;
+    let mut body = chat("Stream please", 6);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let response = w
+        .client
+        .post(format!("{}/v1/chat/completions", w.base))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    let data = sse_data(&response.text().await.unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["object"] == "chat.completion.chunk")
+    );
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert!(!text.is_empty());
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    let usage = &chunks[chunks.len() - 1];
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_take_a_raw_prompt_plain_and_streamed() {
+    let w = TestWorker::simulated().await;
+    let (status, reply) = w
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time", "max_tokens": 5}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["object"], "text_completion");
+    assert!(!reply["choices"][0]["text"].as_str().unwrap().is_empty());
+    assert_eq!(reply["usage"]["completion_tokens"], 5);
+    let response = w
+        .client
+        .post(format!("{}/v1/completions", w.base))
+        .json(&json!({"prompt": "Once upon a time", "max_tokens": 5, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let data = sse_data(&response.text().await.unwrap());
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let last: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_models_and_load_describe_the_worker() {
+    let w = TestWorker::simulated().await;
+    let (status, health) = w.get("/health").await;
+    assert_eq!((status, health["status"].as_str()), (200, Some("ok")));
+    let (_, models) = w.get("/v1/models").await;
+    assert_eq!(models["data"][0]["id"], "sim");
+    w.post("/v1/chat/completions", &chat("Hello", 4)).await;
+    let (status, load) = w.get("/load").await;
+    assert_eq!(status, 200);
+    assert!(load["kv_blocks_total"].as_u64().unwrap() > 0);
+    assert_eq!(load["requests_finished"], 1);
+    assert!(load["steps"].as_u64().unwrap() >= 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_openai_errors_with_the_right_status() {
+    let w = TestWorker::simulated().await;
+    let raw = w
+        .client
+        .post(format!("{}/v1/chat/completions", w.base))
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    let body: Value = raw.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let mut wrong_model = chat("Hi", 4);
+    wrong_model["model"] = json!("gpt-4");
+    let (status, body) = w.post("/v1/chat/completions", &wrong_model).await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("gpt-4"));
+    // Prompt plus max_tokens that can never fit the KV cache: refused, not queued forever.
+    let (status, body) = w
+        .post("/v1/chat/completions", &chat("Hi", 100_000_000))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = w.get("/v1/nothing").await;
+    assert_eq!(status, 404);
+    let (status, _) = w.get("/v1/completions").await;
+    assert_eq!(status, 405);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kv_events_stream_the_blocks_a_request_stores() {
+    let w = TestWorker::simulated().await;
+    let events = w
+        .client
+        .get(format!("{}/kv/events", w.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let mut stream = events.bytes_stream();
+    w.post("/v1/chat/completions", &chat("Hello", 4)).await;
+    let mut seen = String::new();
+    let stored = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let chunk = stream.next().await.expect("the stream stays open").unwrap();
+            seen.push_str(std::str::from_utf8(&chunk).unwrap());
+            let events: Vec<Value> = sse_data(&seen)
+                .iter()
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect();
+            let stored: Vec<Value> = events
+                .into_iter()
+                .filter(|e| e["type"] == "stored")
+                .collect();
+            // The ~70-token prompt fills at least four blocks.
+            if stored.len() >= 4 {
+                return stored;
+            }
+        }
+    })
+    .await
+    .expect("stored events arrive");
+    for event in stored {
+        let hash = event["hash"].as_str().unwrap();
+        assert_eq!(hash.len(), 16);
+        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm_answers_through_a_worker() {
+    let path = std::env::var_os("RINGMASTER_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(ringmaster_gpu_runtime::model::default_model_path);
+    if !path.is_file() {
+        assert!(
+            std::env::var_os("RINGMASTER_REQUIRE_MODEL").is_none(),
+            "RINGMASTER_REQUIRE_MODEL is set but {} is missing: run `cargo xtask model`",
+            path.display()
+        );
+        eprintln!("skipping: SmolLM2 is not at {}", path.display());
+        return;
+    }
+    let options = ringmaster_gpu_runtime::model::ModelOptions {
+        kv_blocks: 256,
+        threads: 1,
+        isa: None,
+    };
+    let executor = ringmaster_gpu_runtime::model::ModelExecutor::load(&path, &options).unwrap();
+    let mut config = EngineConfig::simulated("smollm");
+    config.kv_blocks = 256;
+    config.max_running = 4;
+    config.step_token_budget = 256;
+    let engine = EngineHandle::spawn_with_executor(config, executor).unwrap();
+    let w = TestWorker::start(engine, "smollm2-135m-instruct").await;
+    let (status, reply) = w
+        .post(
+            "/v1/chat/completions",
+            &json!({
+                "model": "smollm2-135m-instruct",
+                "temperature": 0,
+                "max_tokens": 24,
+                "messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["choices"][0]["message"]["content"],
+        "The capital of France is Paris."
+    );
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+}
