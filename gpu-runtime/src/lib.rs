@@ -46,6 +46,9 @@ mod engine;
 mod error;
 pub mod executor;
 pub mod model;
+/// The CUDA back end's kernels and device memory (feature `cuda`).
+#[cfg(feature = "cuda")]
+pub use ringmaster_cuda as cuda;
 mod output;
 mod request;
 pub mod scheduler;

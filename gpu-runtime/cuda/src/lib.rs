@@ -1,0 +1,492 @@
+//! Internal to `ringmaster-gpu-runtime`: the CUDA back end's kernels and device memory.
+//!
+//! Everything CUDA is loaded at run time (cudarc's dynamic loading), so this crate builds and
+//! its tests run on machines without CUDA: [`Device::open`] says clearly why there is no device
+//! (no driver library, no GPU), and [`compile_kernels`] needs only NVRTC's library (the
+//! `nvidia-cuda-nvrtc-cu12` wheel has it), so the kernel source is checked without a GPU.
+//!
+//! - [`KERNELS`]: the CUDA C source, compiled with NVRTC when a device opens: the dequantizing
+//!   int8 matmul (weights in the CPU engine's blocks of 32 with an f32 scale), paged attention
+//!   reading K/V through block tables with an online softmax, RMS norm, rotary embedding,
+//!   SiLU-gating and residual add.
+//! - [`Device`]: a context, a stream and the loaded kernels, with safe wrappers that check
+//!   shapes before launching.
+//!
+//! It must not schedule or know about requests; the engine crate drives it.
+
+#![deny(missing_docs)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+};
+use cudarc::nvrtc::Ptx;
+
+/// The kernels' CUDA C source.
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// Values per int8 block (as in the CPU kernels).
+pub const QK: usize = 32;
+
+/// Largest head dimension the attention kernel supports.
+pub const MAX_HEAD_DIM: usize = 128;
+
+const KERNEL_NAMES: [&str; 6] = [
+    "matmul_q8",
+    "rms_norm",
+    "rope",
+    "paged_attention",
+    "silu_mul",
+    "add",
+];
+
+/// Why the CUDA back end cannot run, or a call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    /// The CUDA driver library (`libcuda.so`) is not on this machine.
+    #[error("no CUDA driver library (libcuda.so) on this machine")]
+    NoDriver,
+    /// NVRTC's library (`libnvrtc.so`) is not on this machine.
+    #[error(
+        "no NVRTC library (libnvrtc.so) on this machine: install the CUDA toolkit or the nvidia-cuda-nvrtc-cu12 wheel and put its lib folder on LD_LIBRARY_PATH"
+    )]
+    NoNvrtc,
+    /// NVRTC refused the kernel source.
+    #[error("compiling the CUDA kernels failed: {0}")]
+    Compile(String),
+    /// A driver call failed (no device with that ordinal, out of memory, a failed launch).
+    #[error("CUDA driver: {0}")]
+    Driver(#[from] DriverError),
+    /// Arguments whose shapes disagree (a caller's bug).
+    #[error("bad shapes: {0}")]
+    Shape(String),
+}
+
+/// Whether the CUDA driver library can be loaded here.
+pub fn driver_present() -> bool {
+    // SAFETY: only tries to dlopen the library; no CUDA call is made.
+    #[allow(unsafe_code)]
+    unsafe {
+        cudarc::driver::sys::is_culib_present()
+    }
+}
+
+/// Whether NVRTC's library can be loaded here.
+pub fn nvrtc_present() -> bool {
+    // SAFETY: as in `driver_present`.
+    #[allow(unsafe_code)]
+    unsafe {
+        cudarc::nvrtc::sys::is_culib_present()
+    }
+}
+
+/// Compiles [`KERNELS`] to PTX. Needs NVRTC's library, not a GPU.
+pub fn compile_kernels() -> Result<Ptx, CudaError> {
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::Compile(e.to_string()))
+}
+
+/// An int8 weight matrix in device memory.
+#[derive(Debug)]
+pub struct DeviceQ8 {
+    qs: CudaSlice<i8>,
+    scales: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl DeviceQ8 {
+    /// Rows (outputs).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns (inputs).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+}
+
+/// The shape of grouped-query attention.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads.
+    pub kv_heads: usize,
+    /// Values per head (at most [`MAX_HEAD_DIM`]).
+    pub head_dim: usize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+}
+
+/// One GPU: a context, its default stream and the compiled kernels.
+pub struct Device {
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    functions: Vec<CudaFunction>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.context.ordinal())
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens GPU `ordinal` and compiles the kernels for it.
+    pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        // cudarc panics when it cannot load the driver library: check first.
+        if !driver_present() {
+            return Err(CudaError::NoDriver);
+        }
+        let ptx = compile_kernels()?;
+        let context = CudaContext::new(ordinal)?;
+        let module = context.load_module(ptx)?;
+        let functions = KERNEL_NAMES
+            .iter()
+            .map(|name| module.load_function(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            stream: context.default_stream(),
+            context,
+            functions,
+        })
+    }
+
+    /// The GPU's name.
+    pub fn name(&self) -> Result<String, CudaError> {
+        Ok(self.context.name()?)
+    }
+
+    /// Free and total device memory, bytes.
+    pub fn memory(&self) -> Result<(usize, usize), CudaError> {
+        Ok(self.context.mem_get_info()?)
+    }
+
+    fn function(&self, name: &str) -> &CudaFunction {
+        let i = KERNEL_NAMES
+            .iter()
+            .position(|n| *n == name)
+            .expect("a kernel of KERNEL_NAMES");
+        &self.functions[i]
+    }
+
+    /// Copies host values to a new device buffer.
+    pub fn upload<T: cudarc::driver::DeviceRepr>(
+        &self,
+        values: &[T],
+    ) -> Result<CudaSlice<T>, CudaError> {
+        Ok(self.stream.clone_htod(values)?)
+    }
+
+    /// Copies a device buffer back.
+    pub fn download<T: cudarc::driver::DeviceRepr>(
+        &self,
+        values: &CudaSlice<T>,
+    ) -> Result<Vec<T>, CudaError> {
+        Ok(self.stream.clone_dtoh(values)?)
+    }
+
+    /// Uploads an int8 weight matrix: `qs` row-major `rows × cols`, one scale per 32.
+    pub fn upload_q8(
+        &self,
+        qs: &[i8],
+        scales: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceQ8, CudaError> {
+        if !cols.is_multiple_of(QK) || qs.len() != rows * cols || scales.len() != rows * cols / QK {
+            return Err(CudaError::Shape(format!(
+                "{} bytes and {} scales for a {rows}×{cols} int8 matrix",
+                qs.len(),
+                scales.len()
+            )));
+        }
+        Ok(DeviceQ8 {
+            qs: self.upload(qs)?,
+            scales: self.upload(scales)?,
+            rows,
+            cols,
+        })
+    }
+
+    /// `out[m × rows + r] = Σ_k w[r, k] · x[m, k]` for `m` activation rows in `x`.
+    pub fn matmul_q8(
+        &self,
+        w: &DeviceQ8,
+        x: &CudaSlice<f32>,
+        m: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        if x.len() != m * w.cols || out.len() != m * w.rows {
+            return Err(CudaError::Shape(format!(
+                "matmul of a {}×{} matrix with {} inputs into {} outputs for {m} rows",
+                w.rows,
+                w.cols,
+                x.len(),
+                out.len()
+            )));
+        }
+        let (rows, cols, m) = (dim(w.rows)?, dim(w.cols)?, dim(m)?);
+        let config = LaunchConfig {
+            grid_dim: (rows as u32, m as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = self.stream.launch_builder(self.function("matmul_q8"));
+        launch
+            .arg(&w.qs)
+            .arg(&w.scales)
+            .arg(x)
+            .arg(out)
+            .arg(&rows)
+            .arg(&cols)
+            .arg(&m);
+        // SAFETY: the argument list matches the kernel's signature, every buffer is as long
+        // as the grid reads or writes (checked above), and the buffers outlive the launch on
+        // this stream (downloads synchronise it).
+        #[allow(unsafe_code)]
+        unsafe {
+            launch.launch(config)?;
+        }
+        Ok(())
+    }
+
+    /// Attention of each token over its positions `0..=positions[t]`, reading K/V through its
+    /// block table (`tables[table_offsets[t]..]`); `q` and `out` are `tokens × heads ×
+    /// head_dim`, the pools `[block, slot, kv_head, head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &self,
+        shape: AttentionShape,
+        q: &CudaSlice<f32>,
+        (k_pool, v_pool): (&CudaSlice<f32>, &CudaSlice<f32>),
+        tables: &CudaSlice<i32>,
+        table_offsets: &CudaSlice<i32>,
+        positions: &CudaSlice<i32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), CudaError> {
+        let tokens = positions.len();
+        let per_token = shape.heads * shape.head_dim;
+        if shape.head_dim > MAX_HEAD_DIM
+            || shape.kv_heads == 0
+            || !shape.heads.is_multiple_of(shape.kv_heads)
+            || q.len() != tokens * per_token
+            || out.len() != q.len()
+            || table_offsets.len() != tokens
+            || k_pool.len() != v_pool.len()
+        {
+            return Err(CudaError::Shape(format!(
+                "attention {shape:?} for {tokens} tokens with {} query values",
+                q.len()
+            )));
+        }
+        let config = LaunchConfig {
+            grid_dim: (dim(tokens)? as u32, dim(shape.heads)? as u32, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [
+            dim(shape.heads)?,
+            dim(shape.kv_heads)?,
+            dim(shape.head_dim)?,
+            dim(shape.block_size)?,
+        ];
+        let mut launch = self.stream.launch_builder(self.function("paged_attention"));
+        launch
+            .arg(q)
+            .arg(k_pool)
+            .arg(v_pool)
+            .arg(tables)
+            .arg(table_offsets)
+            .arg(positions)
+            .arg(out)
+            .arg(&ints[0])
+            .arg(&ints[1])
+            .arg(&ints[2])
+            .arg(&ints[3]);
+        // SAFETY: arguments match the kernel's signature and the shapes were checked; the
+        // block tables must cover each token's positions and stay inside the pools, which the
+        // engine's block manager guarantees for every plan it makes.
+        #[allow(unsafe_code)]
+        unsafe {
+            launch.launch(config)?;
+        }
+        Ok(())
+    }
+}
+
+fn dim(n: usize) -> Result<i32, CudaError> {
+    i32::try_from(n).map_err(|_| CudaError::Shape(format!("{n} does not fit a kernel's int")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU, or `None` with a note saying why the test is skipped.
+    fn device() -> Option<Device> {
+        match Device::open(0) {
+            Ok(device) => Some(device),
+            Err(e) => {
+                eprintln!("skipping: no CUDA device ({e})");
+                None
+            }
+        }
+    }
+
+    fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut state = seed | 1;
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                ((state % 2001) as f32 - 1000.0) / 500.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_kernels_compile_with_nvrtc() {
+        if !nvrtc_present() {
+            assert!(
+                std::env::var_os("RINGMASTER_REQUIRE_NVRTC").is_none(),
+                "RINGMASTER_REQUIRE_NVRTC is set but {}",
+                CudaError::NoNvrtc
+            );
+            eprintln!("skipping: {}", CudaError::NoNvrtc);
+            return;
+        }
+        let ptx = compile_kernels().unwrap();
+        let text = ptx.to_src();
+        for name in KERNEL_NAMES {
+            assert!(text.contains(name), "{name} missing from the PTX");
+        }
+    }
+
+    #[test]
+    fn without_a_driver_opening_a_device_says_so() {
+        if driver_present() {
+            eprintln!("skipping: this machine has a CUDA driver");
+            return;
+        }
+        let err = Device::open(0).unwrap_err();
+        assert!(matches!(err, CudaError::NoDriver), "{err}");
+        assert!(err.to_string().contains("libcuda.so"));
+    }
+
+    #[test]
+    fn the_gpu_matmul_equals_the_cpu_kernels() {
+        let Some(device) = device() else { return };
+        let (rows, cols, m) = (96, 256, 5);
+        let w =
+            ringmaster_kernels::Q8Matrix::quantize(&values(1, rows * cols), rows, cols).unwrap();
+        let mut dense = vec![0.0; cols];
+        let (mut qs, mut scales) = (Vec::new(), Vec::new());
+        for r in 0..rows {
+            w.dequantize_row(r, &mut dense);
+            for block in dense.chunks(QK) {
+                let max = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+                let scale = max / 127.0;
+                scales.push(scale);
+                qs.extend(block.iter().map(|v| {
+                    if scale > 0.0 {
+                        (v / scale).round() as i8
+                    } else {
+                        0
+                    }
+                }));
+            }
+        }
+        let x = values(2, m * cols);
+        let gpu_w = device.upload_q8(&qs, &scales, rows, cols).unwrap();
+        let gpu_x = device.upload(&x).unwrap();
+        let mut gpu_out = device.upload(&vec![0.0f32; m * rows]).unwrap();
+        device.matmul_q8(&gpu_w, &gpu_x, m, &mut gpu_out).unwrap();
+        let got = device.download(&gpu_out).unwrap();
+        for i in 0..m {
+            for r in 0..rows {
+                w.dequantize_row(r, &mut dense);
+                let want: f32 = dense.iter().zip(&x[i * cols..]).map(|(a, b)| a * b).sum();
+                let have = got[i * rows + r];
+                assert!(
+                    (have - want).abs() < 1e-2 * (1.0 + want.abs()),
+                    "{have} vs {want}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gpu_paged_attention_equals_the_cpu_kernel() {
+        let Some(device) = device() else { return };
+        let shape = AttentionShape {
+            heads: 6,
+            kv_heads: 2,
+            head_dim: 64,
+            block_size: 16,
+        };
+        let kv_dim = shape.kv_heads * shape.head_dim;
+        let blocks = 8;
+        let k_pool = values(3, blocks * shape.block_size * kv_dim);
+        let v_pool = values(4, blocks * shape.block_size * kv_dim);
+        // Two tokens of one sequence scattered over blocks 5, 2, 7.
+        let table = [5i32, 2, 7];
+        let positions = [20i32, 37];
+        let q: Vec<f32> = values(5, 2 * shape.heads * shape.head_dim)
+            .iter()
+            .map(|v| v / 8.0)
+            .collect();
+        let cpu = ringmaster_kernels::Cpu::new(1).unwrap();
+        let cpu_shape = ringmaster_kernels::AttentionShape {
+            heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+        };
+        let per_token = shape.heads * shape.head_dim;
+        let mut want = vec![0.0; 2 * per_token];
+        for (t, p) in positions.iter().enumerate() {
+            let offsets: Vec<usize> = (0..=*p as usize)
+                .map(|p| {
+                    (table[p / shape.block_size] as usize * shape.block_size + p % shape.block_size)
+                        * kv_dim
+                })
+                .collect();
+            cpu.attend(
+                cpu_shape,
+                &q[t * per_token..(t + 1) * per_token],
+                &offsets,
+                &k_pool,
+                &v_pool,
+                &mut Vec::new(),
+                &mut want[t * per_token..(t + 1) * per_token],
+            );
+        }
+        let mut out = device.upload(&vec![0.0f32; 2 * per_token]).unwrap();
+        device
+            .paged_attention(
+                shape,
+                &device.upload(&q).unwrap(),
+                (
+                    &device.upload(&k_pool).unwrap(),
+                    &device.upload(&v_pool).unwrap(),
+                ),
+                &device.upload(&table).unwrap(),
+                &device.upload(&[0i32, 0]).unwrap(),
+                &device.upload(&positions).unwrap(),
+                &mut out,
+            )
+            .unwrap();
+        let got = device.download(&out).unwrap();
+        for (have, want) in got.iter().zip(&want) {
+            assert!((have - want).abs() < 1e-3, "{have} vs {want}");
+        }
+    }
+}
