@@ -146,11 +146,24 @@ pub struct EngineHandle {
 #[derive(Debug)]
 pub struct GenerationStream {
     events: mpsc::UnboundedReceiver<GenerateEvent>,
-    shared: Arc<Shared>,
+    /// The local engine to wake when the stream is dropped early; `None` for a stream fed by
+    /// something else (a remote worker's client).
+    shared: Option<Arc<Shared>>,
     finished: bool,
 }
 
 impl GenerationStream {
+    /// A stream fed through a channel by something other than a local engine (a client of a
+    /// remote worker). Dropping it before `Finished` closes the channel, which is how the
+    /// producer learns the consumer is gone.
+    pub fn from_channel(events: mpsc::UnboundedReceiver<GenerateEvent>) -> Self {
+        Self {
+            events,
+            shared: None,
+            finished: false,
+        }
+    }
+
     /// The next event; `None` after `Finished` (or if the engine died).
     ///
     /// Cancel safety: this method is cancel-safe; an event is never lost if the future is
@@ -172,7 +185,9 @@ impl Drop for GenerationStream {
         if !self.finished {
             // Close first so that the woken engine already sees the channel closed.
             self.events.close();
-            self.shared.wake.notify_one();
+            if let Some(shared) = &self.shared {
+                shared.wake.notify_one();
+            }
         }
     }
 }
@@ -312,7 +327,7 @@ impl EngineHandle {
         let (tx, rx) = mpsc::unbounded_channel();
         let stream = GenerationStream {
             events: rx,
-            shared: inner.shared.clone(),
+            shared: Some(inner.shared.clone()),
             finished: false,
         };
         if request.max_tokens == 0 {

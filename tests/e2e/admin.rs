@@ -97,7 +97,7 @@ async fn list_add_remove_servers() {
         json!({"address": "gopher://x"}),
         json!({"address": "sim://ok", "weight": 0}),
         json!({"weight": 1}),
-        json!({"address": "http://127.0.0.1:9"}),
+        json!({"address": "http://127.0.0.1"}),
     ] {
         let response = gw
             .admin(Method::POST, "/admin/servers")

@@ -307,3 +307,88 @@ async fn smollm_answers_through_a_worker() {
     );
     assert_eq!(reply["choices"][0]["finish_reason"], "stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_routes_to_workers_over_http() {
+    let a = TestWorker::simulated().await;
+    let b = TestWorker::simulated().await;
+    let gw = crate::support::TestGateway::start(&format!(
+        "[[servers]]\naddress = \"{}\"\n[[servers]]\naddress = \"{}\"\n",
+        a.base, b.base
+    ))
+    .await;
+    // A plain reply, with the worker's usage.
+    let response = gw.post_messages(&crate::support::hello(8)).await;
+    assert_eq!(response.status(), 200);
+    let reply: Value = response.json().await.unwrap();
+    assert!(!reply["content"][0]["text"].as_str().unwrap().is_empty());
+    assert_eq!(reply["stop_reason"], "max_tokens");
+    assert_eq!(reply["usage"]["output_tokens"], 8);
+    // Streamed, through the Anthropic event sequence.
+    let mut streamed = crate::support::hello(5);
+    streamed["stream"] = json!(true);
+    let text = gw.post_messages(&streamed).await.text().await.unwrap();
+    let events: Vec<String> = crate::support::sse_events(&text)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(events.first().map(String::as_str), Some("message_start"));
+    assert_eq!(events.last().map(String::as_str), Some("message_stop"));
+    assert!(events.iter().any(|e| e == "content_block_delta"));
+    // One session's two requests with a long shared prefix: the ring sends both to one worker
+    // (keyed on the session), whose prefix cache serves the second.
+    let long = |question: &str| {
+        json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 4,
+            "metadata": {"user_id": "session-7"},
+            "system": system(),
+            "messages": [{"role": "user", "content": question}],
+        })
+    };
+    gw.post_messages(&long("first")).await;
+    let second: Value = gw
+        .post_messages(&long("second"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let cached = second["usage"]["cache_read_input_tokens"].as_u64().unwrap();
+    assert!(cached >= 48, "{cached} cached tokens");
+    // The workers' load reaches the gateway's metrics once polled.
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), async || {
+            let metrics = gw.metrics().await;
+            crate::support::metric_sum(&metrics, "ringmaster_server_kv_blocks_total", "") > 0.0
+                && crate::support::metric_sum(&metrics, "ringmaster_server_steps_total", "") > 0.0
+        })
+        .await,
+        "worker load in the gateway's metrics"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_is_down_is_a_503_with_retry_after() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let gw = crate::support::TestGateway::start(&format!(
+        "[[servers]]\naddress = \"http://127.0.0.1:{port}\"\n"
+    ))
+    .await;
+    // Before the first load poll fails the request itself finds the worker unreachable;
+    // after it the gateway knows every worker is down. Both are a 503 with a retry-after.
+    for _ in 0..2 {
+        let response = gw.post_messages(&crate::support::hello(4)).await;
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let body: Value = response.json().await.unwrap();
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("cannot be reached") || message.contains("can be reached"),
+            "{message}"
+        );
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+}

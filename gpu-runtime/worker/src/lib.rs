@@ -37,7 +37,9 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use ringmaster_gpu_runtime::{EngineError, EngineHandle, GenerateEvent, KvEvent, LoadReport};
+use ringmaster_gpu_runtime::{
+    EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent, LoadReport,
+};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
@@ -200,6 +202,7 @@ pub fn load_json(l: &LoadReport) -> Value {
         "preemptions": l.preemptions,
         "steps": l.steps,
         "last_batch_size": l.last_batch_size,
+        "step_sequences_total": l.step_sequences_total,
         "step_tokens_total": l.step_tokens_total,
         "step_budget_tokens_total": l.step_budget_tokens_total,
         "prefill_tokens_total": l.prefill_tokens_total,
@@ -331,28 +334,51 @@ async fn generate(
     }
     let (tx, body) = ChannelBody::channel(64);
     let include_usage = request.include_usage;
+    let continuous = request.continuous_usage;
     tokio::spawn(async move {
         // Dropping `stream` (when the client is gone and a send fails) cancels the generation.
-        if tx
-            .send(sse_data(&reply.chunk(Some(""), None)))
-            .await
-            .is_err()
-        {
-            return;
-        }
+        let (mut prompt, mut cached, mut output) = (0, 0, 0u32);
+        let with_usage = |mut chunk: Value, prompt, cached, output| {
+            if continuous {
+                chunk["usage"] = openai::usage(prompt, cached, output);
+            }
+            chunk
+        };
         while let Some(event) = stream.next().await {
             let frame = match event {
-                GenerateEvent::Started { .. } => continue,
-                GenerateEvent::Token { text } => sse_data(&reply.chunk(Some(&text), None)),
+                GenerateEvent::Started {
+                    prompt_tokens,
+                    cached_tokens,
+                } => {
+                    (prompt, cached) = (prompt_tokens, cached_tokens);
+                    sse_data(&with_usage(reply.chunk(Some(""), None), prompt, cached, 0))
+                }
+                GenerateEvent::Token { text } => {
+                    output += 1;
+                    sse_data(&with_usage(
+                        reply.chunk(Some(&text), None),
+                        prompt,
+                        cached,
+                        output,
+                    ))
+                }
                 GenerateEvent::Finished {
                     reason,
                     prompt_tokens,
                     cached_tokens,
                     output_tokens,
                 } => {
-                    let mut last = vec![sse_data(
-                        &reply.chunk(None, Some(openai::finish_reason(&reason))),
-                    )];
+                    let mut finish = reply.chunk(None, Some(openai::finish_reason(&reason)));
+                    if let FinishReason::StopSequence(matched) = &reason {
+                        // vLLM's extension: which stop sequence ended the reply.
+                        finish["choices"][0]["stop_reason"] = json!(matched);
+                    }
+                    let mut last = vec![sse_data(&with_usage(
+                        finish,
+                        prompt_tokens,
+                        cached_tokens,
+                        output_tokens,
+                    ))];
                     if include_usage {
                         last.push(sse_data(&reply.usage_chunk(openai::usage(
                             prompt_tokens,

@@ -48,6 +48,10 @@ enum Stop {
 struct StreamOptions {
     #[serde(default)]
     include_usage: bool,
+    /// vLLM's extension: usage in every chunk (how a gateway learns the prompt and cached
+    /// token counts with the first token).
+    #[serde(default)]
+    continuous_usage_stats: bool,
 }
 
 /// The fields of `/v1/chat/completions` and `/v1/completions` the worker reads.
@@ -77,6 +81,9 @@ struct RawRequest {
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    /// Ringmaster's extension: the scheduling priority, 0 = lowest (preempted first).
+    #[serde(default)]
+    ringmaster_priority: Option<u8>,
 }
 
 /// Which endpoint a request came to.
@@ -97,6 +104,8 @@ pub struct Request {
     pub stream: bool,
     /// Whether a streamed reply ends with a usage chunk.
     pub include_usage: bool,
+    /// Whether every streamed chunk carries the usage so far.
+    pub continuous_usage: bool,
 }
 
 impl Request {
@@ -166,10 +175,14 @@ impl Request {
                     seed: raw.seed,
                 },
                 prompt,
-                priority: 0,
+                priority: raw.ringmaster_priority.unwrap_or(0),
             },
             stream: raw.stream,
-            include_usage: raw.stream_options.unwrap_or_default().include_usage,
+            include_usage: raw.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            continuous_usage: raw
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.continuous_usage_stats),
         })
     }
 }

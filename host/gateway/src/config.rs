@@ -296,6 +296,14 @@ pub enum ServerAddress {
         /// The ring id it defaults to (the file name without its extensions).
         name: String,
     },
+    /// A `ringmaster worker` (or another OpenAI-compatible server with the same extensions):
+    /// `http://HOST:PORT`.
+    Remote {
+        /// The base URL, without a trailing slash.
+        url: String,
+        /// The ring id it defaults to (`HOST:PORT`).
+        name: String,
+    },
 }
 
 impl ServerAddress {
@@ -326,18 +334,37 @@ impl ServerAddress {
                 .to_owned();
             return Ok(Self::Model { path, name });
         }
-        if text.starts_with("http://") || text.starts_with("https://") {
+        if let Some(rest) = text.strip_prefix("http://") {
+            let host_port = rest.trim_end_matches('/');
+            let valid = !host_port.is_empty()
+                && !host_port.contains('/')
+                && host_port
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !valid {
+                return Err(format!(
+                    "{text:?}: expected http://HOST:PORT (a worker's address, no path)"
+                ));
+            }
+            return Ok(Self::Remote {
+                url: format!("http://{host_port}"),
+                name: host_port.to_owned(),
+            });
+        }
+        if text.starts_with("https://") {
             return Err(format!(
-                "{text:?}: remote workers are not supported yet (they arrive with `ringmaster worker`); use sim://NAME"
+                "{text:?}: workers are reached over plain http:// inside the cluster; put TLS in front of the gateway instead"
             ));
         }
-        Err(format!("{text:?}: expected sim://NAME or gguf:PATH"))
+        Err(format!(
+            "{text:?}: expected sim://NAME, gguf:PATH or http://HOST:PORT"
+        ))
     }
 
     /// The default ring id for this address.
     pub fn default_id(&self) -> &str {
         match self {
-            Self::Simulated { name } | Self::Model { name, .. } => name,
+            Self::Simulated { name } | Self::Model { name, .. } | Self::Remote { name, .. } => name,
         }
     }
 }
@@ -347,6 +374,7 @@ impl std::fmt::Display for ServerAddress {
         match self {
             Self::Simulated { name } => write!(f, "sim://{name}"),
             Self::Model { path, .. } => write!(f, "gguf:{}", path.display()),
+            Self::Remote { url, .. } => f.write_str(url),
         }
     }
 }
@@ -1028,8 +1056,12 @@ mod tests {
             ("[routing]\nstrategy = \"random\"", "routing.strategy"),
             ("[routing]\nload_factor = 0.5", "routing"),
             (
-                "[[servers]]\naddress = \"http://10.0.0.1:9000\"",
-                "remote workers",
+                "[[servers]]\naddress = \"http://10.0.0.1\"",
+                "http://HOST:PORT",
+            ),
+            (
+                "[[servers]]\naddress = \"https://10.0.0.1:9000\"",
+                "plain http://",
             ),
             (
                 "[[servers]]\naddress = \"sim://a\"\n[[servers]]\naddress = \"sim://a\"",

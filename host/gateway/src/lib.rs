@@ -23,6 +23,7 @@ pub mod metrics;
 pub mod policy;
 pub mod pool;
 pub mod prefix_index;
+pub mod remote;
 pub mod routing;
 pub mod safety;
 mod service;

@@ -67,7 +67,7 @@ pub struct Server {
     slot: usize,
     address: ServerAddress,
     weight: u32,
-    engine: EngineHandle,
+    engine: Backend,
     in_flight: AtomicU64,
     peak_in_flight: AtomicU64,
     requests_total: AtomicU64,
@@ -96,7 +96,7 @@ impl Server {
         self.slot
     }
     /// The engine that runs requests.
-    pub fn engine(&self) -> &EngineHandle {
+    pub fn engine(&self) -> &Backend {
         &self.engine
     }
     /// Requests the gateway has routed here that have not finished.
@@ -237,6 +237,55 @@ impl From<EngineConfig> for ServerTemplates {
         Self {
             simulator,
             model: Default::default(),
+        }
+    }
+}
+
+/// What serves a pool server's requests: an engine in this process, or a remote worker.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// An engine in this process (simulated or a model).
+    Local(EngineHandle),
+    /// A `ringmaster worker` over HTTP.
+    Remote(Arc<crate::remote::RemoteWorker>),
+}
+
+/// Why a request could not be started on a server.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The local engine refused it.
+    #[error(transparent)]
+    Engine(#[from] ringmaster_gpu_runtime::EngineError),
+    /// The remote worker refused it or could not be reached.
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+}
+
+impl Backend {
+    /// The server's load (a remote worker's as of its last poll).
+    pub fn load(&self) -> ringmaster_gpu_runtime::LoadReport {
+        match self {
+            Self::Local(engine) => engine.load(),
+            Self::Remote(worker) => worker.load(),
+        }
+    }
+
+    /// Whether requests can reach it (a remote worker's last load poll succeeded).
+    pub fn is_reachable(&self) -> bool {
+        match self {
+            Self::Local(_) => true,
+            Self::Remote(worker) => worker.is_reachable(),
+        }
+    }
+
+    /// Starts a generation.
+    pub async fn submit(
+        &self,
+        request: ringmaster_gpu_runtime::GenerateRequest,
+    ) -> Result<ringmaster_gpu_runtime::GenerationStream, BackendError> {
+        match self {
+            Self::Local(engine) => Ok(engine.submit(request)?),
+            Self::Remote(worker) => Ok(worker.submit(request).await?),
         }
     }
 }
@@ -526,10 +575,12 @@ fn start_server(
         ServerAddress::Simulated { name } => {
             let mut config = templates.simulator.clone();
             config.name = name.clone();
-            EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
-                id: spec.id.clone(),
-                source,
-            })?
+            Backend::Local(
+                EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
+                    id: spec.id.clone(),
+                    source,
+                })?,
+            )
         }
         ServerAddress::Model { path, name } => {
             let mut config = templates.simulator.clone();
@@ -556,12 +607,16 @@ fn start_server(
                 kernels = executor.cpu().isa().name(),
                 "pool.model_loaded"
             );
-            EngineHandle::spawn_with_executor(config, executor).map_err(|source| {
-                PoolError::Engine {
+            Backend::Local(EngineHandle::spawn_with_executor(config, executor).map_err(
+                |source| PoolError::Engine {
                     id: spec.id.clone(),
                     source,
-                }
-            })?
+                },
+            )?)
+        }
+        ServerAddress::Remote { url, .. } => {
+            tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
+            Backend::Remote(crate::remote::RemoteWorker::start(url))
         }
     };
     Ok(Arc::new(Server {

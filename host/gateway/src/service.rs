@@ -353,6 +353,13 @@ async fn messages(
     }
     let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
     let snapshot = gateway.pool.snapshot();
+    if !snapshot.servers.is_empty() && snapshot.servers.iter().all(|s| !s.engine().is_reachable()) {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            "no GPU server can be reached (every worker is down); retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
     if !snapshot.servers.is_empty()
         && snapshot
             .servers
@@ -429,15 +436,20 @@ async fn messages(
         key = %caller.key_label,
         "request.routed"
     );
-    let generation = match decision.server.engine().submit(generate_request(
-        &request,
-        request_id,
-        policy_request.priority,
-    )) {
+    let generation = match decision
+        .server
+        .engine()
+        .submit(generate_request(
+            &request,
+            request_id,
+            policy_request.priority,
+        ))
+        .await
+    {
         Ok(generation) => generation,
         Err(e) => {
             tracker.failed();
-            return Err(engine_error(e));
+            return Err(backend_error(e));
         }
     };
     let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
@@ -663,6 +675,21 @@ fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -
             top_k: request.top_k,
             seed: None,
         },
+    }
+}
+
+fn backend_error(error: crate::pool::BackendError) -> ApiError {
+    use crate::remote::RemoteError;
+    match error {
+        crate::pool::BackendError::Engine(e) => engine_error(e),
+        crate::pool::BackendError::Remote(RemoteError::Refused { message }) => {
+            ApiError::invalid(message)
+        }
+        crate::pool::BackendError::Remote(e) => ApiError::new(
+            ErrorKind::Unavailable,
+            format!("GPU server unavailable: {e}"),
+        )
+        .with_retry_after(Duration::from_secs(1)),
     }
 }
 

@@ -1,0 +1,417 @@
+//! Remote workers as pool servers: a `ringmaster worker` reached over HTTP.
+//!
+//! A request goes to the worker's `/v1/chat/completions` (or `/v1/completions` for a raw
+//! prompt), streamed, with two extensions vLLM also has: `stream_options.
+//! continuous_usage_stats` (usage in every chunk, so the prompt and cached token counts arrive
+//! with the first token) and `stop_reason` on the finishing chunk (which stop sequence matched);
+//! plus `ringmaster_priority`. The chunks become the same [`GenerateEvent`]s a local engine
+//! sends, so the rest of the gateway does not know the difference. Dropping the stream drops the
+//! HTTP response, which closes the connection, which cancels the generation on the worker.
+//!
+//! The worker's load (`/load`) is polled every [`LOAD_POLL_INTERVAL`] for routing and metrics;
+//! while it cannot be reached, its load reads as full (`waiting` at `u32::MAX`) so that routing
+//! avoids it.
+//!
+//! Not yet here: the worker's KV events (`/kv/events`) are not consumed, because they name
+//! blocks by the engine's token-block hashes while the gateway's prefix index keys on its own
+//! text-chunk hashes; the gateway keeps its own estimate for remote workers as for local ones.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use ringmaster_gpu_runtime::{
+    FinishReason, GenerateEvent, GenerateRequest, GenerationStream, LoadReport,
+};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// How often a worker's load is fetched.
+pub const LOAD_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How long connecting to a worker may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a request could not be started on a worker.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The worker could not be reached (a retry elsewhere or later can help).
+    #[error("the worker at {url} cannot be reached: {why}")]
+    Unreachable {
+        /// The worker.
+        url: String,
+        /// What failed.
+        why: String,
+    },
+    /// The worker refused the request as invalid (the client's to fix).
+    #[error("{message}")]
+    Refused {
+        /// The worker's message.
+        message: String,
+    },
+    /// The worker failed (its status and message).
+    #[error("the worker at {url} answered {status}: {message}")]
+    Failed {
+        /// The worker.
+        url: String,
+        /// Its status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// A client of one worker.
+#[derive(Debug)]
+pub struct RemoteWorker {
+    url: String,
+    client: reqwest::Client,
+    load: Mutex<LoadReport>,
+    reachable: AtomicBool,
+}
+
+impl RemoteWorker {
+    /// A client of the worker at `url` (`http://HOST:PORT`), polling its load in the
+    /// background while the client lives. Needs a tokio runtime.
+    pub fn start(url: &str) -> Arc<Self> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .build()
+            .unwrap_or_default();
+        let worker = Arc::new(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            client,
+            load: Mutex::new(LoadReport::default()),
+            // Unknown until the first poll: assume reachable so the first requests are tried.
+            reachable: AtomicBool::new(true),
+        });
+        tokio::spawn(poll_load(Arc::downgrade(&worker)));
+        worker
+    }
+
+    /// The worker's last reported load; full while it cannot be reached.
+    pub fn load(&self) -> LoadReport {
+        let mut load = self
+            .load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if !self.reachable.load(Ordering::Relaxed) {
+            load.waiting = u32::MAX;
+        }
+        load
+    }
+
+    /// Whether the last load poll reached the worker.
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed)
+    }
+
+    /// Starts `request` on the worker; the stream yields its events as a local engine would.
+    pub async fn submit(&self, request: GenerateRequest) -> Result<GenerationStream, RemoteError> {
+        let (path, body) = openai_body(&request);
+        let unreachable = |e: reqwest::Error| RemoteError::Unreachable {
+            url: self.url.clone(),
+            why: e.to_string(),
+        };
+        let response = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .json(&body)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = response.status();
+        if !status.is_success() {
+            let message = response
+                .json::<Value>()
+                .await
+                .ok()
+                .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| status.to_string());
+            return Err(if status.as_u16() == 400 {
+                RemoteError::Refused { message }
+            } else {
+                RemoteError::Failed {
+                    url: self.url.clone(),
+                    status: status.as_u16(),
+                    message,
+                }
+            });
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        let request_id = request.request_id;
+        let url = self.url.clone();
+        tokio::spawn(async move {
+            let mut reader = ChunkReader::default();
+            let mut bytes = response.bytes_stream();
+            while let Some(next) = bytes.next().await {
+                let chunk = match next {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        warn!(request_id = %request_id, worker = %url, error = %e, "remote.stream_broken");
+                        return;
+                    }
+                };
+                for event in reader.feed(&chunk) {
+                    let last = matches!(event, GenerateEvent::Finished { .. });
+                    if tx.send(event).is_err() {
+                        // The client went away: dropping the response cancels the generation.
+                        debug!(request_id = %request_id, "remote.cancelled");
+                        return;
+                    }
+                    if last {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(GenerationStream::from_channel(rx))
+    }
+}
+
+/// The worker endpoint and OpenAI body for `request`.
+fn openai_body(request: &GenerateRequest) -> (&'static str, Value) {
+    let mut body = json!({
+        "max_tokens": request.max_tokens,
+        "stream": true,
+        "stream_options": { "include_usage": true, "continuous_usage_stats": true },
+        "ringmaster_priority": request.priority,
+    });
+    let sampling = &request.sampling;
+    if let Some(t) = sampling.temperature {
+        body["temperature"] = json!(t);
+    }
+    if let Some(p) = sampling.top_p {
+        body["top_p"] = json!(p);
+    }
+    if let Some(k) = sampling.top_k {
+        body["top_k"] = json!(k);
+    }
+    if let Some(seed) = sampling.seed {
+        body["seed"] = json!(seed);
+    }
+    if !request.stop_sequences.is_empty() {
+        body["stop"] = json!(request.stop_sequences);
+    }
+    if let Some(prompt) = &request.prompt {
+        body["prompt"] = json!(prompt);
+        return ("/v1/completions", body);
+    }
+    let mut messages = Vec::new();
+    if let Some(system) = &request.system {
+        messages.push(json!({ "role": "system", "content": system }));
+    }
+    for m in &request.messages {
+        let role = match m.role {
+            ringmaster_gpu_runtime::Role::User => "user",
+            ringmaster_gpu_runtime::Role::Assistant => "assistant",
+        };
+        messages.push(json!({ "role": role, "content": m.text }));
+    }
+    body["messages"] = json!(messages);
+    ("/v1/chat/completions", body)
+}
+
+/// Turns the worker's SSE bytes into engine events.
+#[derive(Debug, Default)]
+struct ChunkReader {
+    buffer: String,
+    started: bool,
+    finish: Option<FinishReason>,
+    finished: bool,
+}
+
+impl ChunkReader {
+    fn feed(&mut self, bytes: &[u8]) -> Vec<GenerateEvent> {
+        self.buffer.push_str(&String::from_utf8_lossy(bytes));
+        let mut events = Vec::new();
+        while let Some(end) = self.buffer.find("\n\n") {
+            let frame: String = self.buffer.drain(..end + 2).collect();
+            for line in frame.lines() {
+                if let Some(data) = line.strip_prefix("data: ") {
+                    self.data(data, &mut events);
+                }
+            }
+        }
+        events
+    }
+
+    fn data(&mut self, data: &str, events: &mut Vec<GenerateEvent>) {
+        if self.finished || data == "[DONE]" {
+            return;
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            return;
+        };
+        let usage = &chunk["usage"];
+        let count = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+        let prompt_tokens = count(&usage["prompt_tokens"]);
+        let cached_tokens = count(&usage["prompt_tokens_details"]["cached_tokens"]);
+        if !self.started && usage.is_object() {
+            self.started = true;
+            events.push(GenerateEvent::Started {
+                prompt_tokens,
+                cached_tokens,
+            });
+        }
+        if let Some(choice) = chunk["choices"].get(0) {
+            let text = choice["delta"]["content"]
+                .as_str()
+                .or_else(|| choice["text"].as_str())
+                .unwrap_or("");
+            if !text.is_empty() {
+                events.push(GenerateEvent::Token { text: text.into() });
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                self.finish = Some(match (reason, choice["stop_reason"].as_str()) {
+                    ("length", _) => FinishReason::MaxTokens,
+                    (_, Some(matched)) => FinishReason::StopSequence(matched.into()),
+                    _ => FinishReason::EndOfTurn,
+                });
+            }
+        } else if let Some(reason) = self.finish.take() {
+            // The closing usage chunk (no choices).
+            self.finished = true;
+            events.push(GenerateEvent::Finished {
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                output_tokens: count(&usage["completion_tokens"]),
+            });
+        }
+    }
+}
+
+async fn poll_load(worker: Weak<RemoteWorker>) {
+    let mut interval = tokio::time::interval(LOAD_POLL_INTERVAL);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        interval.tick().await;
+        let Some(worker) = worker.upgrade() else {
+            return;
+        };
+        let fetched = async {
+            worker
+                .client
+                .get(format!("{}/load", worker.url))
+                .timeout(Duration::from_secs(2))
+                .send()
+                .await?
+                .error_for_status()?
+                .json::<Value>()
+                .await
+        }
+        .await;
+        match fetched {
+            Ok(load) => {
+                *worker.load.lock().unwrap_or_else(PoisonError::into_inner) = load_report(&load);
+                if !worker.reachable.swap(true, Ordering::Relaxed) {
+                    info!(worker = %worker.url, "remote.reachable");
+                }
+            }
+            Err(e) => {
+                if worker.reachable.swap(false, Ordering::Relaxed) {
+                    warn!(worker = %worker.url, error = %e, "remote.unreachable");
+                }
+            }
+        }
+    }
+}
+
+/// A worker's `/load` JSON as a [`LoadReport`] (missing fields read as 0).
+fn load_report(v: &Value) -> LoadReport {
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
+    let n32 = |k: &str| u32::try_from(n(k)).unwrap_or(u32::MAX);
+    LoadReport {
+        running: n32("running"),
+        waiting: n32("waiting"),
+        kv_blocks_total: n32("kv_blocks_total"),
+        kv_blocks_used: n32("kv_blocks_used"),
+        kv_blocks_cached: n32("kv_blocks_cached"),
+        prompt_tokens_total: n("prompt_tokens_total"),
+        cached_prompt_tokens_total: n("cached_prompt_tokens_total"),
+        generated_tokens_total: n("generated_tokens_total"),
+        requests_finished: n("requests_finished"),
+        requests_cancelled: n("requests_cancelled"),
+        preemptions: n("preemptions"),
+        steps: n("steps"),
+        last_batch_size: n32("last_batch_size"),
+        step_sequences_total: n("step_sequences_total"),
+        step_tokens_total: n("step_tokens_total"),
+        step_budget_tokens_total: n("step_budget_tokens_total"),
+        prefill_tokens_total: n("prefill_tokens_total"),
+        decode_tokens_total: n("decode_tokens_total"),
+        busy_seconds_total: v["busy_seconds_total"].as_f64().unwrap_or(0.0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_chunks_become_engine_events_across_split_reads() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}],",
+            "\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":0,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hel\"},\"finish_reason\":null}],\"usage\":{}}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\",\"stop_reason\":\"END\"}],\"usage\":{}}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":3,",
+            "\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut reader = ChunkReader::default();
+        let mut events = Vec::new();
+        // Feed in awkward pieces: frames split mid-way.
+        for piece in stream.as_bytes().chunks(7) {
+            events.extend(reader.feed(piece));
+        }
+        assert_eq!(
+            events,
+            [
+                GenerateEvent::Started {
+                    prompt_tokens: 40,
+                    cached_tokens: 32
+                },
+                GenerateEvent::Token { text: "Hel".into() },
+                GenerateEvent::Finished {
+                    reason: FinishReason::StopSequence("END".into()),
+                    prompt_tokens: 40,
+                    cached_tokens: 32,
+                    output_tokens: 3,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_raw_prompt_goes_to_completions_and_a_chat_to_chat_completions() {
+        let mut request = GenerateRequest {
+            request_id: "r".into(),
+            system: Some("Be brief.".into()),
+            messages: vec![ringmaster_gpu_runtime::ChatMessage {
+                role: ringmaster_gpu_runtime::Role::User,
+                text: "Hi".into(),
+            }],
+            max_tokens: 9,
+            stop_sequences: vec!["x".into()],
+            sampling: Default::default(),
+            prompt: None,
+            priority: 3,
+        };
+        let (path, body) = openai_body(&request);
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["messages"][1]["content"], "Hi");
+        assert_eq!(body["ringmaster_priority"], 3);
+        assert_eq!(body["stop"], json!(["x"]));
+        request.prompt = Some("Once".into());
+        let (path, body) = openai_body(&request);
+        assert_eq!(path, "/v1/completions");
+        assert_eq!(body["prompt"], "Once");
+    }
+}
