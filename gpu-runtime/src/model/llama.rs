@@ -293,6 +293,15 @@ impl Llama {
                 .expect("model dimensions are multiples of the block size (checked at load)")
         };
 
+        // Where each position of each sequence sits in the pools: the same in every layer.
+        let seq_offsets: Vec<Vec<usize>> = seqs
+            .iter()
+            .map(|seq| {
+                (0..seq.start + seq.tokens.len())
+                    .map(|p| kv.offset(seq.table, p))
+                    .collect()
+            })
+            .collect();
         for (l, layer) in self.layers.iter().enumerate() {
             rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut h);
             quantize(&mut quantized, &h, d);
@@ -308,7 +317,6 @@ impl Llama {
                 kv.v[l][at..at + kv_dim].copy_from_slice(v);
             }
             let (k_pool, v_pool) = (&kv.k[l], &kv.v[l]);
-            let kv_ref = &*kv;
             let shape = AttentionShape {
                 heads: c.heads,
                 kv_heads: c.kv_heads,
@@ -316,13 +324,10 @@ impl Llama {
             };
             cpu.parallel_rows(&mut attended, q_dim, |r, out| {
                 let place = places[r];
-                let table = seqs[place.seq].table;
-                let offsets: Vec<usize> = (0..=place.position)
-                    .map(|p| kv_ref.offset(table, p))
-                    .collect();
+                let offsets = &seq_offsets[place.seq][..=place.position];
                 let q = &qkv[r * qkv_dim..r * qkv_dim + q_dim];
                 let mut scores = Vec::new();
-                cpu.attend(shape, q, &offsets, k_pool, v_pool, &mut scores, out);
+                cpu.attend(shape, q, offsets, k_pool, v_pool, &mut scores, out);
             });
             quantize(&mut quantized, &attended, q_dim);
             cpu.matmul(&layer.wo, &quantized, &mut projected);
