@@ -13,9 +13,19 @@ fn quantize_block(values: &[f32], out: &mut [i8]) -> f32 {
     let scale = max / 127.0;
     let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     for (q, v) in out.iter_mut().zip(values) {
-        *q = (v * inverse).round().clamp(-127.0, 127.0) as i8;
+        *q = round_to_int(v * inverse).clamp(-127.0, 127.0) as i8;
     }
     scale
+}
+
+/// Rounds to the nearest integer, ties to even, with two additions: adding 1.5 × 2²³ pushes
+/// the fraction out of an f32's mantissa under the default rounding mode. Exact for
+/// |x| < 2²², which covers quantized values (|x| ≤ 127). `f32::round` is a libm call on
+/// baseline x86-64, and this loop runs for every activation row of every matmul.
+#[inline(always)]
+fn round_to_int(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
 }
 
 pub(crate) fn check_shape(len: usize, rows: usize, cols: usize) -> Result<(), KernelError> {
@@ -201,6 +211,20 @@ mod tests {
             for (b, v) in back.iter().zip(&values[r * 32..]) {
                 assert!((b - v).abs() <= step / 2.0 + 1e-6, "{b} vs {v}");
             }
+        }
+    }
+
+    #[test]
+    fn rounding_is_to_the_nearest_integer_ties_to_even() {
+        for (x, want) in [
+            (0.4, 0.0),
+            (0.6, 1.0),
+            (-0.6, -1.0),
+            (2.5, 2.0),
+            (3.5, 4.0),
+            (-126.7, -127.0),
+        ] {
+            assert_eq!(round_to_int(x), want, "{x}");
         }
     }
 
