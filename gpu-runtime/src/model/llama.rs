@@ -322,13 +322,36 @@ impl Llama {
                 kv_heads: c.kv_heads,
                 head_dim: c.head_dim,
             };
-            cpu.parallel_rows(&mut attended, q_dim, |r, out| {
-                let place = places[r];
-                let offsets = &seq_offsets[place.seq][..=place.position];
-                let q = &qkv[r * qkv_dim..r * qkv_dim + q_dim];
-                let mut scores = Vec::new();
-                cpu.attend(shape, q, offsets, k_pool, v_pool, &mut scores, out);
-            });
+            if n >= cpu.threads() {
+                cpu.parallel_rows(&mut attended, q_dim, |r, out| {
+                    let place = places[r];
+                    let offsets = &seq_offsets[place.seq][..=place.position];
+                    let q = &qkv[r * qkv_dim..r * qkv_dim + q_dim];
+                    let mut scores = Vec::new();
+                    cpu.attend(shape, q, offsets, k_pool, v_pool, &mut scores, out);
+                });
+            } else {
+                // Fewer rows than threads (decode): split each row by KV-head group instead,
+                // as attention of one group over the pools shifted to that group's head.
+                let group = c.heads / c.kv_heads;
+                let group_shape = AttentionShape {
+                    heads: group,
+                    kv_heads: 1,
+                    head_dim: c.head_dim,
+                };
+                cpu.parallel_rows(&mut attended, group * c.head_dim, |i, out| {
+                    let (r, g) = (i / c.kv_heads, i % c.kv_heads);
+                    let place = places[r];
+                    let shift = g * c.head_dim;
+                    let offsets: Vec<usize> = seq_offsets[place.seq][..=place.position]
+                        .iter()
+                        .map(|o| o + shift)
+                        .collect();
+                    let q = &qkv[r * qkv_dim + g * group * c.head_dim..][..group * c.head_dim];
+                    let mut scores = Vec::new();
+                    cpu.attend(group_shape, q, &offsets, k_pool, v_pool, &mut scores, out);
+                });
+            }
             quantize(&mut quantized, &attended, q_dim);
             cpu.matmul(&layer.wo, &quantized, &mut projected);
             add(&mut x, &projected);

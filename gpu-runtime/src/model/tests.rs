@@ -503,3 +503,42 @@ fn a_forward_past_the_table_or_vocabulary_is_an_error_not_a_panic() {
         .unwrap_err();
     assert!(matches!(err, llama::ForwardError::BadToken(_)), "{err}");
 }
+
+#[test]
+fn two_threads_compute_the_same_bits_as_one() {
+    let Some(path) = model_path() else { return };
+    let run = |threads: usize| {
+        let mut executor = ModelExecutor::load(
+            &path,
+            &ModelOptions {
+                kv_blocks: 16,
+                threads,
+                isa: None,
+            },
+        )
+        .unwrap();
+        let prompt = chat(&executor.gguf_tokenizer().clone(), "Name three colours.");
+        let table: Vec<crate::block::BlockId> = (0..16).map(crate::block::BlockId).collect();
+        let mut tokens = prompt.clone();
+        let mut all = Vec::new();
+        let mut done = 0;
+        // The prompt (rows ≥ threads: split by rows), then decodes (one row: split by head group).
+        for _ in 0..4 {
+            let logits = executor
+                .forward(&[llama::SeqInput {
+                    table: &table,
+                    start: done,
+                    tokens: &tokens[done..],
+                    logits: true,
+                }])
+                .unwrap()
+                .remove(0)
+                .unwrap();
+            done = tokens.len();
+            tokens.push(sampler::argmax(&logits));
+            all.push(logits);
+        }
+        all
+    };
+    assert!(run(1) == run(2), "logits differ between 1 and 2 threads");
+}
