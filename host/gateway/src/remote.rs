@@ -34,6 +34,10 @@ pub const LOAD_POLL_INTERVAL: Duration = Duration::from_millis(250);
 /// How long connecting to a worker may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a worker may take to answer a request's headers. A worker answers a streamed
+/// request at once (tokens follow as they come), so this only catches a hung worker.
+pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Why a request could not be started on a worker.
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
@@ -68,6 +72,7 @@ pub enum RemoteError {
 pub struct RemoteWorker {
     url: String,
     client: reqwest::Client,
+    response_timeout: Duration,
     load: Mutex<LoadReport>,
     reachable: AtomicBool,
 }
@@ -76,6 +81,10 @@ impl RemoteWorker {
     /// A client of the worker at `url` (`http://HOST:PORT`), polling its load in the
     /// background while the client lives. Needs a tokio runtime.
     pub fn start(url: &str) -> Arc<Self> {
+        Self::start_with_timeout(url, RESPONSE_TIMEOUT)
+    }
+
+    fn start_with_timeout(url: &str, response_timeout: Duration) -> Arc<Self> {
         let client = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
@@ -84,6 +93,7 @@ impl RemoteWorker {
         let worker = Arc::new(Self {
             url: url.trim_end_matches('/').to_owned(),
             client,
+            response_timeout,
             load: Mutex::new(LoadReport::default()),
             // Unknown until the first poll: assume reachable so the first requests are tried.
             reachable: AtomicBool::new(true),
@@ -117,12 +127,17 @@ impl RemoteWorker {
             url: self.url.clone(),
             why: e.to_string(),
         };
-        let response = self
+        let send = self
             .client
             .post(format!("{}{path}", self.url))
             .json(&body)
-            .send()
+            .send();
+        let response = tokio::time::timeout(self.response_timeout, send)
             .await
+            .map_err(|_| RemoteError::Unreachable {
+                url: self.url.clone(),
+                why: format!("no answer within {:?}", self.response_timeout),
+            })?
             .map_err(unreachable)?;
         let status = response.status();
         if !status.is_success() {
@@ -386,6 +401,33 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn a_hung_worker_is_unreachable_after_the_response_timeout() {
+        // Accepts connections and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let worker = RemoteWorker::start_with_timeout(&url, Duration::from_millis(300));
+        let request = GenerateRequest {
+            request_id: "r".into(),
+            system: None,
+            messages: Vec::new(),
+            max_tokens: 1,
+            stop_sequences: Vec::new(),
+            sampling: Default::default(),
+            prompt: Some("x".into()),
+            priority: 0,
+        };
+        let err = worker.submit(request).await.unwrap_err();
+        assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
+        assert!(err.to_string().contains("no answer within"), "{err}");
     }
 
     #[test]
