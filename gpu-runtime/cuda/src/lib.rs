@@ -444,6 +444,11 @@ mod tests {
             .iter()
             .map(|v| v / 8.0)
             .collect();
+        // The CPU kernel reads half-precision pools; give the GPU the same rounded values.
+        let k_half: Vec<half::f16> = k_pool.iter().map(|v| half::f16::from_f32(*v)).collect();
+        let v_half: Vec<half::f16> = v_pool.iter().map(|v| half::f16::from_f32(*v)).collect();
+        let k_pool: Vec<f32> = k_half.iter().map(|v| v.to_f32()).collect();
+        let v_pool: Vec<f32> = v_half.iter().map(|v| v.to_f32()).collect();
         let cpu = ringmaster_kernels::Cpu::new(1).unwrap();
         let cpu_shape = ringmaster_kernels::AttentionShape {
             heads: shape.heads,
@@ -463,8 +468,8 @@ mod tests {
                 cpu_shape,
                 &q[t * per_token..(t + 1) * per_token],
                 &offsets,
-                &k_pool,
-                &v_pool,
+                &k_half,
+                &v_half,
                 &mut Vec::new(),
                 &mut want[t * per_token..(t + 1) * per_token],
             );

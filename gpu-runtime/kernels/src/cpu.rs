@@ -164,8 +164,8 @@ impl Cpu {
     }
 
     /// Softmax attention of one query (`heads × head_dim`) over the positions whose K/V start
-    /// at `offsets` in `k_pool`/`v_pool`, into `out`; `scores` is scratch space reused between
-    /// calls.
+    /// at `offsets` in the half-precision `k_pool`/`v_pool`, into `out`; `scores` is scratch
+    /// space reused between calls.
     ///
     /// # Panics
     /// If the shapes disagree or an offset is outside the pools (a caller's bug).
@@ -175,8 +175,8 @@ impl Cpu {
         shape: simd::AttentionShape,
         q: &[f32],
         offsets: &[usize],
-        k_pool: &[f32],
-        v_pool: &[f32],
+        k_pool: &[half::f16],
+        v_pool: &[half::f16],
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
@@ -383,8 +383,10 @@ mod tests {
         };
         let kv_dim = shape.kv_heads * shape.head_dim;
         let positions = 9;
-        let k_pool = values(3, 12 * kv_dim);
-        let v_pool = values(4, 12 * kv_dim);
+        let half =
+            |v: Vec<f32>| -> Vec<half::f16> { v.into_iter().map(half::f16::from_f32).collect() };
+        let k_pool = half(values(3, 12 * kv_dim));
+        let v_pool = half(values(4, 12 * kv_dim));
         let q: Vec<f32> = values(5, shape.heads * shape.head_dim)
             .iter()
             .map(|v| v / 4.0)
@@ -402,7 +404,9 @@ mod tests {
                 .iter()
                 .map(|at| {
                     (0..hd)
-                        .map(|d| f64::from(q[h * hd + d]) * f64::from(k_pool[at + g * hd + d]))
+                        .map(|d| {
+                            f64::from(q[h * hd + d]) * f64::from(k_pool[at + g * hd + d].to_f32())
+                        })
                         .sum::<f64>()
                         / (hd as f64).sqrt()
                 })
@@ -412,7 +416,7 @@ mod tests {
             let total: f64 = weights.iter().sum();
             for (w, at) in weights.iter().zip(&offsets) {
                 for d in 0..hd {
-                    expected[h * hd + d] += w / total * f64::from(v_pool[at + g * hd + d]);
+                    expected[h * hd + d] += w / total * f64::from(v_pool[at + g * hd + d].to_f32());
                 }
             }
         }

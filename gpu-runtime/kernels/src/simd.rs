@@ -9,6 +9,8 @@
 //! unsigned × signed): take `|w|`, move `w`'s sign onto `a`, and multiply. Quantization never
 //! produces −128, so each pair sum is at most 2 × 127 × 127 and fits in 16 bits.
 
+use half::f16;
+
 use crate::q8::QK8;
 
 /// The instruction set the kernels use.
@@ -41,9 +43,14 @@ impl Isa {
                 is_x86_feature_detected!("avx")
                     && is_x86_feature_detected!("fma")
                     && is_x86_feature_detected!("ssse3")
+                    && is_x86_feature_detected!("f16c")
             }
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"),
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
         }
@@ -158,16 +165,16 @@ pub struct AttentionShape {
     pub head_dim: usize,
 }
 
-/// Softmax attention of one query over the positions at `offsets` of the K and V pools (each
-/// offset is where a position's `kv_heads × head_dim` values start), into `out`
-/// (`heads × head_dim`). `scores` is scratch space.
+/// Softmax attention of one query over the positions at `offsets` of the half-precision K
+/// and V pools (each offset is where a position's `kv_heads × head_dim` values start), into
+/// `out` (`heads × head_dim`). `scores` is scratch space.
 #[allow(unsafe_code)]
 pub(crate) fn attend(
     isa: Isa,
     shape: AttentionShape,
     q: &[f32],
     offsets: &[usize],
-    (k_pool, v_pool): (&[f32], &[f32]),
+    (k_pool, v_pool): (&[f16], &[f16]),
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
@@ -184,8 +191,8 @@ pub(crate) fn attend(
         "offsets inside the pools"
     );
     match isa {
-        // SAFETY: `isa` came from a `Cpu` (AVX and FMA present); every slice taken below is
-        // inside the lengths asserted above.
+        // SAFETY: `isa` came from a `Cpu` (AVX, FMA and F16C present); every slice taken
+        // below is inside the lengths asserted above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 | Isa::Avx => unsafe {
             x86::attend(shape, q, offsets, (k_pool, v_pool), scores, out)
@@ -197,10 +204,10 @@ pub(crate) fn attend(
             (k_pool, v_pool),
             scores,
             out,
-            |a, b| a.iter().zip(b).map(|(x, y)| x * y).sum(),
+            |a, b| a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum(),
             |alpha, x, y| {
                 for (y, x) in y.iter_mut().zip(x) {
-                    *y += alpha * x;
+                    *y += alpha * x.to_f32();
                 }
             },
         ),
@@ -215,11 +222,11 @@ fn attend_with(
     shape: AttentionShape,
     q: &[f32],
     offsets: &[usize],
-    (k_pool, v_pool): (&[f32], &[f32]),
+    (k_pool, v_pool): (&[f16], &[f16]),
     scores: &mut Vec<f32>,
     out: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-    axpy: impl Fn(f32, &[f32], &mut [f32]),
+    dot: impl Fn(&[f32], &[f16]) -> f32,
+    axpy: impl Fn(f32, &[f16], &mut [f32]),
 ) {
     let hd = shape.head_dim;
     let group = shape.heads / shape.kv_heads;
@@ -325,6 +332,8 @@ fn dot_q4_scalar<const W: usize, const N: usize>(
 #[allow(unsafe_code)]
 mod x86 {
     use std::arch::x86_64::*;
+
+    use half::f16;
 
     use super::{ActRow, Q4Row, Q8Row};
     use crate::q8::QK8;
@@ -517,17 +526,17 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX and FMA present; slices as asserted by [`super::attend`].
-    #[target_feature(enable = "avx,fma")]
+    /// AVX, FMA and F16C present; slices as asserted by [`super::attend`].
+    #[target_feature(enable = "avx,fma,f16c")]
     pub(super) unsafe fn attend(
         shape: super::AttentionShape,
         q: &[f32],
         offsets: &[usize],
-        pools: (&[f32], &[f32]),
+        pools: (&[f16], &[f16]),
         scores: &mut Vec<f32>,
         out: &mut [f32],
     ) {
-        // SAFETY: this function has the features `dot_f32` and `axpy_f32` need, and the
+        // SAFETY: this function has the features `dot_f16` and `axpy_f16` need, and the
         // closures keep their equal-length contract (head-sized slices).
         super::attend_with(
             shape,
@@ -536,9 +545,58 @@ mod x86 {
             pools,
             scores,
             out,
-            |a, b| unsafe { dot_f32(a, b) },
-            |alpha, x, y| unsafe { axpy_f32(alpha, x, y) },
+            |a, b| unsafe { dot_f16(a, b) },
+            |alpha, x, y| unsafe { axpy_f16(alpha, x, y) },
         )
+    }
+
+    /// `Σ a·b` with `b` in half precision.
+    ///
+    /// # Safety
+    /// AVX, FMA and F16C present; `a` and `b` of equal length.
+    #[target_feature(enable = "avx,fma,f16c")]
+    unsafe fn dot_f16(a: &[f32], b: &[f16]) -> f32 {
+        let n = a.len();
+        debug_assert_eq!(n, b.len());
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        // SAFETY: every load is at `i + 8 <= n`; f16 is 2 bytes, 8 of them one 128-bit load.
+        unsafe {
+            while i + 8 <= n {
+                let bv = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
+                acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), bv, acc);
+                i += 8;
+            }
+        }
+        let mut sum = sum_lanes(acc);
+        for j in i..n {
+            sum += a[j] * b[j].to_f32();
+        }
+        sum
+    }
+
+    /// `y += alpha · x` with `x` in half precision.
+    ///
+    /// # Safety
+    /// AVX, FMA and F16C present; `x` and `y` of equal length.
+    #[target_feature(enable = "avx,fma,f16c")]
+    unsafe fn axpy_f16(alpha: f32, x: &[f16], y: &mut [f32]) {
+        let n = x.len();
+        debug_assert_eq!(n, y.len());
+        let a = _mm256_set1_ps(alpha);
+        let mut i = 0;
+        // SAFETY: every access is at `i + 8 <= n`.
+        unsafe {
+            while i + 8 <= n {
+                let yp = y.as_mut_ptr().add(i);
+                let xv = _mm256_cvtph_ps(_mm_loadu_si128(x.as_ptr().add(i).cast()));
+                _mm256_storeu_ps(yp, _mm256_fmadd_ps(a, xv, _mm256_loadu_ps(yp)));
+                i += 8;
+            }
+        }
+        for j in i..n {
+            y[j] += alpha * x[j].to_f32();
+        }
     }
 
     /// # Safety

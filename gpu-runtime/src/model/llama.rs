@@ -26,6 +26,8 @@
 
 use candle_core::Device;
 use candle_core::quantized::GgmlDType;
+use half::f16;
+use half::slice::HalfFloatSliceExt;
 use ringmaster_kernels::{AttentionShape, Cpu, Format, Q8Rows, Weights};
 
 use super::ModelError;
@@ -60,11 +62,13 @@ pub struct Llama {
     sin: Vec<f32>,
 }
 
-/// The paged K/V pool: per layer, `blocks × BLOCK_SIZE` slots of `kv_heads × head_dim` floats.
+/// The paged K/V pool: per layer, `blocks × BLOCK_SIZE` slots of `kv_heads × head_dim` values
+/// in half precision (half the memory and half the attention reads of f32; K and V are computed
+/// in f32 and rounded once, when stored).
 #[derive(Debug)]
 pub struct PagedKv {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<f16>>,
+    v: Vec<Vec<f16>>,
     kv_dim: usize,
     blocks: usize,
 }
@@ -75,8 +79,12 @@ impl PagedKv {
         let kv_dim = config.kv_heads * config.head_dim;
         let floats = blocks * BLOCK_SIZE * kv_dim;
         Self {
-            k: (0..config.layers).map(|_| vec![0.0; floats]).collect(),
-            v: (0..config.layers).map(|_| vec![0.0; floats]).collect(),
+            k: (0..config.layers)
+                .map(|_| vec![f16::ZERO; floats])
+                .collect(),
+            v: (0..config.layers)
+                .map(|_| vec![f16::ZERO; floats])
+                .collect(),
             kv_dim,
             blocks,
         }
@@ -84,12 +92,12 @@ impl PagedKv {
 
     /// Bytes the pool takes when full.
     pub fn bytes(&self) -> usize {
-        2 * self.k.len() * self.blocks * BLOCK_SIZE * self.kv_dim * 4
+        self.blocks * self.block_bytes()
     }
 
     /// Bytes one block takes across all layers (K and V).
     pub fn block_bytes(&self) -> usize {
-        2 * self.k.len() * BLOCK_SIZE * self.kv_dim * 4
+        2 * self.k.len() * BLOCK_SIZE * self.kv_dim * std::mem::size_of::<f16>()
     }
 
     fn offset(&self, table: &[BlockId], position: usize) -> usize {
@@ -313,8 +321,8 @@ impl Llama {
                 self.rotate(q, place.position);
                 self.rotate(k, place.position);
                 let at = kv.offset(seqs[place.seq].table, place.position);
-                kv.k[l][at..at + kv_dim].copy_from_slice(k);
-                kv.v[l][at..at + kv_dim].copy_from_slice(v);
+                kv.k[l][at..at + kv_dim].convert_from_f32_slice(k);
+                kv.v[l][at..at + kv_dim].convert_from_f32_slice(v);
             }
             let (k_pool, v_pool) = (&kv.k[l], &kv.v[l]);
             let shape = AttentionShape {
