@@ -58,6 +58,9 @@ struct WorkerArgs {
     /// Kernel threads.
     #[arg(long, env = "RINGMASTER_MODEL_THREADS", default_value_t = 1)]
     threads: usize,
+    /// Kernel instruction set: auto, avx2, avx or scalar.
+    #[arg(long, default_value = "auto")]
+    kernels: String,
     /// KV-cache blocks of 16 tokens.
     #[arg(long, default_value_t = 2048)]
     kv_blocks: u32,
@@ -243,12 +246,20 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     config.step_token_budget = args.step_token_budget;
     config.time_scale = 1.0;
     config.validate().context("invalid engine settings")?;
+    let isa = match args.kernels.as_str() {
+        "auto" => None,
+        name => Some(
+            ringmaster_gpu_runtime::model::Isa::from_name(name).ok_or_else(|| {
+                anyhow::anyhow!("--kernels {name:?} is not one of auto, avx2, avx, scalar")
+            })?,
+        ),
+    };
     let executor = ModelExecutor::load(
         &path,
         &ModelOptions {
             kv_blocks: args.kv_blocks,
             threads: args.threads,
-            isa: None,
+            isa,
         },
     )
     .with_context(|| format!("loading {}", path.display()))?;
