@@ -7,6 +7,7 @@ mod api;
 mod disconnect;
 mod errors;
 mod gates;
+mod model;
 mod policies;
 mod routing_quality;
 mod support;
