@@ -9,18 +9,9 @@ use crate::support::{TestGateway, metric_sum};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm_answers_through_the_gateway() {
-    let path = std::env::var_os("RINGMASTER_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(ringmaster_gpu_runtime::model::default_model_path);
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("RINGMASTER_REQUIRE_MODEL").is_none(),
-            "RINGMASTER_REQUIRE_MODEL is set but {} is missing: run `cargo xtask model`",
-            path.display()
-        );
-        eprintln!("skipping: SmolLM2 is not at {}", path.display());
+    let Some(path) = crate::support::model_path() else {
         return;
-    }
+    };
     let gw = TestGateway::start(&format!(
         "models = [\"smollm\"]\n[model]\nthreads = 1\nkernels = \"auto\"\nkv_blocks = 256\n\
          [[servers]]\naddress = \"gguf:{}\"\nid = \"smollm\"\n",

@@ -171,3 +171,22 @@ pub async fn eventually(timeout: Duration, mut check: impl AsyncFnMut() -> bool)
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// SmolLM2's path (`RINGMASTER_MODEL`, else the cache `cargo xtask model` fills), or `None`
+/// with a note when it is missing; a missing model fails instead when
+/// `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`.
+pub fn model_path() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("RINGMASTER_MODEL")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(ringmaster_gpu_runtime::model::default_model_path);
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("RINGMASTER_REQUIRE_MODEL").is_none(),
+        "RINGMASTER_REQUIRE_MODEL is set but {} is missing: run `cargo xtask model`",
+        path.display()
+    );
+    eprintln!("skipping: SmolLM2 is not at {}", path.display());
+    None
+}

@@ -265,18 +265,9 @@ async fn kv_events_stream_the_blocks_a_request_stores() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm_answers_through_a_worker() {
-    let path = std::env::var_os("RINGMASTER_MODEL")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(ringmaster_gpu_runtime::model::default_model_path);
-    if !path.is_file() {
-        assert!(
-            std::env::var_os("RINGMASTER_REQUIRE_MODEL").is_none(),
-            "RINGMASTER_REQUIRE_MODEL is set but {} is missing: run `cargo xtask model`",
-            path.display()
-        );
-        eprintln!("skipping: SmolLM2 is not at {}", path.display());
+    let Some(path) = crate::support::model_path() else {
         return;
-    }
+    };
     let options = ringmaster_gpu_runtime::model::ModelOptions {
         kv_blocks: 256,
         threads: 1,
