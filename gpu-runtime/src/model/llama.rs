@@ -320,7 +320,7 @@ impl Llama {
                 let (k, v) = rest.split_at_mut(kv_dim);
                 self.rotate(q, place.position);
                 self.rotate(k, place.position);
-                let at = kv.offset(seqs[place.seq].table, place.position);
+                let at = seq_offsets[place.seq][place.position];
                 kv.k[l][at..at + kv_dim].convert_from_f32_slice(k);
                 kv.v[l][at..at + kv_dim].convert_from_f32_slice(v);
             }
