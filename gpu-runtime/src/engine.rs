@@ -36,7 +36,7 @@
 //!   running or waiting: in-flight requests finish first. After that (or if the task
 //!   panicked) [`EngineHandle::submit`] returns [`EngineError::Stopped`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -47,7 +47,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
-use crate::block::{KvEvent, SeqId, blocks_for};
+use crate::block::{BlockHash, KvEvent, SeqId, blocks_for};
 use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
 use crate::output::OutputText;
 use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
@@ -122,6 +122,9 @@ struct Shared {
     wake: Notify,
     /// Prefix-cache changes, published after each step.
     kv_events: broadcast::Sender<KvEvent>,
+    /// The hashes the prefix cache holds, as of the last published event. Events are applied
+    /// and sent under this lock, so a snapshot plus a subscription taken together miss nothing.
+    kv_cached: Mutex<HashSet<u64>>,
 }
 
 #[derive(Debug)]
@@ -232,6 +235,7 @@ impl EngineHandle {
             inbox: AtomicU32::new(0),
             wake: Notify::new(),
             kv_events: broadcast::channel(KV_EVENT_BUFFER).0,
+            kv_cached: Mutex::new(HashSet::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let engine = Engine {
@@ -375,6 +379,46 @@ impl EngineHandle {
         self.inner.shared.kv_events.subscribe()
     }
 
+    /// What the prefix cache holds now, and a subscription to its changes from that moment:
+    /// taken together under one lock, so applying the events in order to the snapshot tracks
+    /// the cache exactly (until the subscriber lags).
+    pub fn kv_subscribe(&self) -> (Vec<BlockHash>, broadcast::Receiver<KvEvent>) {
+        let shared = &self.inner.shared;
+        let cached = shared
+            .kv_cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let events = shared.kv_events.subscribe();
+        (cached.iter().map(|h| BlockHash(*h)).collect(), events)
+    }
+
+    /// How many of `hashes` (a prompt's chained block hashes, in order) lead the prompt in
+    /// the prefix cache now: the blocks a request with that prompt would not recompute.
+    pub fn cached_prefix_blocks(&self, hashes: &[BlockHash]) -> usize {
+        let cached = self
+            .inner
+            .shared
+            .kv_cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        hashes.iter().take_while(|h| cached.contains(&h.0)).count()
+    }
+
+    /// Blocks the published prefix cache holds.
+    pub fn cached_block_count(&self) -> usize {
+        self.inner
+            .shared
+            .kv_cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// The engine's tokenizer: what a router needs to compute a prompt's block hashes.
+    pub fn tokenizer(&self) -> &Arc<dyn Tokenizer> {
+        &self.inner.tokenizer
+    }
+
     /// The engine's load as of its last step (waiting includes requests submitted since).
     /// Takes a short lock; never waits for a step.
     pub fn load(&self) -> LoadReport {
@@ -487,11 +531,11 @@ impl Engine {
                 tokio::task::yield_now().await;
             }
             self.count_step(&plan, &outcome);
-            for event in self.scheduler.take_kv_events() {
-                // No subscriber is the common case, not an error.
-                let _ = self.shared.kv_events.send(event);
-            }
-            for token in self.scheduler.apply(&plan, &outcome) {
+            let tokens = self.scheduler.apply(&plan, &outcome);
+            // Before any token goes out: a client that sees its answer and sends the next turn
+            // must find this step's blocks in the published cache.
+            self.publish_kv_events();
+            for token in tokens {
                 self.on_token(token);
             }
             debug!(
@@ -710,6 +754,28 @@ impl Engine {
         c.prefill_tokens_total += plan.num_prefill_tokens() as u64;
         c.decode_tokens_total += plan.num_decodes() as u64;
         c.busy_seconds_total += outcome.duration.as_secs_f64();
+    }
+
+    /// Applies the step's prefix-cache changes to the shared mirror and sends them to
+    /// subscribers, under the mirror's lock (see [`EngineHandle::kv_subscribe`]).
+    fn publish_kv_events(&mut self) {
+        let events = self.scheduler.take_kv_events();
+        if events.is_empty() {
+            return;
+        }
+        let mut cached = self
+            .shared
+            .kv_cached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for event in events {
+            match event {
+                KvEvent::Stored(h) => cached.insert(h.0),
+                KvEvent::Evicted(h) => cached.remove(&h.0),
+            };
+            // No subscriber is the common case, not an error.
+            let _ = self.shared.kv_events.send(event);
+        }
     }
 
     fn publish(&self) {

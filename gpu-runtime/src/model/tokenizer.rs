@@ -12,6 +12,8 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
+use serde::{Deserialize, Serialize};
+
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -21,7 +23,7 @@ use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use super::gguf::{ModelFile, meta_str};
 use crate::request::{ChatMessage, Role};
-use crate::tokenizer::Tokenizer;
+use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 /// A GGUF model's tokenizer.
 #[derive(Debug)]
@@ -31,10 +33,30 @@ pub struct GgufTokenizer {
     bytes: Vec<Vec<u8>>,
     end_of_turn: Vec<u32>,
     default_system: Option<String>,
+    /// What it was built from, for routers that tokenize as this engine does.
+    spec: BpeSpec,
 }
 
-impl GgufTokenizer {
-    /// Builds the tokenizer from `file`'s metadata.
+/// A byte-level BPE tokenizer as a GGUF file's metadata describes it: everything needed to
+/// build the same [`GgufTokenizer`] elsewhere (a gateway fetches it from a worker).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BpeSpec {
+    /// `tokenizer.ggml.tokens`: each id's piece, in GPT-2's byte alphabet.
+    pub tokens: Vec<String>,
+    /// `tokenizer.ggml.token_type` (3 = control token); empty when the file has none.
+    pub token_types: Vec<i32>,
+    /// `tokenizer.ggml.merges`: `"a b"` pairs, highest priority first.
+    pub merges: Vec<String>,
+    /// `tokenizer.ggml.pre`.
+    pub pre: String,
+    /// `tokenizer.ggml.eos_token_id`.
+    pub eos_token_id: Option<u32>,
+    /// The chat template's literal default system prompt.
+    pub default_system: Option<String>,
+}
+
+impl BpeSpec {
+    /// Reads the tokenizer's metadata from `file`.
     pub fn from_file(file: &ModelFile) -> Result<Self, String> {
         let content = &file.content;
         let model = meta_str(content, "tokenizer.ggml.model")?;
@@ -55,23 +77,57 @@ impl GgufTokenizer {
                 .map(|v| v.to_string().cloned().map_err(|e| format!("{key}: {e}")))
                 .collect()
         };
-        let tokens = list("tokenizer.ggml.tokens")?;
-        let merges = list("tokenizer.ggml.merges")?;
-        let types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
+        let token_types: Vec<i32> = match content.metadata.get("tokenizer.ggml.token_type") {
             Some(v) => v
                 .to_vec()
                 .map_err(|e| format!("tokenizer.ggml.token_type: {e}"))?
                 .iter()
                 .map(|t| t.to_i32().unwrap_or(1))
                 .collect(),
-            None => vec![1; tokens.len()],
+            None => Vec::new(),
         };
+        Ok(Self {
+            tokens: list("tokenizer.ggml.tokens")?,
+            token_types,
+            merges: list("tokenizer.ggml.merges")?,
+            pre: meta_str(content, "tokenizer.ggml.pre")
+                .unwrap_or("default")
+                .to_owned(),
+            eos_token_id: content
+                .metadata
+                .get("tokenizer.ggml.eos_token_id")
+                .and_then(|v| v.to_u32().ok()),
+            default_system: meta_str(content, "tokenizer.chat_template")
+                .ok()
+                .and_then(default_system_prompt),
+        })
+    }
+}
+
+impl GgufTokenizer {
+    /// Builds the tokenizer from `file`'s metadata.
+    pub fn from_file(file: &ModelFile) -> Result<Self, String> {
+        Self::from_spec(BpeSpec::from_file(file)?)
+    }
+
+    /// Builds the tokenizer from its description.
+    pub fn from_spec(spec: BpeSpec) -> Result<Self, String> {
+        let tokens = &spec.tokens;
+        if !spec.token_types.is_empty() && spec.token_types.len() != tokens.len() {
+            return Err(format!(
+                "{} token types for {} tokens",
+                spec.token_types.len(),
+                tokens.len()
+            ));
+        }
+        let type_of = |i: usize| spec.token_types.get(i).copied().unwrap_or(1);
         let vocab: Vocab = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let merges: Vec<(String, String)> = merges
+        let merges: Vec<(String, String)> = spec
+            .merges
             .iter()
             .filter_map(|m| m.split_once(' '))
             .map(|(a, b)| (a.to_owned(), b.to_owned()))
@@ -80,9 +136,8 @@ impl GgufTokenizer {
             .vocab_and_merges(vocab, merges)
             .build()
             .map_err(|e| format!("building the BPE model: {e}"))?;
-        let pre = meta_str(content, "tokenizer.ggml.pre").unwrap_or("default");
         let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true));
-        let pre_tokenizer = match pre {
+        let pre_tokenizer = match spec.pre.as_str() {
             "smollm" | "llama-bpe" | "default" | "gpt2" => Sequence::new(vec![
                 PreTokenizerWrapper::Digits(Digits::new(true)),
                 byte_level,
@@ -98,9 +153,9 @@ impl GgufTokenizer {
         inner.with_decoder(Some(ByteLevel::default()));
         let specials: Vec<AddedToken> = tokens
             .iter()
-            .zip(&types)
-            .filter(|(_, t)| **t == 3)
-            .map(|(text, _)| AddedToken::from(text.clone(), true))
+            .enumerate()
+            .filter(|(i, _)| type_of(*i) == 3)
+            .map(|(_, text)| AddedToken::from(text.clone(), true))
             .collect();
         inner
             .add_special_tokens(specials)
@@ -108,9 +163,9 @@ impl GgufTokenizer {
         let decode_table = byte_decoder();
         let bytes = tokens
             .iter()
-            .zip(&types)
-            .map(|(text, t)| {
-                if *t == 3 {
+            .enumerate()
+            .map(|(i, text)| {
+                if type_of(i) == 3 {
                     Vec::new()
                 } else {
                     text.chars()
@@ -124,10 +179,7 @@ impl GgufTokenizer {
             .iter()
             .filter_map(|t| id_of(t))
             .collect();
-        if let Some(eos) = content
-            .metadata
-            .get("tokenizer.ggml.eos_token_id")
-            .and_then(|v| v.to_u32().ok())
+        if let Some(eos) = spec.eos_token_id
             && !end_of_turn.contains(&eos)
         {
             end_of_turn.push(eos);
@@ -137,14 +189,12 @@ impl GgufTokenizer {
                 "the vocabulary has no <|im_start|>: only ChatML models are supported".into(),
             );
         }
-        let default_system = meta_str(content, "tokenizer.chat_template")
-            .ok()
-            .and_then(default_system_prompt);
         Ok(Self {
             inner,
             bytes,
             end_of_turn,
-            default_system,
+            default_system: spec.default_system.clone(),
+            spec,
         })
     }
 
@@ -190,6 +240,10 @@ impl Tokenizer for GgufTokenizer {
 
     fn is_end_of_turn(&self, id: u32) -> bool {
         self.end_of_turn.contains(&id)
+    }
+
+    fn spec(&self) -> TokenizerSpec {
+        TokenizerSpec::Bpe(Box::new(self.spec.clone()))
     }
 }
 

@@ -11,10 +11,17 @@
 //! - `GET /v1/models`: the one model served.
 //! - `GET /load`: the engine's load report (running, waiting, KV blocks used, cached and total,
 //!   cumulative token and step counters), for a gateway's routing.
-//! - `GET /kv/events`: server-sent events, one per prefix-cache change from the moment of
-//!   subscribing: `{"type":"stored","hash":"<16 hex digits>"}` or `"evicted"`, by the block's
-//!   chained hash (see `ringmaster_gpu_runtime::block::chain_hash`). A subscriber that falls
-//!   behind gets `{"type":"lagged","missed":N}` and should treat its view as stale.
+//! - `GET /kv/events`: server-sent events. The first is `{"type":"snapshot","hashes":[…]}`,
+//!   every block hash the prefix cache holds; then one per change from that moment:
+//!   `{"type":"stored","hash":"<16 hex digits>"}` or `"evicted"`, by the block's chained hash
+//!   (see `ringmaster_gpu_runtime::block::chain_hash`). The snapshot and the subscription are
+//!   taken together, so applying the changes in order to the snapshot tracks the cache
+//!   exactly. A subscriber that falls behind gets `{"type":"lagged","missed":N}`: its view is
+//!   stale and it should reconnect.
+//! - `GET /tokenizer`: `{"block_size":16,"fingerprint":"<hex>","tokenizer":{…}}`, the
+//!   engine's tokenizer as data (`ringmaster_gpu_runtime::TokenizerSpec`), so a gateway can
+//!   compute the block hashes of a prompt as this worker will and match them against the
+//!   events.
 //!
 //! A client that disconnects cancels its generation: the engine frees its KV blocks at once.
 //! This crate owns the HTTP surface only; the engine, its executor and its model are the
@@ -61,6 +68,8 @@ type ResponseBody = UnsyncBoxBody<Bytes, Infallible>;
 pub struct Worker {
     engine: EngineHandle,
     model: String,
+    /// The `/tokenizer` body, built on first use (about 2 MB for a 49k-token vocabulary).
+    tokenizer_body: std::sync::OnceLock<Bytes>,
 }
 
 impl Worker {
@@ -69,6 +78,7 @@ impl Worker {
         Arc::new(Self {
             engine,
             model: model.into(),
+            tokenizer_body: std::sync::OnceLock::new(),
         })
     }
 
@@ -132,6 +142,7 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
         (&Method::GET, "/v1/models") => models(&worker),
         (&Method::GET, "/load") => json_response(StatusCode::OK, &load_json(&worker.engine.load())),
         (&Method::GET, "/kv/events") => kv_events(&worker),
+        (&Method::GET, "/tokenizer") => tokenizer(&worker),
         (&Method::POST, "/v1/chat/completions") => {
             generate(&worker, req, Endpoint::Chat, &request_id).await
         }
@@ -144,6 +155,7 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
             | "/v1/models"
             | "/load"
             | "/kv/events"
+            | "/tokenizer"
             | "/v1/chat/completions"
             | "/v1/completions",
         ) => error_response(
@@ -220,10 +232,38 @@ pub fn kv_event_frame(event: &KvEvent) -> Bytes {
     sse_data(&json!({ "type": kind, "hash": format!("{hash:016x}") }))
 }
 
+fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
+    let body = worker.tokenizer_body.get_or_init(|| {
+        let spec = worker.engine.tokenizer().spec();
+        Bytes::from(
+            json!({
+                "block_size": ringmaster_gpu_runtime::BLOCK_SIZE,
+                "fingerprint": format!("{:016x}", spec.fingerprint()),
+                "tokenizer": spec,
+            })
+            .to_string(),
+        )
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(body.clone()))
+        .unwrap_or_else(|_| Response::new(full(Bytes::new())))
+}
+
+/// The `snapshot` frame that opens `/kv/events`: every block hash the prefix cache holds.
+pub fn kv_snapshot_frame(hashes: &[ringmaster_gpu_runtime::block::BlockHash]) -> Bytes {
+    let hashes: Vec<String> = hashes.iter().map(|h| format!("{:016x}", h.0)).collect();
+    sse_data(&json!({ "type": "snapshot", "hashes": hashes }))
+}
+
 fn kv_events(worker: &Worker) -> Response<ResponseBody> {
-    let mut events = worker.engine.kv_events();
+    let (snapshot, mut events) = worker.engine.kv_subscribe();
     let (tx, body) = ChannelBody::channel(64);
     tokio::spawn(async move {
+        if tx.send(kv_snapshot_frame(&snapshot)).await.is_err() {
+            return;
+        }
         loop {
             let frame = match events.recv().await {
                 Ok(event) => kv_event_frame(&event),

@@ -237,6 +237,18 @@ async fn explain(
         .pool
         .explain(&input)
         .ok_or_else(|| ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool"))?;
+    let prefix_matches: Vec<_> =
+        crate::policy::prefix_matches(&snapshot, gateway.pool.prefixes(), &input)
+            .into_iter()
+            .map(|m| {
+                json!({
+                    "server": m.server,
+                    "hashes": m.hashes,
+                    "tokens": m.tokens,
+                    "source": m.source.as_str(),
+                })
+            })
+            .collect();
     let total: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
     let candidates: Vec<_> = snapshot
         .ring
@@ -276,6 +288,7 @@ async fn explain(
                 "hash": format!("{:016x}", input.key),
             },
             "prefix_hashes": input.prefix_hashes.len(),
+            "prefix_matches": prefix_matches,
             "candidates": candidates,
             "chosen": decision.server.id(),
             "reason": decision.reason.as_str(),

@@ -20,6 +20,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
 use crate::policy::PoolView;
 use crate::pool::Pool;
+use crate::routing::RoutingInput;
 use crate::slot::PolicySlot;
 
 /// Requests that may wait in the gateway's queue at once, unless configured.
@@ -81,6 +82,7 @@ impl AdmissionGate {
         &self,
         pool: &Pool,
         metrics: &Metrics,
+        input: &RoutingInput,
         request: &mut PolicyRequest,
     ) -> Result<(), ApiError> {
         let mut ticket: Option<QueuedTicket<'_>> = None;
@@ -90,7 +92,7 @@ impl AdmissionGate {
             let released = pool.released().notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            let Some(verdict) = self.ask(pool, metrics, request, ticket.is_some()) else {
+            let Some(verdict) = self.ask(pool, metrics, input, request, ticket.is_some()) else {
                 return Ok(());
             };
             match verdict {
@@ -153,12 +155,13 @@ impl AdmissionGate {
         &self,
         pool: &Pool,
         metrics: &Metrics,
+        input: &RoutingInput,
         request: &PolicyRequest,
         requeued: bool,
     ) -> Option<AdmissionVerdict> {
         let installed = self.slot.current()?;
         let snapshot = pool.snapshot();
-        let view = PoolView::new(&snapshot, pool, &request.prefix_hashes);
+        let view = PoolView::new(&snapshot, pool, input);
         let in_flight: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
         // A request that already waits is not counted against itself.
         let queued = self.queued().saturating_sub(u32::from(requeued));

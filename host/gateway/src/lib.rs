@@ -19,6 +19,7 @@ mod body;
 pub mod builtin;
 pub mod config;
 pub mod error;
+pub mod kv_view;
 pub mod metrics;
 pub mod policy;
 pub mod pool;

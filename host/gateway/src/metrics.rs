@@ -366,7 +366,17 @@ impl Collector for ServerCollector {
             })
             .collect();
         type Read = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
-        let gauges: [(&str, &str, Read); 11] = [
+        let gauges: [(&str, &str, Read); 13] = [
+            (
+                "server_kv_reported_blocks",
+                "Blocks in the server's prefix cache as the server reports it (its KV event stream for a worker)",
+                |s, _| s.reported_cache().0 as f64,
+            ),
+            (
+                "server_kv_report_live",
+                "1 while the gateway's view of the server's cache follows the server's own reports; 0 while it falls back to routing history",
+                |s, _| if s.reported_cache().1 { 1.0 } else { 0.0 },
+            ),
             (
                 "server_batch_size",
                 "Sequences in the server's last engine step",

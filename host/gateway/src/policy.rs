@@ -28,6 +28,7 @@ use ringmaster_policy_engine::{
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use crate::kv_view::{PromptBlocks, in_prefix_units};
 use crate::pool::{Decision, InFlight, Pool, PoolSnapshot};
 use crate::prefix_index::PrefixIndex;
 use crate::routing::RoutingInput;
@@ -394,11 +395,7 @@ impl RouterSlot {
         if snapshot.servers.is_empty() {
             return RouteOutcome::NoServers;
         }
-        let view = PoolView {
-            snapshot: &snapshot,
-            prefixes: pool.prefixes(),
-            hashes: &input.prefix_hashes,
-        };
+        let view = PoolView::new(&snapshot, pool, input);
         let variant = set.pick(input.key).cloned();
         let mut fault = None;
         let routed = match &variant {
@@ -486,16 +483,16 @@ impl RouterSlot {
 pub(crate) struct PoolView<'a> {
     snapshot: &'a PoolSnapshot,
     prefixes: &'a PrefixIndex,
-    hashes: &'a [u64],
+    input: &'a RoutingInput,
 }
 
 impl<'a> PoolView<'a> {
-    /// The view of `snapshot` for a request with prefix `hashes`.
-    pub(crate) fn new(snapshot: &'a PoolSnapshot, pool: &'a Pool, hashes: &'a [u64]) -> Self {
+    /// The view of `snapshot` for the request `input` describes.
+    pub(crate) fn new(snapshot: &'a PoolSnapshot, pool: &'a Pool, input: &'a RoutingInput) -> Self {
         Self {
             snapshot,
             prefixes: pool.prefixes(),
-            hashes,
+            input,
         }
     }
 
@@ -557,16 +554,86 @@ impl RouterHost for PoolView<'_> {
     }
 
     fn prefix_matches(&self) -> Vec<(String, u32)> {
-        let by_slot = self.prefixes.matches(self.hashes);
-        self.snapshot
-            .servers
-            .iter()
-            .filter_map(|s| {
-                by_slot
-                    .iter()
-                    .find(|(slot, _)| *slot == s.slot())
-                    .map(|(_, n)| (s.id().to_owned(), *n))
-            })
+        prefix_matches(self.snapshot, self.prefixes, self.input)
+            .into_iter()
+            .filter(|m| m.hashes > 0)
+            .map(|m| (m.server, m.hashes))
             .collect()
     }
+}
+
+/// Where a server's prefix match came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatchSource {
+    /// The server's own report of its cache (see [`crate::kv_view`]).
+    Reported,
+    /// The gateway's routing history ([`PrefixIndex`]): the server reports nothing now.
+    Estimated,
+}
+
+impl MatchSource {
+    /// A stable name for the explain endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reported => "reported",
+            Self::Estimated => "estimated",
+        }
+    }
+}
+
+/// How much of one request's prompt one server holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixMatch {
+    /// The server.
+    pub server: String,
+    /// Leading prefix hashes held (the unit of `cluster.prefix-matches`).
+    pub hashes: u32,
+    /// Leading prompt tokens held, when the server reports its cache.
+    pub tokens: Option<usize>,
+    /// Where the answer came from.
+    pub source: MatchSource,
+}
+
+/// For every server in `snapshot`, how much of the prompt of `input` it holds: from the
+/// server's own report of its cache when it has one, else from the routing history.
+pub fn prefix_matches(
+    snapshot: &PoolSnapshot,
+    prefixes: &PrefixIndex,
+    input: &RoutingInput,
+) -> Vec<PrefixMatch> {
+    let mut estimated: Option<Vec<(usize, u32)>> = None;
+    let mut blocks = PromptBlocks::new(&input.chat);
+    let hashes = input.prefix_hashes.len();
+    snapshot
+        .servers
+        .iter()
+        .map(|s| {
+            let reported = s.cache_scheme().and_then(|scheme| {
+                let (prompt_blocks, prompt_tokens) = blocks.under(&scheme);
+                let held = s.held_blocks(prompt_blocks)?;
+                Some((held, prompt_tokens))
+            });
+            match reported {
+                Some((held, prompt_tokens)) => PrefixMatch {
+                    server: s.id().to_owned(),
+                    hashes: in_prefix_units(held, prompt_tokens, input.prompt_chunks, hashes),
+                    tokens: Some((held * ringmaster_gpu_runtime::BLOCK_SIZE).min(prompt_tokens)),
+                    source: MatchSource::Reported,
+                },
+                None => {
+                    let by_slot =
+                        estimated.get_or_insert_with(|| prefixes.matches(&input.prefix_hashes));
+                    PrefixMatch {
+                        server: s.id().to_owned(),
+                        hashes: by_slot
+                            .iter()
+                            .find(|(slot, _)| *slot == s.slot())
+                            .map_or(0, |(_, n)| *n),
+                        tokens: None,
+                        source: MatchSource::Estimated,
+                    }
+                }
+            }
+        })
+        .collect()
 }

@@ -76,6 +76,8 @@ pub struct Server {
     released: Arc<tokio::sync::Notify>,
     /// How long loading its model took (model servers only).
     model_load: Option<std::time::Duration>,
+    /// A local engine's tokenizer (a remote worker's is fetched; see [`Backend::cache_scheme`]).
+    local_scheme: Option<crate::kv_view::Scheme>,
 }
 
 impl Server {
@@ -118,6 +120,31 @@ impl Server {
     /// How long loading its model took (model servers only).
     pub fn model_load(&self) -> Option<std::time::Duration> {
         self.model_load
+    }
+    /// The tokenizer under which the server's cache is reported; `None` while unknown.
+    pub fn cache_scheme(&self) -> Option<crate::kv_view::Scheme> {
+        match &self.engine {
+            Backend::Local(_) => self.local_scheme.clone(),
+            Backend::Remote(worker) => worker.kv().scheme(),
+        }
+    }
+    /// How many of `hashes` (a prompt's block hashes under [`Self::cache_scheme`]) lead in
+    /// the server's own report of its cache; `None` while it has none.
+    pub fn held_blocks(
+        &self,
+        hashes: &[ringmaster_gpu_runtime::block::BlockHash],
+    ) -> Option<usize> {
+        match &self.engine {
+            Backend::Local(engine) => Some(engine.cached_prefix_blocks(hashes)),
+            Backend::Remote(worker) => worker.kv().held_blocks(hashes),
+        }
+    }
+    /// Blocks in the server's reported cache, and whether the report is live.
+    pub fn reported_cache(&self) -> (usize, bool) {
+        match &self.engine {
+            Backend::Local(engine) => (engine.cached_block_count(), true),
+            Backend::Remote(worker) => (worker.kv().len(), worker.kv().is_synced()),
+        }
     }
 }
 
@@ -619,6 +646,10 @@ fn start_server(
             Backend::Remote(crate::remote::RemoteWorker::start(url))
         }
     };
+    let local_scheme = match &engine {
+        Backend::Local(engine) => Some(crate::kv_view::Scheme::of(engine.tokenizer().clone())),
+        Backend::Remote(_) => None,
+    };
     Ok(Arc::new(Server {
         id: spec.id.clone(),
         slot,
@@ -631,6 +662,7 @@ fn start_server(
         draining: AtomicBool::new(false),
         released: released.clone(),
         model_load,
+        local_scheme,
     }))
 }
 
@@ -669,6 +701,8 @@ mod tests {
             key,
             source: KeySource::Prefix,
             prefix_hashes: vec![],
+            prompt_chunks: 0,
+            chat: Default::default(),
         }
     }
 

@@ -12,9 +12,13 @@
 //! while it cannot be reached, its load reads as full (`waiting` at `u32::MAX`) so that routing
 //! avoids it.
 //!
-//! Not yet here: the worker's KV events (`/kv/events`) are not consumed, because they name
-//! blocks by the engine's token-block hashes while the gateway's prefix index keys on its own
-//! text-chunk hashes; the gateway keeps its own estimate for remote workers as for local ones.
+//! The worker's prefix cache is mirrored from its own reports: its tokenizer (`/tokenizer`,
+//! fetched on every (re)connection, rebuilt only when its fingerprint changes) and its event
+//! stream (`/kv/events`: a snapshot, then each block stored and evicted) feed a
+//! [`ReportedCache`]. While the stream is down or has lagged the mirror is marked stale and
+//! routing falls back to the gateway's own estimate; the client reconnects with backoff
+//! (250 ms doubling to [`KV_RECONNECT_MAX`]). A worker without these endpoints (any other
+//! OpenAI server) is asked again only every [`KV_UNSUPPORTED_RETRY`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -22,11 +26,22 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use ringmaster_gpu_runtime::{
-    FinishReason, GenerateEvent, GenerateRequest, GenerationStream, LoadReport,
+    FinishReason, GenerateEvent, GenerateRequest, GenerationStream, LoadReport, TokenizerSpec,
 };
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
+
+use crate::kv_view::ReportedCache;
+
+/// Longest wait between attempts to reconnect to a worker's KV event stream.
+pub const KV_RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// How often a worker without `/tokenizer` or `/kv/events` is asked again.
+pub const KV_UNSUPPORTED_RETRY: Duration = Duration::from_secs(60);
+
+/// How often a follower of a removed worker's event stream notices and stops.
+const KV_FOLLOW_CHECK: Duration = Duration::from_secs(1);
 
 /// How often a worker's load is fetched.
 pub const LOAD_POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -75,6 +90,7 @@ pub struct RemoteWorker {
     response_timeout: Duration,
     load: Mutex<LoadReport>,
     reachable: AtomicBool,
+    kv: Arc<ReportedCache>,
 }
 
 impl RemoteWorker {
@@ -97,9 +113,16 @@ impl RemoteWorker {
             load: Mutex::new(LoadReport::default()),
             // Unknown until the first poll: assume reachable so the first requests are tried.
             reachable: AtomicBool::new(true),
+            kv: Arc::new(ReportedCache::default()),
         });
         tokio::spawn(poll_load(Arc::downgrade(&worker)));
+        tokio::spawn(follow_kv(Arc::downgrade(&worker)));
         worker
+    }
+
+    /// The worker's prefix cache as its event stream reports it.
+    pub fn kv(&self) -> &ReportedCache {
+        &self.kv
     }
 
     /// The worker's last reported load; full while it cannot be reached.
@@ -297,6 +320,144 @@ impl ChunkReader {
                 cached_tokens,
                 output_tokens: count(&usage["completion_tokens"]),
             });
+        }
+    }
+}
+
+/// How one connection to a worker's event stream ended.
+#[derive(Debug, thiserror::Error)]
+enum FollowEnd {
+    /// The worker has no such endpoint, or reports its cache in another block size.
+    #[error("the worker does not report its KV cache: {0}")]
+    Unsupported(String),
+    /// The connection failed or closed, or the stream said something wrong.
+    #[error("{0}")]
+    Lost(String),
+    /// The worker was removed from the pool.
+    #[error("the worker was removed")]
+    Removed,
+}
+
+/// Keeps `worker.kv` in step with the worker's cache while the worker is in the pool.
+async fn follow_kv(worker: Weak<RemoteWorker>) {
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let Some((client, url, kv)) = worker
+            .upgrade()
+            .map(|w| (w.client.clone(), w.url.clone(), w.kv.clone()))
+        else {
+            return;
+        };
+        let end = follow_once(&client, &url, &kv, &worker).await;
+        let was_synced = kv.is_synced();
+        kv.mark_stale();
+        let wait = match end {
+            FollowEnd::Removed => return,
+            FollowEnd::Unsupported(why) => {
+                info!(worker = %url, %why, "remote.kv_unsupported");
+                KV_UNSUPPORTED_RETRY
+            }
+            FollowEnd::Lost(why) => {
+                if was_synced {
+                    warn!(worker = %url, %why, "remote.kv_stale");
+                    backoff = Duration::from_millis(250);
+                } else {
+                    debug!(worker = %url, %why, "remote.kv_unavailable");
+                }
+                let wait = backoff;
+                backoff = (backoff * 2).min(KV_RECONNECT_MAX);
+                wait
+            }
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// One connection: fetch the tokenizer, then apply events until the stream ends.
+async fn follow_once(
+    client: &reqwest::Client,
+    url: &str,
+    kv: &Arc<ReportedCache>,
+    worker: &Weak<RemoteWorker>,
+) -> FollowEnd {
+    let lost = |e: reqwest::Error| FollowEnd::Lost(e.to_string());
+    let described = match client
+        .get(format!("{url}/tokenizer"))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+    {
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+            return FollowEnd::Unsupported("no /tokenizer".into());
+        }
+        Ok(r) => match r.error_for_status() {
+            Ok(r) => r.json::<Value>().await.map_err(lost),
+            Err(e) => Err(lost(e)),
+        },
+        Err(e) => Err(lost(e)),
+    };
+    let described = match described {
+        Ok(v) => v,
+        Err(end) => return end,
+    };
+    if described["block_size"].as_u64() != Some(ringmaster_gpu_runtime::BLOCK_SIZE as u64) {
+        return FollowEnd::Unsupported(format!(
+            "block size {} (this gateway hashes {}-token blocks)",
+            described["block_size"],
+            ringmaster_gpu_runtime::BLOCK_SIZE
+        ));
+    }
+    let spec: TokenizerSpec = match serde_json::from_value(described["tokenizer"].clone()) {
+        Ok(spec) => spec,
+        Err(e) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
+    };
+    let kv_for_build = kv.clone();
+    // Building a BPE tokenizer takes a while: off the async threads.
+    match tokio::task::spawn_blocking(move || kv_for_build.set_scheme(&spec)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
+        Err(e) => return FollowEnd::Lost(e.to_string()),
+    }
+    let response = match client.get(format!("{url}/kv/events")).send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+            return FollowEnd::Unsupported("no /kv/events".into());
+        }
+        Ok(r) => match r.error_for_status() {
+            Ok(r) => r,
+            Err(e) => return lost(e),
+        },
+        Err(e) => return lost(e),
+    };
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut check = tokio::time::interval(KV_FOLLOW_CHECK);
+    loop {
+        let chunk = tokio::select! {
+            chunk = body.next() => chunk,
+            _ = check.tick() => {
+                if worker.strong_count() == 0 {
+                    return FollowEnd::Removed;
+                }
+                continue;
+            }
+        };
+        let bytes = match chunk {
+            Some(Ok(bytes)) => bytes,
+            Some(Err(e)) => return lost(e),
+            None => return FollowEnd::Lost("the event stream ended".into()),
+        };
+        buffer.push_str(&String::from_utf8_lossy(&bytes));
+        while let Some(end) = buffer.find("\n\n") {
+            let frame: String = buffer.drain(..end + 2).collect();
+            for data in frame.lines().filter_map(|l| l.strip_prefix("data: ")) {
+                let first_sync = !kv.is_synced();
+                if let Err(e) = kv.apply(data) {
+                    return FollowEnd::Lost(e.to_string());
+                }
+                if first_sync && kv.is_synced() {
+                    info!(worker = %url, blocks = kv.len(), "remote.kv_synced");
+                }
+            }
         }
     }
 }

@@ -13,10 +13,14 @@
 //! (`h[i] = xxh3(chunk[i], seed = h[i-1])`), full chunks only, for cache-aware policies to
 //! estimate how much of a prompt a server already holds. This module does no I/O.
 
+use std::sync::Arc;
+
+use ringmaster_gpu_runtime::ChatMessage;
 use ringmaster_ring::key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::api::{MessagesRequest, Role};
+use crate::kv_view::ChatPrompt;
 
 /// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
 pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
@@ -80,8 +84,12 @@ pub struct RoutingInput {
     pub key: u64,
     /// Where the key came from.
     pub source: KeySource,
-    /// Chained hashes of the prompt's full chunks.
+    /// Chained hashes of the prompt's full chunks (at most `max_hashes` of them).
     pub prefix_hashes: Vec<u64>,
+    /// The prompt's full chunks, counted past the cap on hashes.
+    pub prompt_chunks: usize,
+    /// The chat, for matching it against the caches servers report (see [`crate::kv_view`]).
+    pub chat: Arc<ChatPrompt>,
 }
 
 /// Computes the routing key and prefix hashes of `request`.
@@ -92,6 +100,7 @@ pub fn routing_input(
 ) -> RoutingInput {
     let (prompt, first_turn_end) = canonical_prompt(request);
     let prefix_hashes = chained_chunk_hashes(&prompt, hashing);
+    let prompt_chunks = prompt.len() / hashing.chunk_bytes.max(1);
     let session = session_header
         .filter(|s| !s.is_empty())
         .map(|s| (s, KeySource::SessionHeader))
@@ -109,6 +118,26 @@ pub fn routing_input(
         key,
         source,
         prefix_hashes,
+        prompt_chunks,
+        chat: Arc::new(chat_prompt(request)),
+    }
+}
+
+/// The request's chat in the engines' terms.
+pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
+    ChatPrompt {
+        system: request.system.clone(),
+        messages: request
+            .messages
+            .iter()
+            .map(|m| ChatMessage {
+                role: match m.role {
+                    Role::User => ringmaster_gpu_runtime::Role::User,
+                    Role::Assistant => ringmaster_gpu_runtime::Role::Assistant,
+                },
+                text: m.text.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -382,7 +382,7 @@ async fn messages(
     policy_request.headers = passed_headers;
     gateway
         .admission
-        .admit(&gateway.pool, &gateway.metrics, &mut policy_request)
+        .admit(&gateway.pool, &gateway.metrics, &input, &mut policy_request)
         .await?;
     let routing_started = Instant::now();
     let routed = match gateway.router.route(&gateway.pool, &input, &policy_request) {
