@@ -10,8 +10,9 @@
 //! recently used `capacity / 2 ..= capacity` hashes (an LRU approximation without per-entry
 //! bookkeeping). Servers are tracked by slot numbers 0..64 (a bitmask per hash); the pool gives
 //! each server a slot for as long as it lives, and a pool with more than 64 servers simply gets
-//! no estimate for the rest. Worker-reported KV events (a later issue) replace this guess with
-//! the truth. This module does no I/O.
+//! no estimate for the rest. Servers that report their own cache (see [`crate::kv_view`]) are
+//! matched by that report instead; this estimate answers for the others. This module does no
+//! I/O.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
