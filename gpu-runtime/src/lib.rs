@@ -7,13 +7,14 @@
 //! together ([`EngineHandle`]). It must not depend on the gateway (`host/`): the gateway drives
 //! engines through [`EngineHandle`] and reads their [`LoadReport`].
 //!
-//! Two executors implement the [`Executor`] trait: [`SimExecutor`], which replaces model math
+//! Three executors implement the [`Executor`] trait: [`SimExecutor`], which replaces model math
 //! with a cost model ([`SimCostModel`], defaults resembling one H100 serving a Llama-3-8B-class
-//! model) and a modelled clock, and [`model::ModelExecutor`], a llama GGUF model on the CPU
-//! kernels of `ringmaster-kernels`. The block manager, prefix cache and scheduler are the same
-//! for both and do not know which executor runs. Around the engine: worker mode (one engine
-//! over HTTP) is the `ringmaster-worker` crate, and the CUDA kernels are `ringmaster-cuda`
-//! (feature `cuda`, re-exported as `cuda`), whose executor is still to come.
+//! model) and a modelled clock; [`model::ModelExecutor`], a llama GGUF model on the CPU
+//! kernels of `ringmaster-kernels`; and, with the `cuda` feature, `model::GpuExecutor`, the
+//! same model on one CUDA GPU through `ringmaster-cuda` (re-exported as `cuda`). The block
+//! manager, prefix cache and scheduler are the same for all and do not know which executor
+//! runs. Around the engine: worker mode (one engine over HTTP) is the `ringmaster-worker`
+//! crate.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ringmaster_gpu_runtime::EngineError> {

@@ -58,16 +58,19 @@ extern "C" __global__ void rope(float* x, const int* positions, const float* cos
 
 // Attention of token blockIdx.x, head blockIdx.y, over positions 0..=position through its
 // block table; one warp, online softmax per lane, merged across lanes at the end.
+// q's rows are q_stride values apart (its heads first), so attention reads Q in place inside a
+// stacked QKV row.
 extern "C" __global__ void paged_attention(const float* q, const float* k_pool, const float* v_pool,
                                            const int* tables, const int* table_offsets,
                                            const int* positions, float* out, int heads,
-                                           int kv_heads, int head_dim, int block_size) {
+                                           int kv_heads, int head_dim, int block_size,
+                                           int q_stride) {
     int token = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
     int g = h / (heads / kv_heads);
     int kv_dim = kv_heads * head_dim;
     const int* table = tables + table_offsets[token];
     int n = positions[token] + 1;
-    const float* qh = q + ((long)token * heads + h) * head_dim;
+    const float* qh = q + (long)token * q_stride + h * head_dim;
     float scale = rsqrtf((float)head_dim);
     float m = NEG_INF, l = 0.0f;
     float acc[MAX_HEAD_DIM];
@@ -116,4 +119,51 @@ extern "C" __global__ void silu_mul(const float* gate_up, float* act, int ffn, i
 extern "C" __global__ void add(float* x, const float* y, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
+}
+
+// out[t] = dequantized row tokens[t] of an int8 matrix (the embedding); one block per token.
+extern "C" __global__ void embed_q8(const signed char* qs, const float* scales, const int* tokens,
+                                    float* out, int cols) {
+    long r = tokens[blockIdx.x];
+    float* o = out + (long)blockIdx.x * cols;
+    for (int k = threadIdx.x; k < cols; k += blockDim.x)
+        o[k] = (float)qs[r * cols + k] * scales[r * (cols / QK) + k / QK];
+}
+
+// Rotates the query heads and then the key heads at the start of each stacked QKV row
+// (qkv_dim values apart) by the row's position; interleaved pairs, as GGUF llama weights are
+// laid out.
+extern "C" __global__ void rope_qk(float* qkv, const int* positions, const float* cos_table,
+                                   const float* sin_table, int qkv_dim, int heads, int kv_heads,
+                                   int head_dim) {
+    int row = blockIdx.x;
+    int half = head_dim / 2;
+    int p = positions[row];
+    for (int t = threadIdx.x; t < (heads + kv_heads) * half; t += blockDim.x) {
+        int h = t / half, j = t % half;
+        float* pair = qkv + (long)row * qkv_dim + h * head_dim + 2 * j;
+        float c = cos_table[(long)p * half + j], s = sin_table[(long)p * half + j];
+        float a = pair[0], b = pair[1];
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+    }
+}
+
+// Writes each row's K and V (after its q_dim query values) into pool slot slots[row].
+extern "C" __global__ void kv_store(const float* qkv, const int* slots, float* k_pool,
+                                    float* v_pool, int qkv_dim, int q_dim, int kv_dim) {
+    int row = blockIdx.x;
+    const float* k = qkv + (long)row * qkv_dim + q_dim;
+    long at = (long)slots[row] * kv_dim;
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+        k_pool[at + j] = k[j];
+        v_pool[at + j] = k[kv_dim + j];
+    }
+}
+
+// out[i] = x[rows[i]] for rows of d values.
+extern "C" __global__ void gather_rows(const float* x, const int* rows, float* out, int d) {
+    const float* from = x + (long)rows[blockIdx.x] * d;
+    float* to = out + (long)blockIdx.x * d;
+    for (int k = threadIdx.x; k < d; k += blockDim.x) to[k] = from[k];
 }

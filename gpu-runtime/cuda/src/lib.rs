@@ -12,6 +12,9 @@
 //! - [`Device`]: a context, a stream and the loaded kernels, with safe wrappers that check
 //!   shapes before launching.
 //!
+//! - [`llama`]: the whole llama forward pass over a paged pool in device memory, for the
+//!   engine crate's CUDA executor.
+//!
 //! It must not schedule or know about requests; the engine crate drives it.
 
 #![deny(missing_docs)]
@@ -32,14 +35,42 @@ pub const QK: usize = 32;
 /// Largest head dimension the attention kernel supports.
 pub const MAX_HEAD_DIM: usize = 128;
 
-const KERNEL_NAMES: [&str; 6] = [
+const KERNEL_NAMES: [&str; 10] = [
     "matmul_q8",
     "rms_norm",
     "rope",
     "paged_attention",
     "silu_mul",
     "add",
+    "embed_q8",
+    "rope_qk",
+    "kv_store",
+    "gather_rows",
 ];
+
+/// Launches kernel `$name` on `$dev`'s stream: grid, block, then the kernel's parameters in
+/// order.
+macro_rules! launch {
+    ($dev:expr, $name:literal, $grid:expr, $block:expr; $($arg:expr),* $(,)?) => {{
+        use cudarc::driver::PushKernelArg as _;
+        let mut builder = $dev.stream.launch_builder($dev.function($name));
+        $( builder.arg($arg); )*
+        let config = cudarc::driver::LaunchConfig {
+            grid_dim: $grid,
+            block_dim: $block,
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: every call site passes the kernel's parameters in order with their types
+        // (kernels.cu), sizes each buffer for the grid it launches, and keeps the buffers
+        // alive until the stream is synchronised (a download or `synchronize`).
+        #[allow(unsafe_code)]
+        unsafe {
+            builder.launch(config)
+        }?;
+    }};
+}
+
+pub mod llama;
 
 /// Why the CUDA back end cannot run, or a call failed.
 #[derive(Debug, thiserror::Error)]
@@ -298,6 +329,7 @@ impl Device {
             dim(shape.head_dim)?,
             dim(shape.block_size)?,
         ];
+        let q_stride = dim(per_token)?;
         let mut launch = self.stream.launch_builder(self.function("paged_attention"));
         launch
             .arg(q)
@@ -310,7 +342,8 @@ impl Device {
             .arg(&ints[0])
             .arg(&ints[1])
             .arg(&ints[2])
-            .arg(&ints[3]);
+            .arg(&ints[3])
+            .arg(&q_stride);
         // SAFETY: arguments match the kernel's signature and the shapes were checked; the
         // block tables must cover each token's positions and stay inside the pools, which the
         // engine's block manager guarantees for every plan it makes.

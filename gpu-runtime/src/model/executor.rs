@@ -50,9 +50,7 @@ pub struct ModelExecutor {
     pub(super) kv: PagedKv,
     pub(super) cpu: Cpu,
     tokenizer: Arc<GgufTokenizer>,
-    seeds: HashMap<SeqId, u64>,
-    seed_base: u64,
-    end_of_turn: u32,
+    sampler: StepSampler,
     load_time: Duration,
 }
 
@@ -73,20 +71,13 @@ impl ModelExecutor {
         let tokenizer = GgufTokenizer::from_file(&file).map_err(unsupported)?;
         let model = Llama::load(&mut file)?;
         let kv = PagedKv::new(&model.config, options.kv_blocks as usize);
-        let seed_base = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let end_of_turn = (0..model.config.vocab as u32)
-            .find(|id| tokenizer.is_end_of_turn(*id))
-            .unwrap_or(0);
+        let sampler = StepSampler::new(&tokenizer, model.config.vocab);
         Ok(Self {
             model,
             kv,
             cpu,
             tokenizer: Arc::new(tokenizer),
-            seeds: HashMap::new(),
-            seed_base,
-            end_of_turn,
+            sampler,
             load_time: started.elapsed(),
         })
     }
@@ -149,6 +140,63 @@ impl Executor for ModelExecutor {
                 vec![None; plan.seqs.len()]
             }
         };
+        let sampled = self.sampler.sample(plan, logits);
+        StepOutcome {
+            sampled,
+            duration: started.elapsed(),
+        }
+    }
+
+    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
+        self.tokenizer.clone()
+    }
+
+    fn runs_blocking(&self) -> bool {
+        true
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.model.config.context)
+    }
+
+    fn sequence_finished(&mut self, seq_id: SeqId) {
+        self.sampler.finished(seq_id);
+    }
+}
+
+/// The sampling half of a step, shared by the CPU and GPU executors: each sequence's seed (a
+/// sequence without one gets one, kept so its draws survive preemption) and the draw from its
+/// logits.
+#[derive(Debug)]
+pub(super) struct StepSampler {
+    seeds: HashMap<SeqId, u64>,
+    seed_base: u64,
+    end_of_turn: u32,
+}
+
+impl StepSampler {
+    /// A sampler for a model with `vocab` ids under `tokenizer`.
+    pub(super) fn new(tokenizer: &GgufTokenizer, vocab: usize) -> Self {
+        let seed_base = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let end_of_turn = (0..vocab as u32)
+            .find(|id| tokenizer.is_end_of_turn(*id))
+            .unwrap_or(0);
+        Self {
+            seeds: HashMap::new(),
+            seed_base,
+            end_of_turn,
+        }
+    }
+
+    /// Draws the next token of every sequence the plan samples, from its logits (`None` when
+    /// the forward pass failed: the turn ends, the least harmful answer to a bug).
+    pub(super) fn sample(
+        &mut self,
+        plan: &StepPlan,
+        logits: Vec<Option<Vec<f32>>>,
+    ) -> Vec<SampledToken> {
         let mut sampled = Vec::new();
         for (seq, logits) in plan.seqs.iter().zip(logits) {
             if !seq.sample {
@@ -174,25 +222,11 @@ impl Executor for ModelExecutor {
                 token_id: sampler::sample(&logits, &seq.sampling, seed, position),
             });
         }
-        StepOutcome {
-            sampled,
-            duration: started.elapsed(),
-        }
+        sampled
     }
 
-    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
-        self.tokenizer.clone()
-    }
-
-    fn runs_blocking(&self) -> bool {
-        true
-    }
-
-    fn max_positions(&self) -> Option<usize> {
-        Some(self.model.config.context)
-    }
-
-    fn sequence_finished(&mut self, seq_id: SeqId) {
+    /// Forgets a finished sequence's seed.
+    pub(super) fn finished(&mut self, seq_id: SeqId) {
         self.seeds.remove(&seq_id);
     }
 }

@@ -161,23 +161,7 @@ impl Llama {
             path: path.clone(),
             why,
         };
-        let mut read = |name: &str| -> Result<(Vec<f32>, usize, usize, Format), ModelError> {
-            let q = file.tensor(name)?;
-            let format = match q.dtype() {
-                GgmlDType::Q4_0 | GgmlDType::Q4_1 => Format::Q4,
-                _ => Format::Q8,
-            };
-            let (rows, cols) = match q.shape().dims() {
-                [n] => (1, *n),
-                [rows, cols] => (*rows, *cols),
-                dims => return Err(failed(format!("{name} has shape {dims:?}"))),
-            };
-            let values = q
-                .dequantize(&Device::Cpu)
-                .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
-                .map_err(|e| failed(format!("{name}: {e}")))?;
-            Ok((values, rows, cols, format))
-        };
+        let mut read = |name: &str| read_tensor(file, name);
         let matrix = |(values, rows, cols, format): (Vec<f32>, usize, usize, Format)| {
             Weights::quantize(format, &values, rows, cols).map_err(|e| failed(e.to_string()))
         };
@@ -424,6 +408,34 @@ impl Llama {
     }
 }
 
+/// One tensor of `file` dequantized to f32, with its rows, columns and the block format its
+/// precision calls for (4-bit files stay 4-bit, everything else becomes int8).
+pub(super) fn read_tensor(
+    file: &mut ModelFile,
+    name: &str,
+) -> Result<(Vec<f32>, usize, usize, Format), ModelError> {
+    let path = file.path.display().to_string();
+    let failed = |why: String| ModelError::Load {
+        path: path.clone(),
+        why,
+    };
+    let q = file.tensor(name)?;
+    let format = match q.dtype() {
+        GgmlDType::Q4_0 | GgmlDType::Q4_1 => Format::Q4,
+        _ => Format::Q8,
+    };
+    let (rows, cols) = match q.shape().dims() {
+        [n] => (1, *n),
+        [rows, cols] => (*rows, *cols),
+        dims => return Err(failed(format!("{name} has shape {dims:?}"))),
+    };
+    let values = q
+        .dequantize(&Device::Cpu)
+        .and_then(|t| t.flatten_all()?.to_vec1::<f32>())
+        .map_err(|e| failed(format!("{name}: {e}")))?;
+    Ok((values, rows, cols, format))
+}
+
 /// Row-wise RMS norm of `x` (rows of `weight.len()`) into `out`.
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let d = weight.len();
@@ -443,7 +455,7 @@ fn add(x: &mut [f32], y: &[f32]) {
 }
 
 /// `[context, head_dim / 2]` cosine and sine tables.
-fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
+pub(super) fn rope_tables(c: &LlamaConfig) -> (Vec<f32>, Vec<f32>) {
     let half = c.head_dim / 2;
     let inverse: Vec<f32> = (0..half)
         .map(|i| 1.0 / c.rope_base.powf(2.0 * i as f32 / c.head_dim as f32))

@@ -10,6 +10,8 @@
 //! - `reference` (tests only): an independent F32 forward pass on candle, the oracle.
 //! - [`sampler`]: temperature, top-k, top-p and seeded sampling.
 //! - [`executor`]: [`ModelExecutor`], the [`Executor`] that ties them together.
+//! - `gpu` (feature `cuda`): `GpuExecutor`, the same model on one CUDA GPU through
+//!   `ringmaster_cuda::llama`.
 //!
 //! It must not schedule, allocate blocks or decide what runs: that is [`crate::scheduler`]'s.
 //!
@@ -17,6 +19,8 @@
 
 pub mod executor;
 pub mod gguf;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod llama;
 #[cfg(test)]
 mod reference;
@@ -28,6 +32,8 @@ mod tests;
 
 pub use executor::{ModelExecutor, ModelOptions};
 pub use gguf::{LlamaConfig, ModelFile};
+#[cfg(feature = "cuda")]
+pub use gpu::GpuExecutor;
 pub use ringmaster_kernels::Isa;
 pub use tokenizer::{BpeSpec, GgufTokenizer};
 

@@ -569,3 +569,128 @@ fn two_threads_compute_the_same_bits_as_one() {
     };
     assert!(run(1) == run(2), "logits differ between 1 and 2 threads");
 }
+
+/// The GPU executor against the CPU one (feature `cuda`; skipped without a device or model).
+#[cfg(feature = "cuda")]
+mod gpu {
+    use super::*;
+    use crate::BLOCK_SIZE;
+    use crate::block::BlockId;
+    use crate::model::llama::SeqInput;
+    use ringmaster_cuda::llama::GpuSeq;
+
+    /// SmolLM2 on GPU 0, or `None` with a note saying why the test is skipped.
+    fn gpu_executor(blocks: u32) -> Option<crate::model::GpuExecutor> {
+        let path = model_path()?;
+        match crate::model::GpuExecutor::load(&path, 0, Some(blocks)) {
+            Ok(executor) => Some(executor),
+            Err(e) => {
+                eprintln!("skipping: no CUDA device ({e})");
+                None
+            }
+        }
+    }
+
+    fn cosine(a: &[f32], b: &[f32]) -> f32 {
+        let dot: f32 = a.iter().zip(b).map(|(x, y)| x * y).sum();
+        let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        dot / (norm(a) * norm(b))
+    }
+
+    fn argmax(v: &[f32]) -> usize {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i)
+    }
+
+    #[test]
+    fn gpu_logits_match_the_cpu_model_in_one_batch_with_shared_blocks() {
+        let Some(mut gpu) = gpu_executor(64) else {
+            return;
+        };
+        let mut cpu = ModelExecutor::load(&model_path().unwrap(), &options(64)).unwrap();
+        let tokenizer = cpu.gguf_tokenizer().clone();
+        let prompt = chat(
+            &tokenizer,
+            "What is the capital of France? Answer in one sentence.",
+        );
+        let table: Vec<u32> = (0..prompt.len().div_ceil(BLOCK_SIZE) as u32 + 1).collect();
+        let cpu_table: Vec<BlockId> = table.iter().map(|b| BlockId(*b)).collect();
+        let want = cpu
+            .forward(&[SeqInput {
+                table: &cpu_table,
+                start: 0,
+                tokens: &prompt,
+                logits: true,
+            }])
+            .unwrap()[0]
+            .clone()
+            .unwrap();
+        // The prompt in two chunks through the paged pool, then a second sequence that shares
+        // every full block of the first and computes only its tail: all in device memory.
+        let split = prompt.len() / 2;
+        let first = gpu
+            .forward(&[GpuSeq {
+                table: &table,
+                start: 0,
+                tokens: &prompt[..split],
+                logits: false,
+            }])
+            .unwrap();
+        assert!(first[0].is_none());
+        let shared = (prompt.len() / BLOCK_SIZE) * BLOCK_SIZE;
+        let mut other_table = table[..shared / BLOCK_SIZE].to_vec();
+        other_table.push(60);
+        let got = gpu
+            .forward(&[
+                GpuSeq {
+                    table: &table,
+                    start: split,
+                    tokens: &prompt[split..],
+                    logits: true,
+                },
+                GpuSeq {
+                    table: &other_table,
+                    start: shared,
+                    tokens: &prompt[shared..],
+                    logits: true,
+                },
+            ])
+            .unwrap();
+        for logits in got {
+            let logits = logits.unwrap();
+            assert_eq!(argmax(&logits), argmax(&want));
+            let c = cosine(&logits, &want);
+            assert!(c > 0.99, "cosine {c}");
+        }
+        // Bad input is refused, not launched.
+        assert!(
+            gpu.forward(&[GpuSeq {
+                table: &[1000],
+                start: 0,
+                tokens: &prompt[..4],
+                logits: true,
+            }])
+            .is_err()
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn smollm_answers_on_the_gpu_through_the_engine() {
+        let Some(gpu) = gpu_executor(512) else {
+            return;
+        };
+        let mut config = crate::EngineConfig::simulated("smollm-gpu");
+        config.kv_blocks = gpu.kv_blocks();
+        config.max_running = 8;
+        config.step_token_budget = 256;
+        let handle = crate::EngineHandle::spawn_with_executor(config, gpu).unwrap();
+        let question = "What is the capital of France? Answer in one sentence.";
+        let (first, _) = generate(&handle, question, 24).await;
+        assert!(first.contains("Paris"), "{first}");
+        let (second, cached) = generate(&handle, question, 24).await;
+        assert_eq!(second, first);
+        assert!(cached >= 16, "cached {cached} tokens");
+    }
+}

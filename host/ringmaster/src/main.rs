@@ -61,9 +61,14 @@ struct WorkerArgs {
     /// Kernel instruction set: auto, avx2, avx or scalar.
     #[arg(long, default_value = "auto")]
     kernels: String,
-    /// KV-cache blocks of 16 tokens.
-    #[arg(long, default_value_t = 2048)]
-    kv_blocks: u32,
+    /// KV-cache blocks of 16 tokens (default: 2048 on the CPU; on a GPU, 90% of the memory
+    /// free after the weights).
+    #[arg(long)]
+    kv_blocks: Option<u32>,
+    /// Where the model runs: `cpu`, or `cuda` / `cuda:N` for GPU N (a build with the `cuda`
+    /// feature).
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Most sequences running at once.
     #[arg(long, default_value_t = 16)]
     max_running: u32,
@@ -241,35 +246,52 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
-    config.kv_blocks = args.kv_blocks;
     config.max_running = args.max_running;
     config.step_token_budget = args.step_token_budget;
     config.time_scale = 1.0;
-    config.validate().context("invalid engine settings")?;
-    let isa = match args.kernels.as_str() {
-        "auto" => None,
-        name => Some(
-            ringmaster_gpu_runtime::model::Isa::from_name(name).ok_or_else(|| {
-                anyhow::anyhow!("--kernels {name:?} is not one of auto, avx2, avx, scalar")
-            })?,
-        ),
+    let device = parse_device(&args.device)?;
+    let executor: EngineStarter = match device {
+        None => {
+            let kv_blocks = args.kv_blocks.unwrap_or(ModelOptions::default().kv_blocks);
+            config.kv_blocks = kv_blocks;
+            let isa = match args.kernels.as_str() {
+                "auto" => None,
+                name => Some(
+                    ringmaster_gpu_runtime::model::Isa::from_name(name).ok_or_else(|| {
+                        anyhow::anyhow!("--kernels {name:?} is not one of auto, avx2, avx, scalar")
+                    })?,
+                ),
+            };
+            let executor = ModelExecutor::load(
+                &path,
+                &ModelOptions {
+                    kv_blocks,
+                    threads: args.threads,
+                    isa,
+                },
+            )
+            .with_context(|| format!("loading {}", path.display()))?;
+            info!(
+                model = %path.display(),
+                load_ms = executor.load_time().as_millis() as u64,
+                kernels = executor.cpu().isa().name(),
+                threads = args.threads,
+                kv_blocks,
+                "worker.model_loaded"
+            );
+            Box::new(move |config| {
+                Ok(ringmaster_gpu_runtime::EngineHandle::spawn_with_executor(
+                    config, executor,
+                )?)
+            })
+        }
+        Some(ordinal) => {
+            let executor = load_gpu(&path, ordinal, args.kv_blocks)?;
+            config.kv_blocks = executor.0;
+            executor.1
+        }
     };
-    let executor = ModelExecutor::load(
-        &path,
-        &ModelOptions {
-            kv_blocks: args.kv_blocks,
-            threads: args.threads,
-            isa,
-        },
-    )
-    .with_context(|| format!("loading {}", path.display()))?;
-    info!(
-        model = %path.display(),
-        load_ms = executor.load_time().as_millis() as u64,
-        kernels = executor.cpu().isa().name(),
-        threads = args.threads,
-        "worker.model_loaded"
-    );
+    config.validate().context("invalid engine settings")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ringmaster-worker")
@@ -279,7 +301,7 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         let listener = TcpListener::bind(&args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let engine = ringmaster_gpu_runtime::EngineHandle::spawn_with_executor(config, executor)?;
+        let engine = executor(config)?;
         info!(
             address = %listener.local_addr()?,
             model = %name,
@@ -295,6 +317,65 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         info!("worker.stopped");
         Ok(())
     })
+}
+
+/// `cpu` → `None`; `cuda` or `cuda:N` → the GPU's ordinal.
+fn parse_device(device: &str) -> anyhow::Result<Option<usize>> {
+    match device {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(0)),
+        other => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .map(Some)
+            .ok_or_else(|| anyhow::anyhow!("--device {other:?} is not cpu, cuda or cuda:N")),
+    }
+}
+
+/// An engine starter for the model on GPU `ordinal`, and the KV blocks its pool holds.
+type EngineStarter = Box<
+    dyn FnOnce(
+            ringmaster_gpu_runtime::EngineConfig,
+        ) -> anyhow::Result<ringmaster_gpu_runtime::EngineHandle>
+        + Send,
+>;
+
+#[cfg(feature = "cuda")]
+fn load_gpu(
+    path: &std::path::Path,
+    ordinal: usize,
+    kv_blocks: Option<u32>,
+) -> anyhow::Result<(u32, EngineStarter)> {
+    let executor = ringmaster_gpu_runtime::model::GpuExecutor::load(path, ordinal, kv_blocks)
+        .with_context(|| format!("loading {} onto GPU {ordinal}", path.display()))?;
+    let blocks = executor.kv_blocks();
+    info!(
+        model = %path.display(),
+        gpu = %executor.device_name(),
+        load_ms = executor.load_time().as_millis() as u64,
+        weight_bytes = executor.weight_bytes(),
+        kv_blocks = blocks,
+        "worker.model_loaded"
+    );
+    Ok((
+        blocks,
+        Box::new(move |config| {
+            Ok(ringmaster_gpu_runtime::EngineHandle::spawn_with_executor(
+                config, executor,
+            )?)
+        }),
+    ))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn load_gpu(
+    _path: &std::path::Path,
+    ordinal: usize,
+    _kv_blocks: Option<u32>,
+) -> anyhow::Result<(u32, EngineStarter)> {
+    anyhow::bail!(
+        "--device cuda:{ordinal} needs a build with CUDA support: cargo build --release -p ringmaster --features cuda"
+    )
 }
 
 async fn shutdown_signal() {

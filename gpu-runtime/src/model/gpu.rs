@@ -1,0 +1,220 @@
+//! [`GpuExecutor`]: the [`Executor`] that runs a GGUF llama model on one CUDA GPU.
+//!
+//! It reads the file as the CPU model does (the same tensor checks, the same stacking of Q/K/V
+//! and gate/up), hands the f32 weights to `ringmaster_cuda::llama::GpuLlama`, which quantizes
+//! and uploads them and runs each step's batched forward pass over a paged pool in device
+//! memory, and samples on the host with the CPU executor's sampler. The block manager, prefix
+//! cache and scheduler stay the engine's; the engine's `kv_blocks` must equal
+//! [`GpuExecutor::kv_blocks`], which is the pool it could allocate (by default 90 % of the
+//! memory free after the weights).
+//!
+//! Built only with the `cuda` feature. Opening the device fails with a message (no driver, no
+//! GPU, no NVRTC) instead of panicking, so a machine without CUDA is told why.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringmaster_cuda::llama::{
+    GpuLlama, GpuSeq, HostLayer, HostLlama, HostMatrix, KvBudget, LlamaShape,
+};
+
+use super::ModelError;
+use super::executor::StepSampler;
+use super::gguf::ModelFile;
+use super::llama::{read_tensor, rope_tables};
+use super::tokenizer::GgufTokenizer;
+use crate::block::{BLOCK_SIZE, SeqId};
+use crate::executor::{Executor, StepOutcome, StepPlan};
+use crate::tokenizer::Tokenizer;
+
+/// Share of the memory free after the weights that the KV pool takes by default.
+pub const DEFAULT_KV_MEMORY_FRACTION: f64 = 0.9;
+
+/// A llama model on a GPU, with its tokenizer and KV pool.
+#[derive(Debug)]
+pub struct GpuExecutor {
+    model: GpuLlama,
+    context: usize,
+    tokenizer: Arc<GgufTokenizer>,
+    sampler: StepSampler,
+    load_time: Duration,
+}
+
+impl GpuExecutor {
+    /// Loads the model at `path` onto GPU `ordinal`, with a pool of `kv_blocks` blocks (or
+    /// [`DEFAULT_KV_MEMORY_FRACTION`] of the free memory when `None`).
+    pub fn load(path: &Path, ordinal: usize, kv_blocks: Option<u32>) -> Result<Self, ModelError> {
+        let started = Instant::now();
+        let display = path.display().to_string();
+        let unsupported = |why: String| ModelError::Unsupported {
+            path: display.clone(),
+            why,
+        };
+        let device = ringmaster_cuda::Device::open(ordinal)
+            .map_err(|e| unsupported(format!("CUDA device {ordinal}: {e}")))?;
+        let mut file = ModelFile::open(path)?;
+        let tokenizer = GgufTokenizer::from_file(&file).map_err(unsupported)?;
+        let host = host_model(&mut file)?;
+        let budget = match kv_blocks {
+            Some(n) => KvBudget::Blocks(n as usize),
+            None => KvBudget::FreeMemory(DEFAULT_KV_MEMORY_FRACTION),
+        };
+        let context = host.shape.context;
+        let vocab = host.shape.vocab;
+        let model = GpuLlama::load(device, host, budget).map_err(|e| ModelError::Load {
+            path: display.clone(),
+            why: e.to_string(),
+        })?;
+        Ok(Self {
+            model,
+            context,
+            sampler: StepSampler::new(&tokenizer, vocab),
+            tokenizer: Arc::new(tokenizer),
+            load_time: started.elapsed(),
+        })
+    }
+
+    /// KV blocks in the device pool: the engine's `kv_blocks` must be this.
+    pub fn kv_blocks(&self) -> u32 {
+        u32::try_from(self.model.kv_blocks()).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes the weights take on the device.
+    pub fn weight_bytes(&self) -> usize {
+        self.model.weight_bytes()
+    }
+
+    /// The GPU's name.
+    pub fn device_name(&self) -> String {
+        self.model
+            .device()
+            .name()
+            .unwrap_or_else(|e| format!("unknown ({e})"))
+    }
+
+    /// How long loading took (reading, uploading, allocating the pool).
+    pub fn load_time(&self) -> Duration {
+        self.load_time
+    }
+
+    /// One batched forward pass outside the engine (tests, benchmarks): the caller owns the
+    /// block tables, so it must not run while an engine drives this executor.
+    pub fn forward(
+        &mut self,
+        seqs: &[GpuSeq<'_>],
+    ) -> Result<Vec<Option<Vec<f32>>>, ringmaster_cuda::CudaError> {
+        self.model.forward(seqs)
+    }
+}
+
+impl Executor for GpuExecutor {
+    fn execute(&mut self, plan: &StepPlan) -> StepOutcome {
+        let started = Instant::now();
+        let tables: Vec<Vec<u32>> = plan
+            .seqs
+            .iter()
+            .map(|seq| seq.block_table.iter().map(|b| b.0).collect())
+            .collect();
+        let inputs: Vec<GpuSeq<'_>> = plan
+            .seqs
+            .iter()
+            .zip(&tables)
+            .map(|(seq, table)| GpuSeq {
+                table,
+                start: seq.num_computed_tokens as usize,
+                tokens: &seq.new_token_ids,
+                logits: seq.sample,
+            })
+            .collect();
+        let logits = match self.model.forward(&inputs) {
+            Ok(logits) => logits,
+            Err(e) => {
+                // A shape error is a scheduler bug; a driver error a failing device. Either
+                // way ending the sampling sequences' turns is the least harmful answer.
+                tracing::error!(step = plan.step, error = %e, "gpu.forward_failed");
+                vec![None; plan.seqs.len()]
+            }
+        };
+        StepOutcome {
+            sampled: self.sampler.sample(plan, logits),
+            duration: started.elapsed(),
+        }
+    }
+
+    fn tokenizer(&self) -> Arc<dyn Tokenizer> {
+        self.tokenizer.clone()
+    }
+
+    fn runs_blocking(&self) -> bool {
+        true
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.context)
+    }
+
+    fn sequence_finished(&mut self, seq_id: SeqId) {
+        self.sampler.finished(seq_id);
+    }
+}
+
+/// Every weight of `file` in f32, stacked as the CPU model stacks them.
+fn host_model(file: &mut ModelFile) -> Result<HostLlama, ModelError> {
+    let c = file.config.clone();
+    let untied = file.has_tensor("output.weight");
+    let mut matrix = |name: &str| -> Result<HostMatrix, ModelError> {
+        let (values, rows, cols, _) = read_tensor(file, name)?;
+        Ok(HostMatrix { values, rows, cols })
+    };
+    let stack = |parts: Vec<HostMatrix>| HostMatrix {
+        rows: parts.iter().map(|p| p.rows).sum(),
+        cols: parts.first().map_or(0, |p| p.cols),
+        values: parts.into_iter().flat_map(|p| p.values).collect(),
+    };
+    let embed = matrix("token_embd.weight")?;
+    let norm = matrix("output_norm.weight")?.values;
+    let output = if untied {
+        Some(matrix("output.weight")?)
+    } else {
+        None
+    };
+    let mut layers = Vec::with_capacity(c.layers);
+    for l in 0..c.layers {
+        let name = |s: &str| format!("blk.{l}.{s}.weight");
+        let qkv = stack(vec![
+            matrix(&name("attn_q"))?,
+            matrix(&name("attn_k"))?,
+            matrix(&name("attn_v"))?,
+        ]);
+        let gate_up = stack(vec![matrix(&name("ffn_gate"))?, matrix(&name("ffn_up"))?]);
+        layers.push(HostLayer {
+            attn_norm: matrix(&name("attn_norm"))?.values,
+            qkv,
+            wo: matrix(&name("attn_output"))?,
+            ffn_norm: matrix(&name("ffn_norm"))?.values,
+            gate_up,
+            down: matrix(&name("ffn_down"))?,
+        });
+    }
+    let (cos, sin) = rope_tables(&c);
+    Ok(HostLlama {
+        shape: LlamaShape {
+            hidden: c.hidden,
+            heads: c.heads,
+            kv_heads: c.kv_heads,
+            head_dim: c.head_dim,
+            ffn: c.ffn,
+            vocab: c.vocab,
+            context: c.context,
+            rms_eps: c.rms_eps,
+            block_size: BLOCK_SIZE,
+        },
+        embed,
+        layers,
+        norm,
+        output,
+        cos,
+        sin,
+    })
+}
