@@ -39,23 +39,6 @@ extern "C" __global__ void rms_norm(const float* x, const float* weight, float* 
     for (int k = threadIdx.x; k < d; k += WARP) o[k] = xr[k] * inv * weight[k];
 }
 
-// Rotates interleaved pairs of each head of row blockIdx.x (heads * head_dim values starting at
-// x + row * stride) by its position.
-extern "C" __global__ void rope(float* x, const int* positions, const float* cos_table,
-                                const float* sin_table, int stride, int heads, int head_dim) {
-    int row = blockIdx.x;
-    int half = head_dim / 2;
-    int p = positions[row];
-    for (int t = threadIdx.x; t < heads * half; t += blockDim.x) {
-        int h = t / half, j = t % half;
-        float* pair = x + (long)row * stride + h * head_dim + 2 * j;
-        float c = cos_table[(long)p * half + j], s = sin_table[(long)p * half + j];
-        float a = pair[0], b = pair[1];
-        pair[0] = a * c - b * s;
-        pair[1] = a * s + b * c;
-    }
-}
-
 // Attention of token blockIdx.x, head blockIdx.y, over positions 0..=position through its
 // block table; one warp, online softmax per lane, merged across lanes at the end.
 // q's rows are q_stride values apart (its heads first), so attention reads Q in place inside a

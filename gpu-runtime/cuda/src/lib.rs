@@ -7,8 +7,9 @@
 //!
 //! - [`KERNELS`]: the CUDA C source, compiled with NVRTC when a device opens: the dequantizing
 //!   int8 matmul (weights in the CPU engine's blocks of 32 with an f32 scale), paged attention
-//!   reading K/V through block tables with an online softmax, RMS norm, rotary embedding,
-//!   SiLU-gating and residual add.
+//!   reading K/V through block tables with an online softmax, the embedding lookup, RMS norm,
+//!   rotary embedding in place in stacked QKV rows, the K/V scatter into pool slots,
+//!   SiLU-gating, residual add and a row gather.
 //! - [`Device`]: a context, a stream and the loaded kernels, with safe wrappers that check
 //!   shapes before launching.
 //!
@@ -35,10 +36,9 @@ pub const QK: usize = 32;
 /// Largest head dimension the attention kernel supports.
 pub const MAX_HEAD_DIM: usize = 128;
 
-const KERNEL_NAMES: [&str; 10] = [
+const KERNEL_NAMES: [&str; 9] = [
     "matmul_q8",
     "rms_norm",
-    "rope",
     "paged_attention",
     "silu_mul",
     "add",
@@ -422,22 +422,12 @@ mod tests {
         let w =
             ringmaster_kernels::Q8Matrix::quantize(&values(1, rows * cols), rows, cols).unwrap();
         let mut dense = vec![0.0; cols];
-        let (mut qs, mut scales) = (Vec::new(), Vec::new());
+        let mut weights = Vec::with_capacity(rows * cols);
         for r in 0..rows {
             w.dequantize_row(r, &mut dense);
-            for block in dense.chunks(QK) {
-                let max = block.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-                let scale = max / 127.0;
-                scales.push(scale);
-                qs.extend(block.iter().map(|v| {
-                    if scale > 0.0 {
-                        (v / scale).round() as i8
-                    } else {
-                        0
-                    }
-                }));
-            }
+            weights.extend_from_slice(&dense);
         }
+        let (qs, scales) = llama::quantize_q8(&weights);
         let x = values(2, m * cols);
         let gpu_w = device.upload_q8(&qs, &scales, rows, cols).unwrap();
         let gpu_x = device.upload(&x).unwrap();

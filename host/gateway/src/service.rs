@@ -21,8 +21,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use ringmaster_gpu_runtime::{
-    ChatMessage, EngineError, FinishReason, GenerateEvent, GenerateRequest, GenerationStream,
-    Role as EngineRole, SamplingParams,
+    EngineError, FinishReason, GenerateEvent, GenerateRequest, GenerationStream, SamplingParams,
 };
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -651,22 +650,13 @@ impl Tracker {
 }
 
 fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -> GenerateRequest {
+    let chat = crate::routing::chat_prompt(request);
     GenerateRequest {
         prompt: None,
         priority,
         request_id: request_id.to_owned(),
-        system: request.system.clone(),
-        messages: request
-            .messages
-            .iter()
-            .map(|m| ChatMessage {
-                role: match m.role {
-                    Role::User => EngineRole::User,
-                    Role::Assistant => EngineRole::Assistant,
-                },
-                text: m.text.clone(),
-            })
-            .collect(),
+        system: chat.system,
+        messages: chat.messages,
         max_tokens: request.max_tokens,
         stop_sequences: request.stop_sequences.clone(),
         sampling: SamplingParams {
