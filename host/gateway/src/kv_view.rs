@@ -13,7 +13,10 @@
 //! Policies read the answer through `cluster.prefix-matches`, in units of the request's
 //! `prefix-hashes` (fixed-size chunks of the prompt text, which do not depend on a
 //! tokenizer): `cached tokens × prefix hashes / prompt tokens`, rounded down, so a policy's
-//! coverage ratio is the server's cached share of the prompt. A server that reports nothing (an
+//! coverage ratio is the server's cached share of the prompt. The prompts of requests in flight
+//! on a server count too (the pool tracks their prefix hashes until they finish): a burst of
+//! requests sharing a prefix follows the first one before its prefill is reported. A server
+//! that reports nothing (an
 //! OpenAI server without these endpoints, or a worker whose event stream is down) falls back
 //! to the gateway's routing-history estimate ([`crate::prefix_index`]).
 //!

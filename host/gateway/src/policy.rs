@@ -565,7 +565,9 @@ impl RouterHost for PoolView<'_> {
 /// Where a server's prefix match came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatchSource {
-    /// The server's own report of its cache (see [`crate::kv_view`]).
+    /// The server's own report of its cache (see [`crate::kv_view`]), or, when more, the
+    /// prompts of the requests in flight there (held once prefilled, before the report
+    /// shows them).
     Reported,
     /// The gateway's routing history ([`PrefixIndex`]): the server reports nothing now.
     Estimated,
@@ -616,7 +618,8 @@ pub fn prefix_matches(
             match reported {
                 Some((held, prompt_tokens)) => PrefixMatch {
                     server: s.id().to_owned(),
-                    hashes: in_prefix_units(held, prompt_tokens, input.prompt_chunks, hashes),
+                    hashes: in_prefix_units(held, prompt_tokens, input.prompt_chunks, hashes)
+                        .max(s.pending_prefix(&input.prefix_hashes)),
                     tokens: Some((held * ringmaster_gpu_runtime::BLOCK_SIZE).min(prompt_tokens)),
                     source: MatchSource::Reported,
                 },

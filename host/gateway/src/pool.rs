@@ -13,6 +13,7 @@
 //!
 //! This module owns no HTTP and no policy logic: it routes on a precomputed [`RoutingInput`].
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -78,6 +79,9 @@ pub struct Server {
     model_load: Option<std::time::Duration>,
     /// A local engine's tokenizer (a remote worker's is fetched; see [`Backend::cache_scheme`]).
     local_scheme: Option<crate::kv_view::Scheme>,
+    /// Prefix hashes of the requests in flight here, counted: what the server will hold once
+    /// it has prefilled them, before its cache reports them.
+    pending: Mutex<HashMap<u64, u32>>,
 }
 
 impl Server {
@@ -139,6 +143,16 @@ impl Server {
             Backend::Remote(worker) => worker.kv().held_blocks(hashes),
         }
     }
+    /// How many of `hashes` (a request's prefix hashes) lead the prompt of some request in
+    /// flight here.
+    pub fn pending_prefix(&self, hashes: &[u64]) -> u32 {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let n = hashes
+            .iter()
+            .take_while(|h| pending.contains_key(h))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
     /// Blocks in the server's reported cache, and whether the report is live.
     pub fn reported_cache(&self) -> (usize, bool) {
         match &self.engine {
@@ -152,6 +166,8 @@ impl Server {
 #[derive(Debug)]
 pub struct InFlight {
     server: Arc<Server>,
+    /// The request's prefix hashes, counted in the server's `pending` until the drop.
+    hashes: Vec<u64>,
 }
 
 impl InFlight {
@@ -163,6 +179,21 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        if !self.hashes.is_empty() {
+            let mut pending = self
+                .server
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for hash in &self.hashes {
+                if let Some(count) = pending.get_mut(hash) {
+                    *count -= 1;
+                    if *count == 0 {
+                        pending.remove(hash);
+                    }
+                }
+            }
+        }
         self.server.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.server.released.notify_waiters();
     }
@@ -443,12 +474,21 @@ impl Pool {
         server.peak_in_flight.fetch_max(after, Ordering::Relaxed);
         server.requests_total.fetch_add(1, Ordering::Relaxed);
         self.prefixes.record(server.slot, &input.prefix_hashes);
+        {
+            let mut pending = server.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for hash in &input.prefix_hashes {
+                *pending.entry(*hash).or_insert(0) += 1;
+            }
+        }
         (
             Decision {
                 load_after: after,
                 ..decision
             },
-            InFlight { server },
+            InFlight {
+                server,
+                hashes: input.prefix_hashes.clone(),
+            },
         )
     }
 
@@ -663,6 +703,7 @@ fn start_server(
         released: released.clone(),
         model_load,
         local_scheme,
+        pending: Mutex::new(HashMap::new()),
     }))
 }
 
@@ -710,6 +751,41 @@ mod tests {
         let mut config = EngineConfig::simulated("t");
         config.time_scale = 0.0;
         config
+    }
+
+    #[tokio::test]
+    async fn in_flight_prompts_count_as_pending_until_they_finish() {
+        let pool = Pool::start(
+            &specs(2),
+            Strategy::ConsistentHash,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let with = |hashes: Vec<u64>| RoutingInput {
+            prefix_hashes: hashes,
+            ..input(9)
+        };
+        let (first, first_guard) = pool.route(&with(vec![1, 2, 3])).unwrap();
+        let (second, second_guard) = pool.route(&with(vec![1, 2, 7])).unwrap();
+        assert_eq!(first.server.id(), second.server.id(), "one key, one server");
+        let server = first.server.clone();
+        assert_eq!(server.pending_prefix(&[1, 2, 3, 4]), 3);
+        assert_eq!(server.pending_prefix(&[1, 2, 7]), 3);
+        assert_eq!(
+            server.pending_prefix(&[5, 2]),
+            0,
+            "only leading hashes count"
+        );
+        drop(first_guard);
+        assert_eq!(
+            server.pending_prefix(&[1, 2, 3]),
+            2,
+            "the second still holds 1, 2"
+        );
+        drop(second_guard);
+        assert_eq!(server.pending_prefix(&[1]), 0);
+        assert!(server.pending.lock().unwrap().is_empty());
     }
 
     #[tokio::test]
