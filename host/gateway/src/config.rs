@@ -96,7 +96,7 @@ pub struct RawConfig {
     pub model: Option<RawModel>,
 }
 
-/// `[model]`: how `gguf:` servers run their model on the CPU.
+/// `[model]`: how `gguf:` servers run their model (on the CPU, or on a GPU with `device`).
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawModel {
@@ -105,7 +105,20 @@ pub struct RawModel {
     pub threads: Option<usize>,
     /// `auto`, `avx2`, `avx` or `scalar` (default `auto`: the best this CPU has).
     pub kernels: Option<String>,
-    /// KV-cache blocks of 16 tokens per model server (default 2048).
+    /// KV-cache blocks of 16 tokens per model server (default 2048 on the CPU; on a GPU, 90%
+    /// of the memory free after the weights).
+    pub kv_blocks: Option<u32>,
+    /// `cpu` (default), or `cuda` / `cuda:N`: model servers run on that GPU (a build with the
+    /// `cuda` feature).
+    pub device: Option<String>,
+}
+
+/// Where model (`gguf:`) servers run when not on the CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GpuPlacement {
+    /// The CUDA device ordinal.
+    pub ordinal: usize,
+    /// KV blocks per server; `None` sizes the pool from the GPU's free memory.
     pub kv_blocks: Option<u32>,
 }
 
@@ -536,6 +549,8 @@ pub struct Config {
     pub simulator: EngineConfig,
     /// How model (`gguf:`) servers run.
     pub model: ModelOptions,
+    /// The GPU model servers run on; `None` for the CPU.
+    pub model_gpu: Option<GpuPlacement>,
     /// Policies.
     pub policies: PoliciesConfig,
 }
@@ -726,7 +741,9 @@ impl RawConfig {
         }
 
         let simulator = simulator_config(self.simulator.unwrap_or_default())?;
-        let model = model_config(self.model.unwrap_or_default())?;
+        let raw_model = self.model.unwrap_or_default();
+        let model_gpu = gpu_placement(&raw_model)?;
+        let model = model_config(raw_model)?;
         let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
 
         Ok(Config {
@@ -744,6 +761,7 @@ impl RawConfig {
             servers,
             simulator,
             model,
+            model_gpu,
             policies,
         })
     }
@@ -929,6 +947,32 @@ fn slot_policy_name(key: &str, name: Option<String>, default: &str) -> Result<St
     Ok(name)
 }
 
+fn gpu_placement(raw: &RawModel) -> Result<Option<GpuPlacement>, ConfigError> {
+    let ordinal = match raw.device.as_deref() {
+        None | Some("cpu") => return Ok(None),
+        Some("cuda") => 0,
+        Some(other) => other
+            .strip_prefix("cuda:")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| {
+                invalid(
+                    "model.device",
+                    format!("{other:?} is not cpu, cuda or cuda:N"),
+                )
+            })?,
+    };
+    if !cfg!(feature = "cuda") {
+        return Err(invalid(
+            "model.device",
+            "this build has no CUDA support: build with --features cuda",
+        ));
+    }
+    Ok(Some(GpuPlacement {
+        ordinal,
+        kv_blocks: raw.kv_blocks,
+    }))
+}
+
 fn model_config(raw: RawModel) -> Result<ModelOptions, ConfigError> {
     let mut model = ModelOptions::default();
     if let Some(threads) = raw.threads {
@@ -1008,6 +1052,32 @@ fn duration_ms(key: &str, ms: f64) -> Result<Duration, ConfigError> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_model_device_is_the_cpu_or_a_cuda_ordinal() {
+        let parse = |device: &str| {
+            gpu_placement(&RawModel {
+                device: Some(device.to_owned()),
+                kv_blocks: Some(100),
+                ..RawModel::default()
+            })
+        };
+        assert_eq!(parse("cpu").unwrap(), None);
+        assert_eq!(gpu_placement(&RawModel::default()).unwrap(), None);
+        if cfg!(feature = "cuda") {
+            assert_eq!(
+                parse("cuda:1").unwrap(),
+                Some(GpuPlacement {
+                    ordinal: 1,
+                    kv_blocks: Some(100)
+                })
+            );
+            assert_eq!(parse("cuda").unwrap().map(|g| g.ordinal), Some(0));
+        } else {
+            let err = parse("cuda:1").unwrap_err().to_string();
+            assert!(err.contains("--features cuda"), "{err}");
+        }
+    }
+
     fn no_env(_: &str) -> Option<String> {
         None
     }
@@ -1076,6 +1146,8 @@ mod tests {
             ("[model]\nthreads = 0", "model.threads"),
             ("[model]\nkernels = \"neon\"", "model.kernels"),
             ("[model]\nkv_blocks = 0", "model.kv_blocks"),
+            ("[model]\ndevice = \"tpu:0\"", "model.device"),
+            ("[model]\ndevice = \"cuda:x\"", "model.device"),
             (
                 "[policies.admission]\nsource = \"builtin:nope\"",
                 "policies.admission.source",

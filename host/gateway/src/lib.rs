@@ -100,6 +100,7 @@ impl Gateway {
             pool::ServerTemplates {
                 simulator: config.simulator.clone(),
                 model: config.model.clone(),
+                model_gpu: config.model_gpu,
             },
         )?);
         let engine = PolicyEngine::new(config.policies.engine.clone())?;

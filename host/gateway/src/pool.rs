@@ -288,6 +288,8 @@ pub struct ServerTemplates {
     pub simulator: EngineConfig,
     /// Model (`gguf:`) servers.
     pub model: ringmaster_gpu_runtime::model::ModelOptions,
+    /// The GPU model servers run on; `None` for the CPU.
+    pub model_gpu: Option<crate::config::GpuPlacement>,
 }
 
 impl From<EngineConfig> for ServerTemplates {
@@ -295,6 +297,7 @@ impl From<EngineConfig> for ServerTemplates {
         Self {
             simulator,
             model: Default::default(),
+            model_gpu: None,
         }
     }
 }
@@ -658,28 +661,34 @@ fn start_server(
             // Step durations are measured, not modelled: the clock must not add to them.
             config.time_scale = 1.0;
             let started = std::time::Instant::now();
-            let executor =
-                ringmaster_gpu_runtime::model::ModelExecutor::load(path, &templates.model)
-                    .map_err(|source| PoolError::Model {
-                        id: spec.id.clone(),
-                        source,
-                    })?;
+            let engine = match templates.model_gpu {
+                Some(gpu) => start_gpu_model(spec, path, gpu, config)?,
+                None => {
+                    let executor =
+                        ringmaster_gpu_runtime::model::ModelExecutor::load(path, &templates.model)
+                            .map_err(|source| PoolError::Model {
+                                id: spec.id.clone(),
+                                source,
+                            })?;
+                    tracing::info!(
+                        server = %spec.id,
+                        model = %path.display(),
+                        load_ms = started.elapsed().as_millis() as u64,
+                        kv_blocks = config.kv_blocks,
+                        threads = templates.model.threads,
+                        kernels = executor.cpu().isa().name(),
+                        "pool.model_loaded"
+                    );
+                    EngineHandle::spawn_with_executor(config, executor).map_err(|source| {
+                        PoolError::Engine {
+                            id: spec.id.clone(),
+                            source,
+                        }
+                    })?
+                }
+            };
             model_load = Some(started.elapsed());
-            tracing::info!(
-                server = %spec.id,
-                model = %path.display(),
-                load_ms = started.elapsed().as_millis() as u64,
-                kv_blocks = config.kv_blocks,
-                threads = templates.model.threads,
-                kernels = executor.cpu().isa().name(),
-                "pool.model_loaded"
-            );
-            Backend::Local(EngineHandle::spawn_with_executor(config, executor).map_err(
-                |source| PoolError::Engine {
-                    id: spec.id.clone(),
-                    source,
-                },
-            )?)
+            Backend::Local(engine)
         }
         ServerAddress::Remote { url, .. } => {
             tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
@@ -705,6 +714,57 @@ fn start_server(
         local_scheme,
         pending: Mutex::new(HashMap::new()),
     }))
+}
+
+/// A model server's engine on a GPU: the pool is the executor's, so the engine's `kv_blocks`
+/// is taken from it.
+#[cfg(feature = "cuda")]
+fn start_gpu_model(
+    spec: &ServerSpec,
+    path: &std::path::Path,
+    gpu: crate::config::GpuPlacement,
+    mut config: EngineConfig,
+) -> Result<EngineHandle, PoolError> {
+    let started = std::time::Instant::now();
+    let executor =
+        ringmaster_gpu_runtime::model::GpuExecutor::load(path, gpu.ordinal, gpu.kv_blocks)
+            .map_err(|source| PoolError::Model {
+                id: spec.id.clone(),
+                source,
+            })?;
+    config.kv_blocks = executor.kv_blocks();
+    tracing::info!(
+        server = %spec.id,
+        model = %path.display(),
+        gpu = %executor.device_name(),
+        load_ms = started.elapsed().as_millis() as u64,
+        kv_blocks = config.kv_blocks,
+        "pool.model_loaded"
+    );
+    EngineHandle::spawn_with_executor(config, executor).map_err(|source| PoolError::Engine {
+        id: spec.id.clone(),
+        source,
+    })
+}
+
+/// Without the `cuda` feature the config refuses a GPU placement, so this is never reached.
+#[cfg(not(feature = "cuda"))]
+fn start_gpu_model(
+    spec: &ServerSpec,
+    path: &std::path::Path,
+    gpu: crate::config::GpuPlacement,
+    _config: EngineConfig,
+) -> Result<EngineHandle, PoolError> {
+    Err(PoolError::Model {
+        id: spec.id.clone(),
+        source: ringmaster_gpu_runtime::model::ModelError::Unsupported {
+            path: path.display().to_string(),
+            why: format!(
+                "GPU {} needs a build with CUDA support (--features cuda)",
+                gpu.ordinal
+            ),
+        },
+    })
 }
 
 fn build_ring(servers: &[Arc<Server>], config: &RingConfig) -> Result<Ring, RingError> {
