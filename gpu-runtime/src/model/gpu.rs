@@ -160,7 +160,7 @@ impl Executor for GpuExecutor {
 }
 
 /// Every weight of `file` in f32, stacked as the CPU model stacks them.
-fn host_model(file: &mut ModelFile) -> Result<HostLlama, ModelError> {
+pub(super) fn host_model(file: &mut ModelFile) -> Result<HostLlama, ModelError> {
     let c = file.config.clone();
     let untied = file.has_tensor("output.weight");
     let mut matrix = |name: &str| -> Result<HostMatrix, ModelError> {

@@ -604,6 +604,109 @@ mod gpu {
             .map_or(0, |(i, _)| i)
     }
 
+    /// A one-layer llama (`llama_metadata`'s shape) with deterministic pseudo-random F32 weights, written to a temporary
+    /// GGUF: the GPU check needs no model download (the device machine has no network).
+    fn synthetic_llama() -> PathBuf {
+        let (hidden, ffn, vocab) = (256usize, 512usize, 320usize);
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut tensor = |rows: usize, cols: usize, scale: f32| {
+            let values: Vec<f32> = (0..rows * cols)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    ((state % 2001) as f32 / 1000.0 - 1.0) * scale
+                })
+                .collect();
+            let t = Tensor::from_vec(values, (rows, cols), &Device::Cpu).unwrap();
+            QTensor::quantize(&t, GgmlDType::F32).unwrap()
+        };
+        let ones = |n: usize| {
+            let t = Tensor::ones((n,), candle_core::DType::F32, &Device::Cpu).unwrap();
+            QTensor::quantize(&t, GgmlDType::F32).unwrap()
+        };
+        let mut tensors = vec![
+            ("token_embd.weight".to_owned(), tensor(vocab, hidden, 1.0)),
+            ("output_norm.weight".to_owned(), ones(hidden)),
+        ];
+        for l in 0..1 {
+            let name = |s: &str| format!("blk.{l}.{s}.weight");
+            tensors.push((name("attn_norm"), ones(hidden)));
+            tensors.push((name("attn_q"), tensor(hidden, hidden, 0.1)));
+            tensors.push((name("attn_k"), tensor(hidden / 2, hidden, 0.1)));
+            tensors.push((name("attn_v"), tensor(hidden / 2, hidden, 0.1)));
+            tensors.push((name("attn_output"), tensor(hidden, hidden, 0.1)));
+            tensors.push((name("ffn_norm"), ones(hidden)));
+            tensors.push((name("ffn_gate"), tensor(ffn, hidden, 0.1)));
+            tensors.push((name("ffn_up"), tensor(ffn, hidden, 0.1)));
+            tensors.push((name("ffn_down"), tensor(hidden, ffn, 0.1)));
+        }
+        let (names, values): (Vec<String>, Vec<QTensor>) = tensors.into_iter().unzip();
+        let named: Vec<(&str, QTensor)> = names.iter().map(String::as_str).zip(values).collect();
+        write_gguf("gpu-synthetic", &llama_metadata("llama"), &named)
+    }
+
+    #[test]
+    fn gpu_forward_matches_the_cpu_forward_on_a_synthetic_model() {
+        // The model is built and read both ways first, so a machine without a GPU still
+        // checks everything up to the device.
+        let path = synthetic_llama();
+        let cpu_model = llama::Llama::load(&mut ModelFile::open(&path).unwrap()).unwrap();
+        let host = super::super::gpu::host_model(&mut ModelFile::open(&path).unwrap()).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(host.layers.len(), 1);
+        assert_eq!(host.layers[0].qkv.rows, 256 + 2 * 128);
+        assert_eq!(host.embed.rows, cpu_model.config.vocab);
+        let device = match ringmaster_cuda::Device::open(0) {
+            Ok(device) => device,
+            Err(e) => {
+                eprintln!("skipping: no CUDA device ({e})");
+                return;
+            }
+        };
+        let mut gpu = ringmaster_cuda::llama::GpuLlama::load(
+            device,
+            host,
+            ringmaster_cuda::llama::KvBudget::Blocks(8),
+        )
+        .unwrap();
+        let cpu = ringmaster_kernels::Cpu::new(1).unwrap();
+        let mut kv = llama::PagedKv::new(&cpu_model.config, 8);
+        let tokens: Vec<u32> = (0..41u32).map(|i| i * 37 % 320).collect();
+        let table = [5u32, 2, 7];
+        let cpu_table: Vec<BlockId> = table.iter().map(|b| BlockId(*b)).collect();
+        // The prompt, then one decode token reading the first 40 positions from the pool.
+        for (start, end) in [(0, 40), (40, 41)] {
+            let want = cpu_model
+                .forward(
+                    &cpu,
+                    &mut kv,
+                    &[SeqInput {
+                        table: &cpu_table,
+                        start,
+                        tokens: &tokens[start..end],
+                        logits: true,
+                    }],
+                )
+                .unwrap()[0]
+                .clone()
+                .unwrap();
+            let got = gpu
+                .forward(&[GpuSeq {
+                    table: &table,
+                    start,
+                    tokens: &tokens[start..end],
+                    logits: true,
+                }])
+                .unwrap()[0]
+                .clone()
+                .unwrap();
+            assert_eq!(argmax(&got), argmax(&want), "positions {start}..{end}");
+            let c = cosine(&got, &want);
+            assert!(c > 0.99, "positions {start}..{end}: cosine {c}");
+        }
+    }
+
     #[test]
     fn gpu_logits_match_the_cpu_model_in_one_batch_with_shared_blocks() {
         let Some(mut gpu) = gpu_executor(64) else {
