@@ -124,7 +124,7 @@ pub fn routing_input(
 }
 
 /// The request's chat in the engines' terms.
-pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
+fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
     ChatPrompt {
         system: request.system.clone(),
         messages: request

@@ -34,6 +34,7 @@ use crate::api::{
 };
 use crate::body::{ChannelBody, ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
+use crate::kv_view::ChatPrompt;
 use crate::metrics::{DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
 use crate::pool::{Decision, DecisionReason, InFlight};
@@ -350,7 +351,7 @@ async fn messages(
             .safety
             .check_input(&gateway.metrics, &prompt_text(&request))?;
     }
-    let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
+    let mut input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
     let snapshot = gateway.pool.snapshot();
     if !snapshot.servers.is_empty() && snapshot.servers.iter().all(|s| !s.engine().is_reachable()) {
         return Err(ApiError::new(
@@ -435,10 +436,15 @@ async fn messages(
         key = %caller.key_label,
         "request.routed"
     );
+    // Routing is done with the chat: the generation takes it over instead of copying the
+    // prompt a second time.
+    let chat =
+        Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
     let generation = match decision
         .server
         .engine()
         .submit(generate_request(
+            chat,
             &request,
             request_id,
             policy_request.priority,
@@ -649,8 +655,12 @@ impl Tracker {
     }
 }
 
-fn generate_request(request: &MessagesRequest, request_id: &str, priority: u8) -> GenerateRequest {
-    let chat = crate::routing::chat_prompt(request);
+fn generate_request(
+    chat: ChatPrompt,
+    request: &MessagesRequest,
+    request_id: &str,
+    priority: u8,
+) -> GenerateRequest {
     GenerateRequest {
         prompt: None,
         priority,
