@@ -63,7 +63,7 @@ use crate::{BLOCK_SIZE, EngineConfig, EngineError};
 /// sub-millisecond steps accurate on average); more means the host could not keep up.
 const MAX_CLOCK_LAG: Duration = Duration::from_millis(5);
 
-/// Prefix-cache events kept for slow subscribers (see [`EngineHandle::kv_events`]).
+/// Prefix-cache events kept for slow subscribers (see [`EngineHandle::kv_subscribe`]).
 pub const KV_EVENT_BUFFER: usize = 4096;
 
 /// A snapshot of an engine's load and cumulative counters, published after every step.
@@ -372,16 +372,10 @@ impl EngineHandle {
         self.inner.submissions.is_closed()
     }
 
-    /// Subscribes to the prefix cache's changes (blocks stored and evicted, by hash), from
-    /// now on. A subscriber that falls more than [`KV_EVENT_BUFFER`] events behind gets
-    /// `Lagged` and should treat its view of the cache as stale.
-    pub fn kv_events(&self) -> broadcast::Receiver<KvEvent> {
-        self.inner.shared.kv_events.subscribe()
-    }
-
-    /// What the prefix cache holds now, and a subscription to its changes from that moment:
-    /// taken together under one lock, so applying the events in order to the snapshot tracks
-    /// the cache exactly (until the subscriber lags).
+    /// What the prefix cache holds now, and a subscription to its changes (blocks stored and
+    /// evicted, by hash) from that moment: taken together under one lock, so applying the
+    /// events in order to the snapshot tracks the cache exactly. A subscriber that falls more
+    /// than [`KV_EVENT_BUFFER`] events behind gets `Lagged` and must take a new snapshot.
     pub fn kv_subscribe(&self) -> (Vec<BlockHash>, broadcast::Receiver<KvEvent>) {
         let shared = &self.inner.shared;
         let cached = shared

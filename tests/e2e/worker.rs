@@ -525,6 +525,18 @@ async fn the_gateway_sees_what_each_worker_reports_it_caches() {
             &format!("server=\"{holder}\"")
         ) > 0.0
     );
+    // One snapshot per worker (no reconnection), and the holder's stores and evictions.
+    assert_eq!(
+        crate::support::metric_sum(&metrics, "ringmaster_server_kv_report_snapshots_total", ""),
+        2.0
+    );
+    assert!(
+        crate::support::metric_sum(
+            &metrics,
+            "ringmaster_server_kv_report_events_total",
+            &format!("server=\"{holder}\"")
+        ) >= 64.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

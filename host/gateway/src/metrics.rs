@@ -457,7 +457,17 @@ impl Collector for ServerCollector {
             }
         }
         type Count = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
-        let counters: [(&str, &str, Count); 12] = [
+        let counters: [(&str, &str, Count); 14] = [
+            (
+                "server_kv_report_events",
+                "KV events applied from a worker's event stream (a snapshot counts one per block; 0 for engines in this process, read directly)",
+                |s, _| s.reported_cache_events().0,
+            ),
+            (
+                "server_kv_report_snapshots",
+                "Snapshots applied from a worker's event stream: one per (re)connection",
+                |s, _| s.reported_cache_events().1,
+            ),
             ("server_steps", "Engine steps run", |_, l| l.steps),
             (
                 "server_step_sequences",

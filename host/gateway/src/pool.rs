@@ -153,6 +153,14 @@ impl Server {
             .count();
         u32::try_from(n).unwrap_or(u32::MAX)
     }
+    /// A worker's event stream: events applied and snapshots taken (reconnections); zeros for
+    /// an engine in this process, whose cache is read directly.
+    pub fn reported_cache_events(&self) -> (u64, u64) {
+        match &self.engine {
+            Backend::Local(_) => (0, 0),
+            Backend::Remote(worker) => (worker.kv().events_total(), worker.kv().resyncs_total()),
+        }
+    }
     /// Blocks in the server's reported cache, and whether the report is live.
     pub fn reported_cache(&self) -> (usize, bool) {
         match &self.engine {
