@@ -53,8 +53,9 @@ const GUEST_PROFILE: [(&str, &str); 9] = [
     ("overflow-checks", "false"),
 ];
 /// Environment variables that would change what cargo builds; cleared for the guest build.
-const CLEARED_ENV: [&str; 8] = [
+const CLEARED_ENV: [&str; 9] = [
     "RUSTFLAGS",
+    "CLIPPY_ARGS",
     "CARGO_ENCODED_RUSTFLAGS",
     "CARGO_BUILD_RUSTFLAGS",
     "RUSTC_WRAPPER",

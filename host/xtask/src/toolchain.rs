@@ -6,7 +6,9 @@
 //!    (then `wasm32-wasip2`, whose output may already be a component but imports WASI);
 //! 2. Debian's `rustc-web` (`/usr/bin/rustc`, `/usr/bin/cargo`) with the standard library's
 //!    source from `rust-web-src`, building std for `wasm32-unknown-unknown` with
-//!    `-Zbuild-std` (unlocked with `RUSTC_BOOTSTRAP=1`) and linking with `lld-22`;
+//!    `-Zbuild-std` (unlocked with `RUSTC_BOOTSTRAP=1`) and linking with `rust-lld`, which
+//!    `rust-web-llvm` provides as a link to `lld-22` (only a *recommended* package of
+//!    rustc-web, so an install with `--no-install-recommends` must name it);
 //! 3. when that is incomplete and we run as root with `apt-get`, installing those packages;
 //!    else failing with the exact packages, targets and commands that would fix it.
 //!
@@ -24,10 +26,18 @@ const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
 const DEBIAN_CARGO: &str = "/usr/bin/cargo";
 /// The sysroot of Debian's rustc-web.
 const DEBIAN_SYSROOT: &str = "/usr";
-/// The linker rustc-web uses for Wasm (a link to lld-22).
+/// The linker rustc's Wasm targets call by name (from rust-web-llvm, a link to lld-22).
+const DEBIAN_RUST_LLD: &str = "/usr/bin/rust-lld";
+/// What `rust-lld` points at.
 const DEBIAN_LLD: &str = "/usr/bin/lld-22";
 /// The Debian packages of the fallback toolchain.
-const DEBIAN_PACKAGES: [&str; 4] = ["rustc-web", "cargo-web", "rust-web-src", "lld-22"];
+const DEBIAN_PACKAGES: [&str; 5] = [
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "rust-web-llvm",
+    "lld-22",
+];
 
 /// How the guests get built.
 #[derive(Debug, Clone)]
@@ -164,10 +174,11 @@ fn rustup_targets() -> Vec<String> {
 /// The Debian packages whose files are missing, with the file that tells.
 fn debian_missing() -> Vec<(&'static str, String)> {
     let src_lock = Path::new(DEBIAN_SYSROOT).join("lib/rustlib/src/rust/library/Cargo.lock");
-    let checks: [(&str, PathBuf); 4] = [
+    let checks: [(&str, PathBuf); 5] = [
         ("rustc-web", PathBuf::from(DEBIAN_RUSTC)),
         ("cargo-web", PathBuf::from(DEBIAN_CARGO)),
         ("rust-web-src", src_lock),
+        ("rust-web-llvm", PathBuf::from(DEBIAN_RUST_LLD)),
         ("lld-22", PathBuf::from(DEBIAN_LLD)),
     ];
     checks
