@@ -1,1 +1,6 @@
-//! End-to-end tests live in `e2e/`; this library is empty on purpose.
+//! Support for the end-to-end tests in `e2e/` and the benchmarks in `bench/`: a fake
+//! OpenAI-compatible server with the stream shapes and faults of real ones.
+
+#![deny(missing_docs)]
+
+pub mod fake_upstream;

@@ -71,7 +71,7 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
                 first.get_or_insert_with(|| started.elapsed());
                 tokens += 1;
             }
-            GenerateEvent::Finished { .. } => break,
+            GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. } => break,
             GenerateEvent::Started { .. } => {}
         }
     }

@@ -148,7 +148,10 @@ pub struct EngineHandle {
 /// The events of one request. Dropping it before `Finished` cancels the request.
 #[derive(Debug)]
 pub struct GenerationStream {
-    events: mpsc::UnboundedReceiver<GenerateEvent>,
+    events: Events,
+    /// An event already taken off the channel (a remote client looks at the first one before
+    /// it commits to a server), handed out first.
+    front: Option<GenerateEvent>,
     /// The local engine to wake when the stream is dropped early; `None` for a stream fed by
     /// something else (a remote worker's client).
     shared: Option<Arc<Shared>>,
@@ -161,7 +164,23 @@ impl GenerationStream {
     /// producer learns the consumer is gone.
     pub fn from_channel(events: mpsc::UnboundedReceiver<GenerateEvent>) -> Self {
         Self {
-            events,
+            events: Events::Unbounded(events),
+            front: None,
+            shared: None,
+            finished: false,
+        }
+    }
+
+    /// A stream fed through a bounded channel, so that a slow consumer slows the producer down
+    /// (a remote server's reader stops reading its socket), with `first` handed out before
+    /// anything on the channel.
+    pub fn from_bounded_channel(
+        first: Option<GenerateEvent>,
+        events: mpsc::Receiver<GenerateEvent>,
+    ) -> Self {
+        Self {
+            events: Events::Bounded(events),
+            front: first,
             shared: None,
             finished: false,
         }
@@ -175,11 +194,42 @@ impl GenerationStream {
         if self.finished {
             return None;
         }
-        let event = self.events.recv().await;
-        if matches!(event, None | Some(GenerateEvent::Finished { .. })) {
+        let event = match self.front.take() {
+            Some(event) => Some(event),
+            None => self.events.recv().await,
+        };
+        if matches!(
+            event,
+            None | Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
+        ) {
             self.finished = true;
         }
         event
+    }
+}
+
+/// Where a stream's events come from.
+#[derive(Debug)]
+enum Events {
+    /// A local engine's thread, which must never block on a send.
+    Unbounded(mpsc::UnboundedReceiver<GenerateEvent>),
+    /// An async producer that waits when the consumer is behind.
+    Bounded(mpsc::Receiver<GenerateEvent>),
+}
+
+impl Events {
+    async fn recv(&mut self) -> Option<GenerateEvent> {
+        match self {
+            Self::Unbounded(rx) => rx.recv().await,
+            Self::Bounded(rx) => rx.recv().await,
+        }
+    }
+
+    fn close(&mut self) {
+        match self {
+            Self::Unbounded(rx) => rx.close(),
+            Self::Bounded(rx) => rx.close(),
+        }
     }
 }
 
@@ -330,7 +380,8 @@ impl EngineHandle {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let stream = GenerationStream {
-            events: rx,
+            events: Events::Unbounded(rx),
+            front: None,
             shared: Some(inner.shared.clone()),
             finished: false,
         };

@@ -81,6 +81,10 @@ pub enum FinishReason {
     MaxTokens,
     /// The output contained this stop sequence.
     StopSequence(String),
+    /// The model called a tool (a remote server's `tool_calls`).
+    ToolCalls,
+    /// The server's own content filter stopped the reply (a remote server's `content_filter`).
+    ContentFilter,
 }
 
 /// One event of a [`crate::GenerationStream`].
@@ -99,6 +103,12 @@ pub enum GenerateEvent {
     Token {
         /// The text, possibly spanning several tokens (or a part of one).
         text: String,
+    },
+    /// The server failed after the stream began (a remote server's error object, a broken or
+    /// malformed stream). The last event; local engines never send it.
+    Failed {
+        /// What went wrong, for the client.
+        message: String,
     },
     /// The last event.
     Finished {

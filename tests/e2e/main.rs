@@ -11,4 +11,5 @@ mod model;
 mod policies;
 mod routing_quality;
 mod support;
+mod upstream;
 mod worker;

@@ -94,6 +94,7 @@ async fn collect(mut stream: GenerationStream) -> Reply {
                 };
             }
             GenerateEvent::Started { .. } => panic!("Started twice"),
+            GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
         }
     }
 }

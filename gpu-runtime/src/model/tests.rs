@@ -206,6 +206,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             crate::GenerateEvent::Started { cached_tokens, .. } => cached = cached_tokens,
             crate::GenerateEvent::Token { text: piece } => text.push_str(&piece),
             crate::GenerateEvent::Finished { .. } => break,
+            crate::GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
         }
     }
     (text, cached)

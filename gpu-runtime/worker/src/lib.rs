@@ -352,6 +352,8 @@ async fn generate(
             match event {
                 GenerateEvent::Started { .. } => {}
                 GenerateEvent::Token { text: piece } => text.push_str(&piece),
+                // Local engines never fail mid-stream; the stream ends below.
+                GenerateEvent::Failed { .. } => break,
                 GenerateEvent::Finished {
                     reason,
                     prompt_tokens,
@@ -432,6 +434,11 @@ async fn generate(
                             return;
                         }
                     }
+                    return;
+                }
+                GenerateEvent::Failed { message } => {
+                    let error = json!({"error": {"message": message, "type": "server_error"}});
+                    let _ = tx.send(sse_data(&error)).await;
                     return;
                 }
             };

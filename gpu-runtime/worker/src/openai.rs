@@ -246,6 +246,8 @@ pub fn finish_reason(reason: &FinishReason) -> &'static str {
     match reason {
         FinishReason::EndOfTurn | FinishReason::StopSequence(_) => "stop",
         FinishReason::MaxTokens => "length",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::ContentFilter => "content_filter",
     }
 }
 

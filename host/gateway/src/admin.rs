@@ -277,6 +277,10 @@ async fn explain(
         crate::pool::DecisionReason::Policy | crate::pool::DecisionReason::PolicyOverCap => {
             "a router policy decided".to_owned()
         }
+        crate::pool::DecisionReason::Failover => format!(
+            "the key's owner {} is unreachable or ejected; the next routable server on the ring takes it",
+            decision.preferred.as_ref().map_or("?", |s| s.id())
+        ),
     };
     Ok(json_response(
         StatusCode::OK,

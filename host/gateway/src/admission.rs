@@ -10,6 +10,7 @@
 //! fails open, like the router slot falls back to the ring. With no admission policy every
 //! request is admitted.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ use tracing::debug;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
 use crate::policy::PoolView;
-use crate::pool::Pool;
+use crate::pool::{Pool, PoolSnapshot};
 use crate::routing::RoutingInput;
 use crate::slot::PolicySlot;
 
@@ -78,13 +79,22 @@ impl AdmissionGate {
     }
 
     /// Admits `request` (setting its priority), waiting in the queue while the policy says so.
+    ///
+    /// The first question is asked on `snapshot`, the request's own; after a wait in the
+    /// queue the pool has moved on, so later ones take a fresh snapshot. Returns whether the
+    /// request waited (then the caller's snapshot is stale too).
     pub async fn admit(
         &self,
         pool: &Pool,
+        snapshot: &Arc<PoolSnapshot>,
         metrics: &Metrics,
         input: &RoutingInput,
         request: &mut PolicyRequest,
-    ) -> Result<(), ApiError> {
+    ) -> Result<bool, ApiError> {
+        // No policy: nothing to ask, nothing to wait for (and no waiter to register).
+        if self.slot.current().is_none() {
+            return Ok(false);
+        }
         let mut ticket: Option<QueuedTicket<'_>> = None;
         let mut queued_at: Option<Instant> = None;
         loop {
@@ -92,8 +102,16 @@ impl AdmissionGate {
             let released = pool.released().notified();
             tokio::pin!(released);
             released.as_mut().enable();
-            let Some(verdict) = self.ask(pool, metrics, input, request, ticket.is_some()) else {
-                return Ok(());
+            let current;
+            let snapshot = if ticket.is_none() {
+                snapshot
+            } else {
+                current = pool.snapshot();
+                &current
+            };
+            let Some(verdict) = self.ask(pool, snapshot, metrics, input, request, ticket.is_some())
+            else {
+                return Ok(queued_at.is_some());
             };
             match verdict {
                 AdmissionVerdict::Accept(priority) => {
@@ -103,7 +121,7 @@ impl AdmissionGate {
                             .admission_queue_wait_seconds
                             .observe(at.elapsed().as_secs_f64());
                     }
-                    return Ok(());
+                    return Ok(queued_at.is_some());
                 }
                 AdmissionVerdict::Reject {
                     reason,
@@ -154,14 +172,14 @@ impl AdmissionGate {
     fn ask(
         &self,
         pool: &Pool,
+        snapshot: &PoolSnapshot,
         metrics: &Metrics,
         input: &RoutingInput,
         request: &PolicyRequest,
         requeued: bool,
     ) -> Option<AdmissionVerdict> {
         let installed = self.slot.current()?;
-        let snapshot = pool.snapshot();
-        let view = PoolView::new(&snapshot, pool, input);
+        let view = PoolView::new(snapshot, pool, input);
         let in_flight: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
         // A request that already waits is not counted against itself.
         let queued = self.queued().saturating_sub(u32::from(requeued));

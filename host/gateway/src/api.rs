@@ -288,8 +288,10 @@ pub enum StopReason {
     MaxTokens,
     /// One of `stop_sequences` was produced.
     StopSequence,
-    /// The safety filter blocked the rest of the reply.
+    /// The safety filter (or the server's own content filter) blocked the rest of the reply.
     Refusal,
+    /// The model called a tool (a server's `tool_calls`).
+    ToolUse,
 }
 
 /// Token accounting of one response.

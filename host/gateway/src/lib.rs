@@ -101,6 +101,7 @@ impl Gateway {
                 simulator: config.simulator.clone(),
                 model: config.model.clone(),
                 model_gpu: config.model_gpu,
+                upstream: config.upstream.clone(),
             },
         )?);
         let engine = PolicyEngine::new(config.policies.engine.clone())?;

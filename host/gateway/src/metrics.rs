@@ -64,6 +64,14 @@ pub struct FaultLabels {
     pub kind: &'static str,
 }
 
+/// Label set of upstream attempts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AttemptLabels {
+    /// `ok`, or why the attempt failed: `unreachable`, `timeout`, `status-429`, `status-503`,
+    /// `status-5xx`, `status-4xx`, `broken`, `refused`.
+    pub outcome: &'static str,
+}
+
 /// Label set of admission decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
@@ -103,6 +111,8 @@ pub struct Metrics {
     pub routing_load_to_cap: Histogram,
     /// Generations cancelled because the client went away.
     pub client_disconnects: Counter,
+    /// Attempts to start a request on a server, by outcome (a retry is one more attempt).
+    pub upstream_attempts: Family<AttemptLabels, Counter>,
     /// Admission policy answers by verdict (a queued request is asked again on each wake-up).
     pub admission_decisions: Family<AdmissionLabels, Counter>,
     /// Time admitted requests spent in the gateway's queue.
@@ -172,6 +182,12 @@ impl Metrics {
             "Generations cancelled because the client disconnected",
             client_disconnects.clone(),
         );
+        let upstream_attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "upstream_attempts",
+            "Attempts to start a request on a server, by outcome; failures before the first token are retried on the next server",
+            upstream_attempts.clone(),
+        );
         let admission_decisions = Family::<AdmissionLabels, Counter>::default();
         registry.register(
             "admission_decisions",
@@ -220,6 +236,7 @@ impl Metrics {
             policy_faults,
             routing_load_to_cap,
             client_disconnects,
+            upstream_attempts,
             admission_decisions,
             admission_queue_wait_seconds,
             admission_queue_full,
@@ -366,7 +383,12 @@ impl Collector for ServerCollector {
             })
             .collect();
         type Read = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
-        let gauges: [(&str, &str, Read); 13] = [
+        let gauges: [(&str, &str, Read); 14] = [
+            (
+                "server_routable",
+                "1 while new requests may go to the server: not draining, reachable (its last health poll answered) and not ejected after consecutive failures",
+                |s, _| if s.is_routable() { 1.0 } else { 0.0 },
+            ),
             (
                 "server_kv_reported_blocks",
                 "Blocks in the server's prefix cache as the server reports it (its KV event stream for a worker)",

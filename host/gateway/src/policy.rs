@@ -384,26 +384,28 @@ impl RouterSlot {
 
     /// Routes one request: the variant's policy decides (or the ring, when there is none or it
     /// faults) and the pool carries it out.
+    ///
+    /// Everything is decided on `snapshot`, the request's one view of the pool.
     pub fn route(
         &self,
         pool: &Pool,
+        snapshot: &PoolSnapshot,
         input: &RoutingInput,
         request: &PolicyRequest,
     ) -> RouteOutcome {
-        let set = self.set.load_full();
-        let snapshot = pool.snapshot();
+        let set = self.set.load();
         if snapshot.servers.is_empty() {
             return RouteOutcome::NoServers;
         }
-        let view = PoolView::new(&snapshot, pool, input);
+        let view = PoolView::new(snapshot, pool, input);
         let variant = set.pick(input.key).cloned();
         let mut fault = None;
         let routed = match &variant {
-            None => pool.route(input),
+            None => pool.route_on(snapshot, input),
             Some(variant) => match variant.policy.route(&view, request) {
                 Ok(RouteDecision::Route(id)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
-                    pool.assign(&id, input)
+                    pool.assign_on(snapshot, &id, input)
                 }
                 Ok(RouteDecision::Reject(reason)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
@@ -415,7 +417,7 @@ impl RouterSlot {
                 Err(policy_fault) => {
                     self.on_fault(variant, &policy_fault);
                     fault = Some(policy_fault);
-                    pool.route(input)
+                    pool.route_on(snapshot, input)
                 }
             },
         };

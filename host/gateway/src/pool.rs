@@ -121,6 +121,10 @@ impl Server {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
+    /// Whether new requests may go there: not draining, reachable and not ejected.
+    pub fn is_routable(&self) -> bool {
+        !self.is_draining() && self.engine.is_reachable()
+    }
     /// How long loading its model took (model servers only).
     pub fn model_load(&self) -> Option<std::time::Duration> {
         self.model_load
@@ -220,6 +224,9 @@ pub enum DecisionReason {
     Policy,
     /// A router policy chose a server at its bounded-load cap; the ring spilled it onward.
     PolicyOverCap,
+    /// The key's owner (or the policy's choice) is unreachable or ejected, or failed this
+    /// request already: the next routable server on the ring took it.
+    Failover,
 }
 
 impl DecisionReason {
@@ -231,6 +238,7 @@ impl DecisionReason {
             Self::RoundRobin => "round-robin",
             Self::Policy => "policy",
             Self::PolicyOverCap => "policy-over-cap",
+            Self::Failover => "failover",
         }
     }
 }
@@ -298,6 +306,8 @@ pub struct ServerTemplates {
     pub model: ringmaster_gpu_runtime::model::ModelOptions,
     /// The GPU model servers run on; `None` for the CPU.
     pub model_gpu: Option<crate::config::GpuPlacement>,
+    /// How remote servers' clients behave.
+    pub upstream: crate::remote::UpstreamSettings,
 }
 
 impl From<EngineConfig> for ServerTemplates {
@@ -306,6 +316,7 @@ impl From<EngineConfig> for ServerTemplates {
             simulator,
             model: Default::default(),
             model_gpu: None,
+            upstream: Default::default(),
         }
     }
 }
@@ -354,7 +365,7 @@ impl Backend {
     ) -> Result<ringmaster_gpu_runtime::GenerationStream, BackendError> {
         match self {
             Self::Local(engine) => Ok(engine.submit(request)?),
-            Self::Remote(worker) => Ok(worker.submit(request).await?),
+            Self::Remote(worker) => Ok(worker.submit(&request).await?),
         }
     }
 }
@@ -425,12 +436,20 @@ impl Pool {
     /// Picks a server for `input` and counts the request in flight there. `None` when the pool
     /// has no active server.
     pub fn route(&self, input: &RoutingInput) -> Option<(Decision, InFlight)> {
-        let snapshot = self.snapshot.load();
+        self.route_on(&self.snapshot.load(), input)
+    }
+
+    /// [`Self::route`] on `snapshot`, the one the request's other decisions were made on.
+    pub fn route_on(
+        &self,
+        snapshot: &PoolSnapshot,
+        input: &RoutingInput,
+    ) -> Option<(Decision, InFlight)> {
         if snapshot.servers.is_empty() {
             return None;
         }
         let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let decision = self.decide(&snapshot, input, &mut loads)?;
+        let decision = self.decide(snapshot, input, &mut loads)?;
         Some(self.count(decision, input, loads))
     }
 
@@ -438,13 +457,28 @@ impl Pool {
     /// that server is no longer active or is at its bounded-load cap now: then the ring decides
     /// (the cap is the host's invariant, whatever a policy answers). `None` with no servers.
     pub fn assign(&self, chosen: &str, input: &RoutingInput) -> Option<(Decision, InFlight)> {
-        let snapshot = self.snapshot.load();
+        self.assign_on(&self.snapshot.load(), chosen, input)
+    }
+
+    /// [`Self::assign`] on `snapshot`, the one the policy decided on.
+    pub fn assign_on(
+        &self,
+        snapshot: &PoolSnapshot,
+        chosen: &str,
+        input: &RoutingInput,
+    ) -> Option<(Decision, InFlight)> {
         if snapshot.servers.is_empty() {
             return None;
         }
         let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
         let position = snapshot.servers.iter().position(|s| s.id == chosen);
         let decision = match position {
+            Some(i) if !snapshot.servers[i].is_routable() => {
+                let mut failover = self.decide(snapshot, input, &mut loads)?;
+                failover.reason = DecisionReason::Failover;
+                failover.preferred = Some(snapshot.servers[i].clone());
+                failover
+            }
             Some(i) => {
                 loads.clear();
                 loads.extend(snapshot.servers.iter().map(|s| s.in_flight()));
@@ -454,21 +488,98 @@ impl Pool {
                     Decision {
                         server: snapshot.servers[i].clone(),
                         reason: DecisionReason::Policy,
-                        preferred: None,
+                        // The key's owner, so the decision can be labelled affinity or not.
+                        preferred: snapshot
+                            .ring
+                            .lookup(input.key)
+                            .map(|owner| snapshot.servers[owner].clone()),
                         skipped: Vec::new(),
                         capacity: Some(capacity),
                         load_after: loads[i] + 1,
                     }
                 } else {
-                    let mut spilled = self.decide(&snapshot, input, &mut loads)?;
+                    let mut spilled = self.decide(snapshot, input, &mut loads)?;
                     spilled.reason = DecisionReason::PolicyOverCap;
                     spilled.preferred = Some(snapshot.servers[i].clone());
                     spilled
                 }
             }
-            None => self.decide(&snapshot, input, &mut loads)?,
+            None => self.decide(snapshot, input, &mut loads)?,
         };
         Some(self.count(decision, input, loads))
+    }
+
+    /// For a retry: the next routable server on the ring for `input` that is not in `tried`
+    /// (ids), preferring one under its cap, counted in flight. `None` when every routable
+    /// server was tried.
+    pub fn reassign(&self, input: &RoutingInput, tried: &[String]) -> Option<(Decision, InFlight)> {
+        let snapshot = self.snapshot.load();
+        let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut decision = self.walk(&snapshot, input, &mut loads, tried)?;
+        decision.reason = DecisionReason::Failover;
+        Some(self.count(decision, input, loads))
+    }
+
+    /// The bounded-load walk over routable servers not in `exclude`: the first with room,
+    /// else the first routable one over its cap. With nothing to exclude, an unroutable
+    /// owner still gets the request when no server is routable (it may be back; if not, the
+    /// client hears why).
+    fn walk(
+        &self,
+        snapshot: &PoolSnapshot,
+        input: &RoutingInput,
+        loads: &mut Vec<u64>,
+        exclude: &[String],
+    ) -> Option<Decision> {
+        let servers = &snapshot.servers;
+        loads.clear();
+        loads.extend(servers.iter().map(|s| s.in_flight()));
+        let usable =
+            |i: usize| servers[i].is_routable() && !exclude.iter().any(|id| *id == servers[i].id);
+        let order = snapshot.ring.candidates(input.key, servers.len());
+        let preferred = *order.first()?;
+        let total: u64 = (0..servers.len())
+            .filter(|&i| usable(i))
+            .map(|i| loads[i])
+            .sum();
+        let mut skipped = Vec::new();
+        let mut over_cap = None;
+        for &i in &order {
+            if !usable(i) {
+                skipped.push(servers[i].clone());
+                continue;
+            }
+            let capacity = snapshot.ring.capacity(i, total);
+            if loads[i] < capacity {
+                return Some(Decision {
+                    server: servers[i].clone(),
+                    reason: if i == preferred {
+                        DecisionReason::Affinity
+                    } else {
+                        DecisionReason::Failover
+                    },
+                    preferred: Some(servers[preferred].clone()),
+                    skipped,
+                    capacity: Some(capacity),
+                    load_after: loads[i] + 1,
+                });
+            }
+            over_cap.get_or_insert((i, capacity));
+            skipped.push(servers[i].clone());
+        }
+        let (i, capacity) = match over_cap {
+            Some(found) => found,
+            None if exclude.is_empty() => (preferred, snapshot.ring.capacity(preferred, total)),
+            None => return None,
+        };
+        Some(Decision {
+            server: servers[i].clone(),
+            reason: DecisionReason::Failover,
+            preferred: Some(servers[preferred].clone()),
+            skipped: Vec::new(),
+            capacity: Some(capacity),
+            load_after: loads[i] + 1,
+        })
     }
 
     /// Counts the decided request in flight (while the route lock is held) and records its
@@ -523,8 +634,12 @@ impl Pool {
                 if n == 0 {
                     return None;
                 }
-                let i = self.round_robin.fetch_add(1, Ordering::Relaxed) % n;
-                let server = servers[i as usize].clone();
+                let start = self.round_robin.fetch_add(1, Ordering::Relaxed);
+                let i = (0..n)
+                    .map(|k| ((start + k) % n) as usize)
+                    .find(|&i| servers[i].is_routable())
+                    .unwrap_or((start % n) as usize);
+                let server = servers[i].clone();
                 let load_after = server.in_flight() + 1;
                 Some(Decision {
                     server,
@@ -534,6 +649,9 @@ impl Pool {
                     capacity: None,
                     load_after,
                 })
+            }
+            Strategy::ConsistentHash if !servers.iter().all(|s| s.is_routable()) => {
+                self.walk(snapshot, input, loads, &[])
             }
             Strategy::ConsistentHash => {
                 loads.clear();
@@ -700,7 +818,10 @@ fn start_server(
         }
         ServerAddress::Remote { url, .. } => {
             tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
-            Backend::Remote(crate::remote::RemoteWorker::start(url))
+            Backend::Remote(crate::remote::RemoteWorker::start_with(
+                url,
+                templates.upstream.clone(),
+            ))
         }
     };
     let local_scheme = match &engine {

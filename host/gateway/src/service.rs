@@ -35,7 +35,7 @@ use crate::api::{
 use crate::body::{ChannelBody, ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
 use crate::kv_view::ChatPrompt;
-use crate::metrics::{DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
+use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
 use crate::pool::{Decision, DecisionReason, InFlight};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
@@ -146,7 +146,11 @@ async fn handle(
             .responses
             .get_or_create(&ResponseLabels { route, status })
             .inc();
-        info!(%method, path, status, %peer, elapsed_ms = started.elapsed().as_millis() as u64, "request.done");
+        if gateway.config.access_log {
+            info!(%method, path, status, %peer, elapsed_ms = started.elapsed().as_millis() as u64, "request.done");
+        } else {
+            debug!(%method, path, status, %peer, elapsed_ms = started.elapsed().as_millis() as u64, "request.done");
+        }
         response
     }
     .instrument(span)
@@ -380,12 +384,27 @@ async fn messages(
         request_id,
     );
     policy_request.headers = passed_headers;
-    gateway
+    let waited = gateway
         .admission
-        .admit(&gateway.pool, &gateway.metrics, &input, &mut policy_request)
+        .admit(
+            &gateway.pool,
+            &snapshot,
+            &gateway.metrics,
+            &input,
+            &mut policy_request,
+        )
         .await?;
+    // After a wait in the queue the pool has moved on: decide on what it is now.
+    let snapshot = if waited {
+        gateway.pool.snapshot()
+    } else {
+        snapshot
+    };
     let routing_started = Instant::now();
-    let routed = match gateway.router.route(&gateway.pool, &input, &policy_request) {
+    let routed = match gateway
+        .router
+        .route(&gateway.pool, &snapshot, &input, &policy_request)
+    {
         RouteOutcome::Routed(routed) => *routed,
         RouteOutcome::Rejected { variant, reason } => {
             variant.stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -423,7 +442,7 @@ async fn messages(
         &tracker,
         &decision,
         fault.as_ref(),
-        input.key,
+        decision.preferred.as_ref().map(|s| s.id()),
         routing_started.elapsed(),
     );
     debug!(
@@ -440,23 +459,15 @@ async fn messages(
     // prompt a second time.
     let chat =
         Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
-    let generation = match decision
-        .server
-        .engine()
-        .submit(generate_request(
-            chat,
-            &request,
-            request_id,
-            policy_request.priority,
-        ))
-        .await
-    {
-        Ok(generation) => generation,
-        Err(e) => {
-            tracker.failed();
-            return Err(backend_error(e));
-        }
-    };
+    let generate = generate_request(chat, &request, request_id, policy_request.priority);
+    let (generation, decision, in_flight, attempts) =
+        match start_generation(gateway, &input, generate, decision, in_flight, started).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracker.failed();
+                return Err(e);
+            }
+        };
     let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let server_id = decision.server.id().to_owned();
     let variant_name = tracker.label.variant.clone();
@@ -477,6 +488,9 @@ async fn messages(
     if let Ok(value) = HeaderValue::from_str(&server_id) {
         response.headers_mut().insert("x-ringmaster-server", value);
     }
+    response
+        .headers_mut()
+        .insert("x-ringmaster-attempts", HeaderValue::from(attempts));
     if let Ok(value) = HeaderValue::from_str(&variant_name) {
         response.headers_mut().insert("x-ringmaster-variant", value);
     }
@@ -487,6 +501,73 @@ async fn messages(
             .insert("x-ringmaster-policy-version", value);
     }
     Ok(response)
+}
+
+/// Starts the generation on the routed server; when that fails before the first token in a
+/// way another server can fix (see [`crate::remote::RemoteError::is_retryable`]), tries the
+/// next routable server on the ring, up to `[retry] attempts` within its deadline. Returns the
+/// stream, the server it runs on, and how many attempts it took.
+async fn start_generation(
+    gateway: &Gateway,
+    input: &RoutingInput,
+    generate: GenerateRequest,
+    mut decision: Decision,
+    mut in_flight: InFlight,
+    started: Instant,
+) -> Result<(GenerationStream, Decision, InFlight, u32), ApiError> {
+    use crate::pool::{Backend, BackendError};
+    let retry = &gateway.config.retry;
+    // A local engine takes the request over; a remote one only reads it, so it stays here for
+    // the next attempt.
+    let mut generate = Some(generate);
+    let mut tried: Vec<String> = Vec::new();
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let result = match decision.server.engine() {
+            Backend::Local(engine) => match generate.take() {
+                Some(request) => engine.submit(request).map_err(BackendError::Engine),
+                None => Err(BackendError::Engine(EngineError::Stopped)),
+            },
+            Backend::Remote(worker) => match generate.as_ref() {
+                Some(request) => worker.submit(request).await.map_err(BackendError::Remote),
+                None => Err(BackendError::Engine(EngineError::Stopped)),
+            },
+        };
+        let error = match result {
+            Ok(generation) => {
+                gateway
+                    .metrics
+                    .upstream_attempts
+                    .get_or_create(&AttemptLabels { outcome: "ok" })
+                    .inc();
+                return Ok((generation, decision, in_flight, attempts));
+            }
+            Err(error) => error,
+        };
+        let (outcome, retryable) = match &error {
+            BackendError::Remote(e) => (e.outcome(), e.is_retryable()),
+            BackendError::Engine(_) => ("engine", false),
+        };
+        gateway
+            .metrics
+            .upstream_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .inc();
+        debug!(server = decision.server.id(), attempt = attempts, outcome, error = %error, "upstream.attempt_failed");
+        if !retryable || attempts >= retry.attempts || started.elapsed() >= retry.deadline {
+            return Err(backend_error(error, attempts));
+        }
+        tried.push(decision.server.id().to_owned());
+        // Release the failed server's slot before the next choice counts loads.
+        drop(in_flight);
+        match gateway.pool.reassign(input, &tried) {
+            Some((next, next_in_flight)) => {
+                (decision, in_flight) = (next, next_in_flight);
+            }
+            None => return Err(backend_error(error, attempts)),
+        }
+    }
 }
 
 /// The configured headers a request carries, for policies (lower-case names, visible ASCII
@@ -533,15 +614,13 @@ fn record_decision(
     tracker: &Tracker,
     decision: &Decision,
     fault: Option<&PolicyFault>,
-    key: u64,
+    owner: Option<&str>,
     elapsed: Duration,
 ) {
     let reason = match (fault, decision.reason) {
         (Some(_), _) => "fallback",
         (None, DecisionReason::Policy) => {
-            let snapshot = gateway.pool.snapshot();
-            let owner = snapshot.ring.lookup(key).map(|i| snapshot.servers[i].id());
-            if owner == Some(decision.server.id()) {
+            if owner.is_some_and(|owner| owner == decision.server.id()) {
                 "affinity"
             } else {
                 "policy-other"
@@ -678,8 +757,13 @@ fn generate_request(
     }
 }
 
-fn backend_error(error: crate::pool::BackendError) -> ApiError {
+fn backend_error(error: crate::pool::BackendError, attempts: u32) -> ApiError {
     use crate::remote::RemoteError;
+    let tries = if attempts > 1 {
+        format!(" (after {attempts} attempts on different servers)")
+    } else {
+        String::new()
+    };
     match error {
         crate::pool::BackendError::Engine(e) => engine_error(e),
         crate::pool::BackendError::Remote(RemoteError::Refused { message }) => {
@@ -687,7 +771,7 @@ fn backend_error(error: crate::pool::BackendError) -> ApiError {
         }
         crate::pool::BackendError::Remote(e) => ApiError::new(
             ErrorKind::Unavailable,
-            format!("GPU server unavailable: {e}"),
+            format!("GPU server unavailable{tries}: {e}"),
         )
         .with_retry_after(Duration::from_secs(1)),
     }
@@ -712,6 +796,8 @@ fn stop_of(reason: &FinishReason) -> (StopReason, Option<String>) {
         FinishReason::EndOfTurn => (StopReason::EndTurn, None),
         FinishReason::MaxTokens => (StopReason::MaxTokens, None),
         FinishReason::StopSequence(s) => (StopReason::StopSequence, Some(s.clone())),
+        FinishReason::ToolCalls => (StopReason::ToolUse, None),
+        FinishReason::ContentFilter => (StopReason::Refusal, None),
     }
 }
 
@@ -749,7 +835,7 @@ impl Drop for UnfinishedReply<'_> {
     fn drop(&mut self) {
         if !self.finished {
             self.tracker.gateway.metrics.client_disconnects.inc();
-            info!("request.client_disconnected");
+            debug!("request.client_disconnected");
         }
     }
 }
@@ -801,6 +887,14 @@ async fn collect_reply(
                         return Ok(refusal(text, prompt, cached, generated, why));
                     }
                 }
+            }
+            GenerateEvent::Failed { message } => {
+                guard.finished = true;
+                warn!(%message, "request.server_failed");
+                return Err(ApiError::new(
+                    ErrorKind::Api,
+                    format!("the GPU server failed during the reply: {message}"),
+                ));
             }
             GenerateEvent::Finished {
                 reason,
@@ -862,7 +956,8 @@ fn stream_reply(
 /// Why a stream ended early.
 enum StreamEnd {
     ClientGone,
-    EngineGone,
+    /// The server stopped, with what it said if anything.
+    EngineGone(Option<String>),
 }
 
 async fn produce_stream(
@@ -912,7 +1007,10 @@ async fn produce_stream(
                 () = tx.closed() => return Err(StreamEnd::ClientGone),
             };
             match event {
-                None => return Err(StreamEnd::EngineGone),
+                None => return Err(StreamEnd::EngineGone(None)),
+                Some(GenerateEvent::Failed { message }) => {
+                    return Err(StreamEnd::EngineGone(Some(message)));
+                }
                 Some(GenerateEvent::Started {
                     prompt_tokens,
                     cached_tokens,
@@ -980,7 +1078,7 @@ async fn produce_stream(
     let server = in_flight.server().id().to_owned();
     match result {
         Ok(output_tokens) => {
-            info!(
+            debug!(
                 server,
                 output_tokens,
                 elapsed_ms = started.elapsed().as_millis() as u64,
@@ -990,12 +1088,19 @@ async fn produce_stream(
         Err(StreamEnd::ClientGone) => {
             drop(generation);
             tracker.gateway.metrics.client_disconnects.inc();
-            info!(server, "stream.client_disconnected");
+            debug!(server, "stream.client_disconnected");
         }
-        Err(StreamEnd::EngineGone) => {
-            warn!(server, "stream.engine_stopped");
+        Err(StreamEnd::EngineGone(message)) => {
+            warn!(
+                server,
+                message = message.as_deref().unwrap_or(""),
+                "stream.engine_stopped"
+            );
             tracker.failed();
-            let error = ApiError::internal("the GPU server stopped before finishing the reply");
+            let error = ApiError::internal(match message {
+                Some(message) => format!("the GPU server failed during the reply: {message}"),
+                None => "the GPU server stopped before finishing the reply".to_owned(),
+            });
             let _ = send(StreamEvent::Error {
                 error: error.body()["error"].clone(),
             })

@@ -18,8 +18,11 @@ use serde::Deserialize;
 
 use crate::routing::PrefixHashing;
 
+mod upstream;
+pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy};
+
 /// The embedded default configuration.
-pub const DEFAULT_CONFIG_TOML: &str = include_str!("../default-config.toml");
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("../../default-config.toml");
 /// Default listen address: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// Default model name served by the simulated servers.
@@ -80,6 +83,8 @@ pub struct RawConfig {
     pub models: Option<Vec<String>>,
     /// `admin_token`: enables the admin API.
     pub admin_token: Option<String>,
+    /// `access_log`: one INFO line per request (otherwise they are DEBUG).
+    pub access_log: Option<bool>,
     /// `[[api_keys]]`.
     pub api_keys: Option<Vec<RawApiKey>>,
     /// `[limits]`.
@@ -94,6 +99,10 @@ pub struct RawConfig {
     pub policies: Option<RawPolicies>,
     /// `[model]`.
     pub model: Option<RawModel>,
+    /// `[upstream]`.
+    pub upstream: Option<upstream::RawUpstream>,
+    /// `[retry]`.
+    pub retry: Option<upstream::RawRetry>,
 }
 
 /// `[model]`: how `gguf:` servers run their model (on the CPU, or on a GPU with `device`).
@@ -527,6 +536,8 @@ pub struct Config {
     pub models: Vec<String>,
     /// Admin token; `None` turns the admin API off.
     pub admin_token: Option<String>,
+    /// One INFO line per request (`access_log = true`); off, they are DEBUG lines.
+    pub access_log: bool,
     /// API keys; empty means no authentication (loopback only).
     pub api_keys: Vec<ApiKey>,
     /// Largest request body, bytes.
@@ -553,6 +564,10 @@ pub struct Config {
     pub model_gpu: Option<GpuPlacement>,
     /// Policies.
     pub policies: PoliciesConfig,
+    /// How remote servers' clients behave.
+    pub upstream: crate::remote::UpstreamSettings,
+    /// When a failed request is tried on another server.
+    pub retry: RetryPolicy,
 }
 
 impl Config {
@@ -745,11 +760,14 @@ impl RawConfig {
         let model_gpu = gpu_placement(&raw_model)?;
         let model = model_config(raw_model)?;
         let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
+        let upstream = upstream::upstream_settings(self.upstream.unwrap_or_default())?;
+        let retry = upstream::retry_policy(self.retry.unwrap_or_default())?;
 
         Ok(Config {
             listen,
             models,
             admin_token,
+            access_log: self.access_log.unwrap_or(false),
             api_keys,
             max_body_bytes,
             max_output_tokens,
@@ -763,6 +781,8 @@ impl RawConfig {
             model,
             model_gpu,
             policies,
+            upstream,
+            retry,
         })
     }
 }

@@ -1,0 +1,549 @@
+//! OpenAI-compatible replies as engine events: the stream chunks and whole answers that vLLM,
+//! SGLang, TGI, llama.cpp's server, Ollama and `ringmaster worker` send, decoded with typed
+//! structs that borrow from the read buffer, into the [`GenerateEvent`]s a local engine sends.
+//!
+//! The shapes differ in where the usage comes (see the README's compatibility table):
+//! in every chunk (vLLM's `continuous_usage_stats`), in the finishing chunk (TGI, llama.cpp),
+//! in a chunk of its own after it (OpenAI's `include_usage`: no choices), or not at all (then
+//! the output is counted here, one token per text chunk, and the prompt reads as 0). So the
+//! reply is finished only when nothing more can come: at a usage chunk after the finish, at
+//! `data: [DONE]`, or at the end of the body. An error object in the stream (OpenAI's
+//! `{"error": {...}}`, TGI's `{"error": "..."}`, vLLM's `{"object": "error", ...}`) ends it as
+//! [`GenerateEvent::Failed`]; so does malformed JSON, and a body that ends before a finish.
+
+use std::borrow::Cow;
+
+use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
+use serde::Deserialize;
+
+/// A string that borrows from the buffer unless it had escapes to undo. (serde's own
+/// `Cow<str>` always copies when it sits inside an `Option`.)
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Str<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Str(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(Visit)
+    }
+}
+
+impl std::ops::Deref for Str<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One chunk of a stream, or a whole answer (`message` instead of `delta`).
+#[derive(Debug, Deserialize)]
+struct Chunk<'a> {
+    #[serde(default, borrow)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<UsageWire>,
+    /// llama.cpp's server: `cache_n` prompt tokens came from its cache.
+    #[serde(default)]
+    timings: Option<Timings>,
+    #[serde(default, borrow)]
+    error: Option<ErrorWire<'a>>,
+    #[serde(default, borrow)]
+    object: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    message: Option<Str<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Choice<'a> {
+    #[serde(default, borrow)]
+    delta: Option<Text<'a>>,
+    #[serde(default, borrow)]
+    message: Option<Text<'a>>,
+    /// `/v1/completions`.
+    #[serde(default, borrow)]
+    text: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    finish_reason: Option<Str<'a>>,
+    /// vLLM and SGLang: the stop string that matched (or the stop token's id).
+    #[serde(default, borrow)]
+    stop_reason: Option<StopWire<'a>>,
+    /// SGLang's spelling of the same (`matched_stop`).
+    #[serde(default, borrow)]
+    matched_stop: Option<StopWire<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Text<'a> {
+    #[serde(default, borrow)]
+    content: Option<Str<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum StopWire<'a> {
+    Text(#[serde(borrow)] Str<'a>),
+    /// A stop token's id, or anything else: not a matched string.
+    Other(serde::de::IgnoredAny),
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct UsageWire {
+    #[serde(default)]
+    prompt_tokens: Option<u32>,
+    #[serde(default)]
+    completion_tokens: Option<u32>,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u32>,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize)]
+struct Timings {
+    #[serde(default)]
+    cache_n: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ErrorWire<'a> {
+    Text(#[serde(borrow)] Str<'a>),
+    Object {
+        #[serde(default, borrow)]
+        message: Option<Str<'a>>,
+    },
+}
+
+impl Chunk<'_> {
+    /// The error this chunk carries, if it is one.
+    fn error(&self) -> Option<String> {
+        match &self.error {
+            Some(ErrorWire::Text(text)) => return Some(text.0.to_string()),
+            Some(ErrorWire::Object { message }) => {
+                return Some(message.as_deref().unwrap_or("(no message)").to_owned());
+            }
+            None => {}
+        }
+        (self.object.as_deref() == Some("error"))
+            .then(|| self.message.as_deref().unwrap_or("(no message)").to_owned())
+    }
+}
+
+/// Why a server's bytes could not be read as a reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// Not the JSON of a chunk.
+    #[error("the server sent malformed JSON: {0}")]
+    Malformed(String),
+}
+
+/// The message of an OpenAI-style error body (`{"error": {"message": ...}}` and the variants
+/// above), if `body` is one.
+pub fn error_message(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Chunk<'_>>(body).ok()?.error()
+}
+
+/// Usage as last reported.
+#[derive(Debug, Default, Clone, Copy)]
+struct Usage {
+    prompt: Option<u32>,
+    cached: Option<u32>,
+    completion: Option<u32>,
+}
+
+impl Usage {
+    fn update(&mut self, wire: Option<UsageWire>, timings: Option<Timings>) {
+        if let Some(wire) = wire {
+            self.prompt = wire.prompt_tokens.or(self.prompt);
+            self.completion = wire.completion_tokens.or(self.completion);
+            if let Some(cached) = wire.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+                self.cached = Some(cached);
+            }
+        }
+        if let Some(cached) = timings.and_then(|t| t.cache_n) {
+            self.cached = Some(cached);
+        }
+    }
+}
+
+/// Turns one reply's chunks into engine events, in order.
+#[derive(Debug, Default)]
+pub struct ReplyDecoder {
+    started: bool,
+    finish: Option<FinishReason>,
+    usage: Usage,
+    /// Text chunks seen: the output count when the server reports none.
+    text_chunks: u32,
+    done: bool,
+}
+
+impl ReplyDecoder {
+    /// Whether the last event was produced; the rest of the body can be read and dropped.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Whether the server reported no output count (the count is this decoder's own).
+    pub fn counted_output(&self) -> bool {
+        self.usage.completion.is_none()
+    }
+
+    /// One SSE event's data.
+    pub fn data(&mut self, data: &[u8], out: &mut Vec<GenerateEvent>) {
+        if self.done {
+            return;
+        }
+        if data.trim_ascii() == b"[DONE]" {
+            self.end(out, true);
+            return;
+        }
+        let chunk = match serde_json::from_slice::<Chunk<'_>>(data) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                self.fail(DecodeError::Malformed(e.to_string()).to_string(), out);
+                return;
+            }
+        };
+        self.chunk(chunk, out);
+    }
+
+    /// A whole (non-streamed) answer: the server ignored `stream: true`.
+    pub fn whole(&mut self, body: &[u8], out: &mut Vec<GenerateEvent>) {
+        self.data(body, out);
+        self.end(out, true);
+    }
+
+    /// The body ended (EOF) before or after a finish.
+    pub fn end_of_body(&mut self, out: &mut Vec<GenerateEvent>) {
+        self.end(out, false);
+    }
+
+    /// The stream broke, or said something this decoder cannot read.
+    pub fn fail(&mut self, message: String, out: &mut Vec<GenerateEvent>) {
+        if !self.done {
+            self.done = true;
+            out.push(GenerateEvent::Failed { message });
+        }
+    }
+
+    fn chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<GenerateEvent>) {
+        if let Some(message) = chunk.error() {
+            self.fail(format!("the GPU server reported an error: {message}"), out);
+            return;
+        }
+        let has_usage = chunk.usage.is_some();
+        self.usage.update(chunk.usage, chunk.timings);
+        let Some(choice) = chunk.choices.into_iter().next() else {
+            // A usage-only chunk: after the finish it is the last thing that matters.
+            if has_usage {
+                self.start(out);
+            }
+            if self.finish.is_some() {
+                self.end(out, true);
+            }
+            return;
+        };
+        let text = choice
+            .delta
+            .and_then(|d| d.content)
+            .or_else(|| choice.message.and_then(|m| m.content))
+            .or(choice.text)
+            .unwrap_or_default()
+            .0;
+        let finish = choice.finish_reason.as_deref().map(|reason| {
+            let matched = choice.stop_reason.or(choice.matched_stop);
+            finish_reason(reason, matched)
+        });
+        if has_usage || !text.is_empty() || finish.is_some() {
+            self.start(out);
+        }
+        if !text.is_empty() {
+            self.text_chunks += 1;
+            out.push(GenerateEvent::Token {
+                text: text.into_owned(),
+            });
+        }
+        if finish.is_some() {
+            self.finish = finish;
+        }
+    }
+
+    fn start(&mut self, out: &mut Vec<GenerateEvent>) {
+        if !self.started {
+            self.started = true;
+            out.push(GenerateEvent::Started {
+                prompt_tokens: self.usage.prompt.unwrap_or(0),
+                cached_tokens: self.usage.cached.unwrap_or(0),
+            });
+        }
+    }
+
+    /// Nothing more will come: finish, or fail when the reply never said how it ended (a
+    /// `[DONE]` without a finish reason reads as the end of the turn; a bare end of body after
+    /// no finish is a broken stream).
+    fn end(&mut self, out: &mut Vec<GenerateEvent>, clean: bool) {
+        if self.done {
+            return;
+        }
+        let reason = match self.finish.take() {
+            Some(reason) => reason,
+            None if clean && self.started => FinishReason::EndOfTurn,
+            None => {
+                self.fail(
+                    "the GPU server closed the stream before finishing the reply".into(),
+                    out,
+                );
+                return;
+            }
+        };
+        self.start(out);
+        self.done = true;
+        out.push(GenerateEvent::Finished {
+            reason,
+            prompt_tokens: self.usage.prompt.unwrap_or(0),
+            cached_tokens: self.usage.cached.unwrap_or(0),
+            output_tokens: self.usage.completion.unwrap_or(self.text_chunks),
+        });
+    }
+}
+
+fn finish_reason(reason: &str, matched: Option<StopWire<'_>>) -> FinishReason {
+    match reason {
+        "length" => FinishReason::MaxTokens,
+        "tool_calls" | "function_call" => FinishReason::ToolCalls,
+        "content_filter" => FinishReason::ContentFilter,
+        // "stop", TGI's "eos_token" and "stop_sequence", and anything unknown.
+        _ => match matched {
+            Some(StopWire::Text(text)) if !text.is_empty() => {
+                FinishReason::StopSequence(text.0.into_owned())
+            }
+            _ => FinishReason::EndOfTurn,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(frames: &[&str]) -> Vec<GenerateEvent> {
+        let mut decoder = ReplyDecoder::default();
+        let mut out = Vec::new();
+        for frame in frames {
+            decoder.data(frame.as_bytes(), &mut out);
+        }
+        decoder.end_of_body(&mut out);
+        out
+    }
+
+    fn started(prompt_tokens: u32, cached_tokens: u32) -> GenerateEvent {
+        GenerateEvent::Started {
+            prompt_tokens,
+            cached_tokens,
+        }
+    }
+
+    fn token(text: &str) -> GenerateEvent {
+        GenerateEvent::Token { text: text.into() }
+    }
+
+    fn finished(reason: FinishReason, prompt: u32, cached: u32, output: u32) -> GenerateEvent {
+        GenerateEvent::Finished {
+            reason,
+            prompt_tokens: prompt,
+            cached_tokens: cached,
+            output_tokens: output,
+        }
+    }
+
+    #[test]
+    fn usage_in_every_chunk_then_a_usage_chunk_vllm() {
+        let events = decode(&[
+            r#"{"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":{"prompt_tokens":40,"completion_tokens":0,"prompt_tokens_details":{"cached_tokens":32}}}"#,
+            r#"{"choices":[{"delta":{"content":"Hel"},"finish_reason":null}],"usage":{"prompt_tokens":40,"completion_tokens":1}}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"stop","stop_reason":"END"}],"usage":{"prompt_tokens":40,"completion_tokens":2}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":40,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":32}}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(
+            events,
+            [
+                started(40, 32),
+                token("Hel"),
+                finished(FinishReason::StopSequence("END".into()), 40, 32, 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn usage_in_a_chunk_of_its_own_openai_include_usage() {
+        let events = decode(&[
+            r#"{"choices":[{"delta":{"role":"assistant"},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[{"delta":{"content":"Hi"},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[{"delta":{},"finish_reason":"length"}],"usage":null}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":1}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(
+            events,
+            [
+                started(0, 0),
+                token("Hi"),
+                finished(FinishReason::MaxTokens, 9, 0, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn usage_in_the_finishing_chunk_tgi_and_llama_cpp() {
+        let events = decode(&[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"A"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"B"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":2,"total_tokens":14},"timings":{"cache_n":8,"prompt_n":4}}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(
+            events,
+            [
+                started(0, 0),
+                token("A"),
+                token("B"),
+                finished(FinishReason::EndOfTurn, 12, 8, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn no_usage_at_all_counts_the_output_ollama() {
+        let mut decoder = ReplyDecoder::default();
+        let mut out = Vec::new();
+        for frame in [
+            r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":"x"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"y"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            decoder.data(frame.as_bytes(), &mut out);
+        }
+        decoder.end_of_body(&mut out);
+        assert!(decoder.counted_output());
+        assert_eq!(
+            out,
+            [
+                started(0, 0),
+                token("x"),
+                token("y"),
+                finished(FinishReason::ToolCalls, 0, 0, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_stream_ending_in_eof_without_done_still_finishes() {
+        let events = decode(&[
+            r#"{"choices":[{"text":"Once","finish_reason":null}]}"#,
+            r#"{"choices":[{"text":"","finish_reason":"content_filter"}]}"#,
+        ]);
+        assert_eq!(
+            events,
+            [
+                started(0, 0),
+                token("Once"),
+                finished(FinishReason::ContentFilter, 0, 0, 1)
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_in_the_stream_end_it() {
+        for error in [
+            r#"{"error":{"message":"out of memory","type":"server_error","code":500}}"#,
+            r#"{"error":"out of memory","error_type":"generation"}"#,
+            r#"{"object":"error","message":"out of memory","type":"InternalServerError","code":500}"#,
+        ] {
+            let events = decode(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#, error]);
+            assert_eq!(events.len(), 3, "{error}");
+            assert!(
+                matches!(&events[2], GenerateEvent::Failed { message } if message.contains("out of memory")),
+                "{events:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn malformed_json_and_a_body_that_stops_early_fail() {
+        let events = decode(&["{\"choices\": [", "[DONE]"]);
+        assert!(
+            matches!(&events[..], [GenerateEvent::Failed { message }] if message.contains("malformed JSON")),
+            "{events:?}"
+        );
+        let events = decode(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#]);
+        assert!(
+            matches!(&events[..], [_, _, GenerateEvent::Failed { message }] if message.contains("before finishing")),
+            "{events:?}"
+        );
+    }
+
+    #[test]
+    fn a_whole_answer_where_a_stream_was_asked() {
+        let mut decoder = ReplyDecoder::default();
+        let mut out = Vec::new();
+        decoder.whole(
+            br#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Paris."},"finish_reason":"stop"}],"usage":{"prompt_tokens":20,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":16}}}"#,
+            &mut out,
+        );
+        assert_eq!(
+            out,
+            [
+                started(20, 16),
+                token("Paris."),
+                finished(FinishReason::EndOfTurn, 20, 16, 3)
+            ]
+        );
+    }
+
+    #[test]
+    fn escaped_text_is_unescaped_and_plain_text_is_borrowed() {
+        let data = br#"{"choices":[{"delta":{"content":"plain"}}]}"#;
+        let chunk: Chunk<'_> = serde_json::from_slice(data).unwrap();
+        let content = chunk.choices[0].delta.as_ref().unwrap().content.as_ref();
+        assert!(matches!(content, Some(Str(Cow::Borrowed("plain")))));
+        let events = decode(&[
+            r#"{"choices":[{"delta":{"content":"a\"b\n\u00e9"}}]}"#,
+            "[DONE]",
+        ]);
+        assert_eq!(events[1], token("a\"b\né"));
+    }
+
+    #[test]
+    fn error_bodies_of_every_shape_give_their_message() {
+        assert_eq!(
+            error_message(br#"{"error":{"message":"bad"}}"#).as_deref(),
+            Some("bad")
+        );
+        assert_eq!(error_message(br#"{"error":"bad"}"#).as_deref(), Some("bad"));
+        assert_eq!(
+            error_message(br#"{"object":"error","message":"bad"}"#).as_deref(),
+            Some("bad")
+        );
+        assert_eq!(error_message(b"<html>"), None);
+    }
+}

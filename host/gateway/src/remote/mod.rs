@@ -1,0 +1,754 @@
+//! Remote servers as pool servers: any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's
+//! server, Ollama) or a `ringmaster worker`, reached over HTTP.
+//!
+//! A request goes to the server's `/v1/chat/completions` (or `/v1/completions` for a raw
+//! prompt), streamed, asking for usage (`stream_options.include_usage`, and vLLM's
+//! `continuous_usage_stats` so that cached-token counts arrive with the first token). The reply
+//! is read as bytes ([`sse`]) and decoded with typed, borrowing structs ([`chunks`]) into the
+//! same [`GenerateEvent`]s a local engine sends, so the rest of the gateway does not know the
+//! difference. Every stream shape those servers send is handled; see the README's table.
+//!
+//! Connections are pooled per server and reused: the body of every reply is read to its end
+//! (after the last event has gone to the client) so that its connection goes back to the pool.
+//! Dropping the stream before it finished drops the response, which closes that connection,
+//! which is how a server learns to cancel the generation.
+//!
+//! Three timeouts, each in `[upstream]`: connecting, the reply's headers (first byte), and the
+//! gap between two reads of the body. [`RemoteWorker::submit`] returns only once the reply's
+//! first event is in, so every failure before the first token (refused, reset, 5xx, 429, a
+//! stream that breaks or errs before it starts) is an `Err` the gateway can retry elsewhere.
+//! The relay to the gateway is a bounded channel: a slow client slows the reading of the
+//! server's socket instead of growing a buffer.
+//!
+//! Health: the load poll (`/load` every [`LOAD_POLL_INTERVAL`]; a 404 there means an ordinary
+//! OpenAI server, which is up whenever it answers) is the active check; consecutive request
+//! failures eject the server for a backoff that doubles with each ejection ([`Health`]). While
+//! unreachable or ejected, the server is not routable and its load reads as full.
+//!
+//! A `ringmaster worker`'s prefix cache is mirrored from its own reports ([`follow`]): its
+//! tokenizer (`/tokenizer`) and its event stream (`/kv/events`) feed a [`ReportedCache`].
+//! A server without these endpoints is asked again only every [`KV_UNSUPPORTED_RETRY`].
+
+mod chunks;
+mod follow;
+mod sse;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use ringmaster_gpu_runtime::{GenerateEvent, GenerateRequest, GenerationStream, LoadReport};
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+pub use chunks::{DecodeError, ReplyDecoder, error_message};
+pub use sse::{SseDecoder, SseError};
+
+use crate::kv_view::ReportedCache;
+
+/// Longest wait between attempts to reconnect to a worker's KV event stream.
+pub const KV_RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+/// How often a worker without `/tokenizer` or `/kv/events` is asked again.
+pub const KV_UNSUPPORTED_RETRY: Duration = Duration::from_secs(60);
+
+/// How often a follower of a removed worker's event stream notices and stops.
+const KV_FOLLOW_CHECK: Duration = Duration::from_secs(1);
+
+/// How often a server's load is fetched (the active health check).
+pub const LOAD_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Most bytes read from a reply after its last event, to hand its connection back to the
+/// pool; a server that sends more than this after finishing loses the connection instead.
+const DRAIN_LIMIT_BYTES: usize = 64 * 1024;
+
+/// How one server's client behaves: timeouts, limits, connection pooling and ejection.
+/// `[upstream]` in the config; every value has a default fit for loopback and LAN fleets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamSettings {
+    /// Connecting (TCP) to a server (`connect_timeout_ms`, default 2 s).
+    pub connect_timeout: Duration,
+    /// From sending a request to the reply's headers (`first_byte_timeout_ms`, default 10 s).
+    /// A server answers a streamed request at once, so this only catches a hung server.
+    pub first_byte_timeout: Duration,
+    /// From the headers to the reply's first event (`first_token_timeout_ms`, default 60 s):
+    /// the prefill of a long prompt, behind the server's queue.
+    pub first_token_timeout: Duration,
+    /// Longest silence between two reads of a reply's body (`chunk_gap_timeout_ms`, 60 s).
+    pub chunk_gap_timeout: Duration,
+    /// Largest SSE line or event, and largest whole JSON answer (`max_event_bytes`, 4 MiB).
+    pub max_event_bytes: usize,
+    /// Events buffered between a server's reader and the client's writer (`relay_events`, 64).
+    pub relay_events: usize,
+    /// Idle connections kept per server (`pool_max_idle_per_server`, 1024).
+    pub pool_max_idle: usize,
+    /// How long an idle connection is kept (`pool_idle_timeout_ms`, 90 s).
+    pub pool_idle_timeout: Duration,
+    /// Speak HTTP/2 without negotiation (`http2 = true`), for servers known to serve h2c;
+    /// otherwise HTTP/1.1 (cleartext has no negotiation).
+    pub http2_prior_knowledge: bool,
+    /// Consecutive failed requests that eject a server (`eject_after_failures`, 5; 0 = never).
+    pub eject_after_failures: u32,
+    /// The first ejection's length; each one after doubles it (`eject_base_ms`, 5 s).
+    pub eject_base: Duration,
+    /// The longest ejection (`eject_max_ms`, 5 min).
+    pub eject_max: Duration,
+}
+
+impl Default for UpstreamSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            first_byte_timeout: Duration::from_secs(10),
+            first_token_timeout: Duration::from_secs(60),
+            chunk_gap_timeout: Duration::from_secs(60),
+            max_event_bytes: 4 * 1024 * 1024,
+            relay_events: 64,
+            pool_max_idle: 1024,
+            pool_idle_timeout: Duration::from_secs(90),
+            http2_prior_knowledge: false,
+            eject_after_failures: 5,
+            eject_base: Duration::from_secs(5),
+            eject_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Why a request could not be started on a server.
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    /// The server could not be reached, reset the connection or did not answer in time.
+    #[error("the server at {url} cannot be reached: {why}")]
+    Unreachable {
+        /// The server.
+        url: String,
+        /// What failed.
+        why: String,
+        /// Whether it was a timeout (for the attempt metric).
+        timeout: bool,
+    },
+    /// The server refused the request as invalid (400: the client's to fix).
+    #[error("{message}")]
+    Refused {
+        /// The server's message.
+        message: String,
+    },
+    /// The server answered with an error status.
+    #[error("the server at {url} answered {status}: {message}")]
+    Failed {
+        /// The server.
+        url: String,
+        /// Its status.
+        status: u16,
+        /// Its message.
+        message: String,
+    },
+    /// The reply broke or reported an error before its first event.
+    #[error("the server at {url} broke off the reply before it began: {why}")]
+    Broken {
+        /// The server.
+        url: String,
+        /// What happened.
+        why: String,
+    },
+}
+
+impl RemoteError {
+    /// Whether another server (or a later try) can help: everything but a refusal and a
+    /// 4xx other than 408 and 429.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Unreachable { .. } | Self::Broken { .. } => true,
+            Self::Refused { .. } => false,
+            Self::Failed { status, .. } => *status >= 500 || matches!(status, 408 | 429),
+        }
+    }
+
+    /// A stable name for the attempt metric.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            Self::Unreachable { timeout: true, .. } => "timeout",
+            Self::Unreachable { .. } => "unreachable",
+            Self::Refused { .. } => "refused",
+            Self::Failed { status: 429, .. } => "status-429",
+            Self::Failed { status: 503, .. } => "status-503",
+            Self::Failed { status, .. } if *status >= 500 => "status-5xx",
+            Self::Failed { .. } => "status-4xx",
+            Self::Broken { .. } => "broken",
+        }
+    }
+}
+
+/// Passive outlier detection: consecutive failures eject a server for a while.
+#[derive(Debug, Default)]
+pub struct Health {
+    consecutive_failures: AtomicU32,
+    /// Ejections since the last success, which set the next backoff.
+    ejections_in_a_row: AtomicU32,
+    ejected_until: Mutex<Option<Instant>>,
+    ejections_total: AtomicU64,
+}
+
+impl Health {
+    /// Counts a request that reached the server and began.
+    pub fn success(&self) {
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        self.ejections_in_a_row.store(0, Ordering::Relaxed);
+    }
+
+    /// Counts a failed request; ejects the server when it is the `settings`' n-th in a row.
+    /// Returns the ejection's length when this failure ejected it.
+    pub fn failure(&self, settings: &UpstreamSettings) -> Option<Duration> {
+        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if settings.eject_after_failures == 0 || failures < settings.eject_after_failures {
+            return None;
+        }
+        self.consecutive_failures.store(0, Ordering::Relaxed);
+        let n = self.ejections_in_a_row.fetch_add(1, Ordering::Relaxed);
+        let backoff = settings
+            .eject_base
+            .saturating_mul(1u32 << n.min(16))
+            .min(settings.eject_max);
+        *self
+            .ejected_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + backoff);
+        self.ejections_total.fetch_add(1, Ordering::Relaxed);
+        Some(backoff)
+    }
+
+    /// Whether the server is ejected now.
+    pub fn is_ejected(&self) -> bool {
+        let mut until = self
+            .ejected_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match *until {
+            Some(t) if Instant::now() < t => true,
+            Some(_) => {
+                *until = None;
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Ejections so far.
+    pub fn ejections_total(&self) -> u64 {
+        self.ejections_total.load(Ordering::Relaxed)
+    }
+}
+
+/// A client of one server.
+#[derive(Debug)]
+pub struct RemoteWorker {
+    url: String,
+    client: reqwest::Client,
+    settings: UpstreamSettings,
+    load: Mutex<LoadReport>,
+    reachable: AtomicBool,
+    health: Health,
+    kv: Arc<ReportedCache>,
+}
+
+impl RemoteWorker {
+    /// A client of the server at `url` (`http://HOST:PORT`) with the default settings,
+    /// polling its load in the background while the client lives. Needs a tokio runtime.
+    pub fn start(url: &str) -> Arc<Self> {
+        Self::start_with(url, UpstreamSettings::default())
+    }
+
+    /// A client of the server at `url` with `settings`.
+    pub fn start_with(url: &str, settings: UpstreamSettings) -> Arc<Self> {
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(settings.connect_timeout)
+            .tcp_nodelay(true)
+            .pool_max_idle_per_host(settings.pool_max_idle)
+            .pool_idle_timeout(settings.pool_idle_timeout);
+        if settings.http2_prior_knowledge {
+            builder = builder.http2_prior_knowledge();
+        }
+        let client = builder.build().unwrap_or_default();
+        let worker = Arc::new(Self {
+            url: url.trim_end_matches('/').to_owned(),
+            client,
+            settings,
+            load: Mutex::new(LoadReport::default()),
+            // Unknown until the first poll: assume reachable so the first requests are tried.
+            reachable: AtomicBool::new(true),
+            health: Health::default(),
+            kv: Arc::new(ReportedCache::default()),
+        });
+        tokio::spawn(follow::poll_load(Arc::downgrade(&worker)));
+        tokio::spawn(follow::follow_kv(Arc::downgrade(&worker)));
+        worker
+    }
+
+    /// The server's prefix cache as its event stream reports it.
+    pub fn kv(&self) -> &ReportedCache {
+        &self.kv
+    }
+
+    /// The server's passive health.
+    pub fn health(&self) -> &Health {
+        &self.health
+    }
+
+    /// The server's last reported load; full while it is unreachable or ejected.
+    pub fn load(&self) -> LoadReport {
+        let mut load = self
+            .load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if !self.is_reachable() {
+            load.waiting = u32::MAX;
+        }
+        load
+    }
+
+    /// Whether requests should go there: the last poll reached it and it is not ejected.
+    pub fn is_reachable(&self) -> bool {
+        self.reachable.load(Ordering::Relaxed) && !self.health.is_ejected()
+    }
+
+    /// Starts `request` on the server. Returns once the reply's first event is in; the stream
+    /// yields its events as a local engine would.
+    ///
+    /// Cancel safety: dropping the future drops the request, which closes its connection.
+    pub async fn submit(&self, request: &GenerateRequest) -> Result<GenerationStream, RemoteError> {
+        let result = self.start_reply(request).await;
+        match &result {
+            Ok(_) => self.health.success(),
+            Err(RemoteError::Refused { .. }) => {}
+            Err(e) => {
+                if let Some(backoff) = self.health.failure(&self.settings) {
+                    warn!(server = %self.url, error = %e, backoff_ms = backoff.as_millis() as u64, "remote.ejected");
+                }
+            }
+        }
+        result
+    }
+
+    async fn start_reply(
+        &self,
+        request: &GenerateRequest,
+    ) -> Result<GenerationStream, RemoteError> {
+        let (path, body) = openai_body(request);
+        let body = serde_json::to_vec(&body).map_err(|e| RemoteError::Broken {
+            url: self.url.clone(),
+            why: format!("could not encode the request: {e}"),
+        })?;
+        let unreachable = |e: reqwest::Error| RemoteError::Unreachable {
+            url: self.url.clone(),
+            timeout: e.is_timeout(),
+            why: error_chain(&e),
+        };
+        let send = self
+            .client
+            .post(format!("{}{path}", self.url))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send();
+        let response = tokio::time::timeout(self.settings.first_byte_timeout, send)
+            .await
+            .map_err(|_| RemoteError::Unreachable {
+                url: self.url.clone(),
+                why: format!("no answer within {:?}", self.settings.first_byte_timeout),
+                timeout: true,
+            })?
+            .map_err(unreachable)?;
+        let status = response.status();
+        if !status.is_success() {
+            let bytes = response.bytes().await.unwrap_or_default();
+            let message = error_message(&bytes).unwrap_or_else(|| status.to_string());
+            return Err(if status.as_u16() == 400 {
+                RemoteError::Refused { message }
+            } else {
+                RemoteError::Failed {
+                    url: self.url.clone(),
+                    status: status.as_u16(),
+                    message,
+                }
+            });
+        }
+        let whole = response
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("application/json"));
+        let (tx, mut rx) = mpsc::channel(self.settings.relay_events.max(1));
+        let relay = Relay {
+            url: self.url.clone(),
+            request_id: request.request_id.clone(),
+            settings: self.settings.clone(),
+            tx,
+        };
+        tokio::spawn(relay.run(response, whole));
+        let first = tokio::time::timeout(self.settings.first_token_timeout, rx.recv())
+            .await
+            .map_err(|_| RemoteError::Unreachable {
+                url: self.url.clone(),
+                why: format!(
+                    "no reply began within {:?}",
+                    self.settings.first_token_timeout
+                ),
+                timeout: true,
+            })?;
+        match first {
+            Some(GenerateEvent::Failed { message }) => Err(RemoteError::Broken {
+                url: self.url.clone(),
+                why: message,
+            }),
+            None => Err(RemoteError::Broken {
+                url: self.url.clone(),
+                why: "the reply ended with nothing in it".into(),
+            }),
+            Some(first) => Ok(GenerationStream::from_bounded_channel(Some(first), rx)),
+        }
+    }
+}
+
+/// An error with its sources, which is where reqwest says what actually failed.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// Reads one reply from a server and relays its events.
+struct Relay {
+    url: String,
+    request_id: String,
+    settings: UpstreamSettings,
+    tx: mpsc::Sender<GenerateEvent>,
+}
+
+impl Relay {
+    async fn run(self, response: reqwest::Response, whole: bool) {
+        let mut decoder = ReplyDecoder::default();
+        let mut events = Vec::new();
+        let mut body = response.bytes_stream();
+        let gap = self.settings.chunk_gap_timeout;
+        if whole {
+            let mut bytes = Vec::new();
+            loop {
+                match tokio::time::timeout(gap, body.next()).await {
+                    Ok(Some(Ok(chunk))) => {
+                        bytes.extend_from_slice(&chunk);
+                        if bytes.len() > self.settings.max_event_bytes {
+                            decoder.fail(
+                                format!(
+                                    "the server's answer is larger than {} bytes",
+                                    self.settings.max_event_bytes
+                                ),
+                                &mut events,
+                            );
+                            break;
+                        }
+                    }
+                    Ok(Some(Err(e))) => {
+                        decoder.fail(
+                            format!("the reply broke off: {}", error_chain(&e)),
+                            &mut events,
+                        );
+                        break;
+                    }
+                    Ok(None) => {
+                        decoder.whole(&bytes, &mut events);
+                        break;
+                    }
+                    Err(_) => {
+                        decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
+                        break;
+                    }
+                }
+            }
+            self.send_all(&mut events).await;
+            return;
+        }
+        let mut sse = SseDecoder::new(self.settings.max_event_bytes);
+        loop {
+            let next = match tokio::time::timeout(gap, body.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
+                    self.send_all(&mut events).await;
+                    return;
+                }
+            };
+            match next {
+                Some(Ok(bytes)) => {
+                    sse.push(&bytes);
+                    while let Some(event) = sse.next_event() {
+                        match event {
+                            Ok(data) => decoder.data(data, &mut events),
+                            Err(e) => decoder.fail(e.to_string(), &mut events),
+                        }
+                        if decoder.is_done() {
+                            break;
+                        }
+                    }
+                }
+                Some(Err(e)) => {
+                    decoder.fail(
+                        format!("the reply broke off: {}", error_chain(&e)),
+                        &mut events,
+                    );
+                }
+                None => {
+                    if let Some(event) = sse.finish() {
+                        match event {
+                            Ok(data) => decoder.data(data, &mut events),
+                            Err(e) => decoder.fail(e.to_string(), &mut events),
+                        }
+                    }
+                    decoder.end_of_body(&mut events);
+                }
+            }
+            let done = decoder.is_done();
+            if !self.send_all(&mut events).await {
+                // The client went away: dropping the body closes the connection, which
+                // cancels the generation on the server.
+                debug!(request_id = %self.request_id, server = %self.url, "remote.cancelled");
+                return;
+            }
+            if done {
+                if decoder.counted_output() {
+                    debug!(request_id = %self.request_id, server = %self.url, "remote.usage_counted");
+                }
+                drain(body, gap).await;
+                return;
+            }
+        }
+    }
+
+    /// Sends `events` in order; `false` when the receiver is gone.
+    async fn send_all(&self, events: &mut Vec<GenerateEvent>) -> bool {
+        for event in events.drain(..) {
+            if self.tx.send(event).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Reads what is left of a finished reply (`[DONE]`, the chunked terminator) so that its
+/// connection goes back to the pool; gives up (closing it) past a few KiB or a gap.
+async fn drain(
+    mut body: impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
+    gap: Duration,
+) {
+    let mut read = 0;
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, body.next()).await {
+        read += chunk.len();
+        if read > DRAIN_LIMIT_BYTES {
+            return;
+        }
+    }
+}
+
+/// The body of a request to a server, borrowing from the request.
+#[derive(Debug, Serialize)]
+struct OpenAiBody<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<Vec<OpenAiMessage<'a>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
+    max_tokens: u32,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<u64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    /// `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
+    ringmaster_priority: u8,
+}
+
+#[derive(Debug, Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+    continuous_usage_stats: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiMessage<'a> {
+    role: &'static str,
+    content: &'a str,
+}
+
+/// The server endpoint and OpenAI body for `request`.
+fn openai_body(request: &GenerateRequest) -> (&'static str, OpenAiBody<'_>) {
+    let sampling = &request.sampling;
+    let mut body = OpenAiBody {
+        messages: None,
+        prompt: None,
+        max_tokens: request.max_tokens,
+        stream: true,
+        stream_options: StreamOptions {
+            include_usage: true,
+            continuous_usage_stats: true,
+        },
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        top_k: sampling.top_k,
+        seed: sampling.seed,
+        stop: &request.stop_sequences,
+        ringmaster_priority: request.priority,
+    };
+    if let Some(prompt) = &request.prompt {
+        body.prompt = Some(prompt);
+        return ("/v1/completions", body);
+    }
+    let mut messages = Vec::with_capacity(request.messages.len() + 1);
+    if let Some(system) = &request.system {
+        messages.push(OpenAiMessage {
+            role: "system",
+            content: system,
+        });
+    }
+    for m in &request.messages {
+        messages.push(OpenAiMessage {
+            role: match m.role {
+                ringmaster_gpu_runtime::Role::User => "user",
+                ringmaster_gpu_runtime::Role::Assistant => "assistant",
+            },
+            content: &m.text,
+        });
+    }
+    body.messages = Some(messages);
+    ("/v1/chat/completions", body)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw_prompt_request() -> GenerateRequest {
+        GenerateRequest {
+            request_id: "r".into(),
+            system: None,
+            messages: Vec::new(),
+            max_tokens: 1,
+            stop_sequences: Vec::new(),
+            sampling: Default::default(),
+            prompt: Some("x".into()),
+            priority: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_hung_server_is_unreachable_after_the_first_byte_timeout() {
+        // Accepts connections and never answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((conn, _)) = listener.accept().await {
+                held.push(conn);
+            }
+        });
+        let settings = UpstreamSettings {
+            first_byte_timeout: Duration::from_millis(300),
+            ..UpstreamSettings::default()
+        };
+        let worker = RemoteWorker::start_with(&url, settings);
+        let err = worker.submit(&raw_prompt_request()).await.unwrap_err();
+        assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
+        assert!(err.to_string().contains("no answer within"), "{err}");
+        assert!(err.is_retryable());
+        assert_eq!(err.outcome(), "timeout");
+    }
+
+    #[test]
+    fn consecutive_failures_eject_for_a_growing_backoff_and_success_resets_it() {
+        let settings = UpstreamSettings {
+            eject_after_failures: 2,
+            eject_base: Duration::from_millis(40),
+            eject_max: Duration::from_millis(100),
+            ..UpstreamSettings::default()
+        };
+        let health = Health::default();
+        assert_eq!(health.failure(&settings), None);
+        assert!(!health.is_ejected());
+        assert_eq!(health.failure(&settings), Some(Duration::from_millis(40)));
+        assert!(health.is_ejected());
+        health.failure(&settings);
+        assert_eq!(health.failure(&settings), Some(Duration::from_millis(80)));
+        health.failure(&settings);
+        assert_eq!(health.failure(&settings), Some(Duration::from_millis(100)));
+        std::thread::sleep(Duration::from_millis(110));
+        assert!(!health.is_ejected(), "the ejection ends by itself");
+        health.success();
+        health.failure(&settings);
+        assert_eq!(health.failure(&settings), Some(Duration::from_millis(40)));
+        assert_eq!(health.ejections_total(), 4);
+    }
+
+    #[test]
+    fn retryable_errors_are_the_ones_another_server_can_fix() {
+        let failed = |status| RemoteError::Failed {
+            url: "u".into(),
+            status,
+            message: "m".into(),
+        };
+        assert!(failed(500).is_retryable());
+        assert!(failed(503).is_retryable());
+        assert!(failed(429).is_retryable());
+        assert!(!failed(404).is_retryable());
+        assert!(
+            !RemoteError::Refused {
+                message: "m".into()
+            }
+            .is_retryable()
+        );
+        assert_eq!(failed(503).outcome(), "status-503");
+    }
+
+    #[test]
+    fn a_raw_prompt_goes_to_completions_and_a_chat_to_chat_completions() {
+        let mut request = GenerateRequest {
+            request_id: "r".into(),
+            system: Some("Be brief.".into()),
+            messages: vec![ringmaster_gpu_runtime::ChatMessage {
+                role: ringmaster_gpu_runtime::Role::User,
+                text: "Hi".into(),
+            }],
+            max_tokens: 9,
+            stop_sequences: vec!["x".into()],
+            sampling: Default::default(),
+            prompt: None,
+            priority: 3,
+        };
+        let (path, body) = openai_body(&request);
+        let body = serde_json::to_value(body).unwrap();
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert_eq!(body["messages"][1]["content"], "Hi");
+        assert_eq!(body["ringmaster_priority"], 3);
+        assert_eq!(body["stop"], serde_json::json!(["x"]));
+        assert_eq!(body["stream_options"]["include_usage"], true);
+        assert!(body.get("temperature").is_none());
+        request.prompt = Some("Once".into());
+        let (path, body) = openai_body(&request);
+        let body = serde_json::to_value(body).unwrap();
+        assert_eq!(path, "/v1/completions");
+        assert_eq!(body["prompt"], "Once");
+        assert!(body.get("messages").is_none());
+    }
+}

@@ -1,0 +1,301 @@
+//! The gateway in front of OpenAI-compatible servers over loopback: every stream shape real
+//! servers send finishes with the right usage, connections are reused, and faults (a server
+//! that fails, hangs, sends garbage, breaks off, floods a line or dies mid-run) end every
+//! request in a response or a well-formed error event, retried on another server when the
+//! fault came before the first token.
+
+use std::time::Duration;
+
+use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+use serde_json::{Value, json};
+
+use crate::support::TestGateway;
+
+/// A gateway over `servers` (http:// URLs), serving the model `fake`.
+async fn gateway(servers: &[String], extra: &str) -> TestGateway {
+    let mut toml = format!("models = [\"fake\"]\n{extra}\n");
+    for url in servers {
+        toml.push_str(&format!("[[servers]]\naddress = \"{url}\"\n"));
+    }
+    TestGateway::start(&toml).await
+}
+
+fn body(stream: bool, session: &str) -> Value {
+    json!({
+        "model": "fake", "max_tokens": 16, "stream": stream,
+        "metadata": {"user_id": session},
+        "messages": [{"role": "user", "content": format!("hello from {session}")}],
+    })
+}
+
+/// Sends one request with an `x-session-id`; returns status, headers and body text.
+async fn send(
+    gw: &TestGateway,
+    stream: bool,
+    session: &str,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let response = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .header("x-session-id", session)
+        .json(&body(stream, session))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = tokio::time::timeout(Duration::from_secs(20), response.text())
+        .await
+        .expect("the reply ends")
+        .unwrap();
+    (status, headers, text)
+}
+
+/// The `data` of every SSE event of `text`, as JSON.
+fn events(text: &str) -> Vec<Value> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn every_stream_shape_finishes_with_the_servers_usage() {
+    let cases = [
+        (Behavior::Vllm, "end_turn", 12 - 4, 4),
+        (Behavior::OpenAi, "max_tokens", 12 - 4, 4),
+        (Behavior::UsageInFinish, "end_turn", 12 - 4, 4),
+        // No usage at all: the output is counted, the prompt reads as 0.
+        (Behavior::NoUsage, "end_turn", 0, 0),
+        (Behavior::EofOnly, "end_turn", 0, 0),
+        (Behavior::Whole, "end_turn", 12, 0),
+        (Behavior::ToolCalls, "tool_use", 0, 0),
+    ];
+    for (behavior, stop_reason, input_tokens, cached) in cases {
+        let server = FakeUpstream::start(behavior, 3).await;
+        let gw = gateway(&[server.url()], "").await;
+        let (status, _, text) = send(&gw, false, "s").await;
+        assert_eq!(status, 200, "{behavior:?}: {text}");
+        let reply: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(reply["content"][0]["text"], "tok tok tok ", "{behavior:?}");
+        assert_eq!(reply["stop_reason"], stop_reason, "{behavior:?}");
+        assert_eq!(reply["usage"]["output_tokens"], 3, "{behavior:?}");
+        assert_eq!(reply["usage"]["input_tokens"], input_tokens, "{behavior:?}");
+        assert_eq!(
+            reply["usage"]["cache_read_input_tokens"], cached,
+            "{behavior:?}"
+        );
+
+        let (status, _, text) = send(&gw, true, "s").await;
+        assert_eq!(status, 200, "{behavior:?}");
+        let events = events(&text);
+        let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+        assert_eq!(
+            kinds.first(),
+            Some(&"message_start"),
+            "{behavior:?}: {kinds:?}"
+        );
+        assert_eq!(
+            kinds.last(),
+            Some(&"message_stop"),
+            "{behavior:?}: {kinds:?}"
+        );
+        let text: String = events
+            .iter()
+            .filter(|e| e["type"] == "content_block_delta")
+            .map(|e| e["delta"]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(text, "tok tok tok ", "{behavior:?}");
+        let delta = events
+            .iter()
+            .find(|e| e["type"] == "message_delta")
+            .unwrap();
+        assert_eq!(delta["delta"]["stop_reason"], stop_reason, "{behavior:?}");
+        assert_eq!(delta["usage"]["output_tokens"], 3, "{behavior:?}");
+    }
+}
+
+#[tokio::test]
+async fn connections_to_a_server_are_reused() {
+    let server = FakeUpstream::start(Behavior::Vllm, 4).await;
+    let gw = gateway(&[server.url()], "").await;
+    for i in 0..60 {
+        let (status, _, _) = send(&gw, i % 2 == 0, &format!("s{i}")).await;
+        assert_eq!(status, 200);
+    }
+    let connections = server
+        .connections
+        .load(std::sync::atomic::Ordering::Relaxed);
+    // One for the requests, one for the health poll, one for the KV event follower's probes.
+    assert!(
+        connections <= 4,
+        "{connections} connections for 60 sequential requests"
+    );
+}
+
+/// Two servers, one good and one with `fault`; every request must succeed, those that met the
+/// fault after a retry.
+async fn retried_past(fault: Behavior, extra: &str) {
+    let bad = FakeUpstream::start(fault, 3).await;
+    let good = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let gw = gateway(&[bad.url(), good.url()], extra).await;
+    let mut retried = 0;
+    for i in 0..16 {
+        let (status, headers, text) = send(&gw, i % 2 == 1, &format!("session-{i}")).await;
+        assert_eq!(status, 200, "{fault:?}: {text}");
+        if i % 2 == 1 {
+            assert!(
+                text.ends_with("data: {\"type\":\"message_stop\"}\n\n"),
+                "{fault:?}: {text}"
+            );
+        } else {
+            assert!(text.contains("tok tok tok"), "{fault:?}: {text}");
+        }
+        let attempts: u32 = headers["x-ringmaster-attempts"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert_eq!(
+            headers["x-ringmaster-server"].to_str().unwrap(),
+            good.addr.to_string(),
+            "{fault:?}"
+        );
+        retried += u32::from(attempts > 1);
+    }
+    assert!(retried > 0, "{fault:?}: no request met the bad server");
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains("ringmaster_upstream_attempts_total{outcome=\"ok\"} 16"),
+        "{fault:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_answering_500_or_429_is_retried_on_the_next() {
+    // Ejection off, so that every request whose key the bad server owns meets it.
+    retried_past(Behavior::Status500, "[upstream]\neject_after_failures = 0").await;
+    retried_past(Behavior::Status429, "[upstream]\neject_after_failures = 0").await;
+}
+
+#[tokio::test]
+async fn a_hung_server_times_out_and_is_retried() {
+    retried_past(
+        Behavior::Hang,
+        "[upstream]\nfirst_byte_timeout_ms = 300\neject_after_failures = 0",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn garbage_or_a_break_before_the_first_token_is_retried() {
+    retried_past(Behavior::Garbage, "[upstream]\neject_after_failures = 0").await;
+    retried_past(
+        Behavior::CloseBeforeFirst,
+        "[upstream]\neject_after_failures = 0",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_failure_after_tokens_ends_in_an_error_never_a_hang() {
+    for fault in [Behavior::CloseAfterToken, Behavior::ErrorMidStream] {
+        let server = FakeUpstream::start(fault, 3).await;
+        let gw = gateway(&[server.url()], "").await;
+        let (status, _, text) = send(&gw, true, "s").await;
+        assert_eq!(status, 200, "{fault:?}");
+        let events = events(&text);
+        let last = events.last().unwrap();
+        assert_eq!(last["type"], "error", "{fault:?}: {text}");
+        assert!(
+            events.iter().any(|e| e["type"] == "content_block_delta"),
+            "{fault:?}: the token before the fault reached the client"
+        );
+        let (status, _, text) = send(&gw, false, "s").await;
+        assert_eq!(status, 500, "{fault:?}: {text}");
+        assert!(text.contains("api_error"), "{fault:?}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn an_endless_line_is_cut_off_at_the_limit() {
+    let server = FakeUpstream::start(Behavior::EndlessLine, 3).await;
+    let gw = gateway(&[server.url()], "[upstream]\nmax_event_bytes = 65536").await;
+    let (status, headers, text) = send(&gw, true, "s").await;
+    assert_eq!(status, 503, "{text}");
+    assert!(text.contains("larger than 65536 bytes"), "{text}");
+    assert!(headers.contains_key("retry-after"));
+}
+
+/// The fake server as its own process, so that it can be killed.
+struct Process {
+    child: std::process::Child,
+    url: String,
+}
+
+impl Process {
+    fn start() -> Self {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_fake-upstream"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--tokens", "3"])
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}");
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Self { child, url }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_run_is_retried_around_then_ejected() {
+    let mut doomed = Process::start();
+    let survivor = Process::start();
+    let gw = gateway(
+        &[doomed.url.clone(), survivor.url.clone()],
+        "[upstream]\neject_after_failures = 2\neject_base_ms = 60000",
+    )
+    .await;
+    for i in 0..8 {
+        let (status, _, _) = send(&gw, i % 2 == 0, &format!("before-{i}")).await;
+        assert_eq!(status, 200);
+    }
+    doomed.child.kill().unwrap();
+    doomed.child.wait().unwrap();
+    for i in 0..24 {
+        let (status, headers, text) = send(&gw, i % 2 == 0, &format!("after-{i}")).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(
+            headers["x-ringmaster-server"].to_str().unwrap(),
+            survivor.url.trim_start_matches("http://")
+        );
+    }
+    let doomed_id = doomed.url.trim_start_matches("http://");
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "ringmaster_server_routable{{server=\"{doomed_id}\"}} 0"
+        )),
+        "the dead server is not routable"
+    );
+    drop(survivor);
+    // Nothing serves the model now: a 503 with retry-after, not a hang.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (status, headers, text) = send(&gw, false, "last").await;
+    assert_eq!(status, 503, "{text}");
+    assert!(headers.contains_key("retry-after"));
+}
