@@ -638,6 +638,88 @@ fn openai_body(request: &GenerateRequest) -> (&'static str, OpenAiBody<'_>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// What the relay does with a reply's bytes, read `split` bytes at a time.
+    fn read_reply(bytes: &[u8], split: usize, limit: usize) -> Vec<GenerateEvent> {
+        let mut sse = SseDecoder::new(limit);
+        let mut reply = ReplyDecoder::default();
+        let mut events = Vec::new();
+        for piece in bytes.chunks(split.max(1)) {
+            sse.push(piece);
+            while let Some(event) = sse.next_event() {
+                match event {
+                    Ok(data) => {
+                        assert!(data.len() <= limit);
+                        reply.data(data, &mut events);
+                    }
+                    Err(e) => reply.fail(e.to_string(), &mut events),
+                }
+                if reply.is_done() {
+                    break;
+                }
+            }
+            if reply.is_done() {
+                break;
+            }
+        }
+        if let Some(Ok(data)) = sse.finish() {
+            reply.data(data, &mut events);
+        }
+        reply.end_of_body(&mut events);
+        events
+    }
+
+    fn ends(events: &[GenerateEvent]) -> usize {
+        events
+            .iter()
+            .filter(|e| {
+                matches!(
+                    e,
+                    GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. }
+                )
+            })
+            .count()
+    }
+
+    proptest! {
+        /// Any bytes, split anywhere, end exactly once, last; nothing panics.
+        #[test]
+        fn any_reply_bytes_end_exactly_once(
+            bytes in proptest::collection::vec(any::<u8>(), 0..2048),
+            split in 1usize..64,
+        ) {
+            let events = read_reply(&bytes, split, 512);
+            prop_assert_eq!(ends(&events), 1);
+            let last_ends = matches!(
+                events.last(),
+                Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
+            );
+            prop_assert!(last_ends);
+        }
+
+        /// A well-formed stream gives the same events however it is split.
+        #[test]
+        fn a_stream_reads_the_same_at_any_split(split in 1usize..200, tokens in 0usize..20) {
+            let mut stream = String::new();
+            for i in 0..tokens {
+                stream.push_str(&format!(
+                    "data: {{\"choices\":[{{\"delta\":{{\"content\":\"t{i} \\u00e9\"}}}}]}}\r\n\r\n"
+                ));
+            }
+            stream.push_str("data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n");
+            stream.push_str("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\ndata: [DONE]\n\n");
+            let whole = read_reply(stream.as_bytes(), stream.len(), 4096);
+            let split_up = read_reply(stream.as_bytes(), split, 4096);
+            prop_assert_eq!(&whole, &split_up);
+            prop_assert_eq!(whole.len(), tokens + 2);
+            let finished = matches!(
+                whole.last(),
+                Some(GenerateEvent::Finished { output_tokens: 7, prompt_tokens: 5, .. })
+            );
+            prop_assert!(finished);
+        }
+    }
 
     fn raw_prompt_request() -> GenerateRequest {
         GenerateRequest {
