@@ -299,3 +299,90 @@ async fn a_server_killed_mid_run_is_retried_around_then_ejected() {
     assert_eq!(status, 503, "{text}");
     assert!(headers.contains_key("retry-after"));
 }
+
+#[tokio::test]
+async fn each_model_goes_only_to_its_servers_and_aliases_resolve() {
+    let alpha = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let beta = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let toml = format!(
+        "models = [\"alpha\", \"beta\"]\n[aliases]\ngamma = \"beta\"\n\
+         [[servers]]\naddress = \"{}\"\nmodels = [\"alpha\"]\n\
+         [[servers]]\naddress = \"{}\"\nmodels = [\"beta\"]\n",
+        alpha.url(),
+        beta.url()
+    );
+    let gw = TestGateway::start(&toml).await;
+    for (model, server) in [("alpha", &alpha), ("beta", &beta), ("gamma", &beta)] {
+        for i in 0..8 {
+            let mut request = body(i % 2 == 0, &format!("{model}-{i}"));
+            request["model"] = json!(model);
+            let response = gw.post_messages(&request).await;
+            assert_eq!(response.status(), 200, "{model}");
+            assert_eq!(
+                response.headers()["x-ringmaster-server"].to_str().unwrap(),
+                server.addr.to_string(),
+                "{model} went to another model's server"
+            );
+        }
+    }
+    let mut unknown = body(false, "x");
+    unknown["model"] = json!("delta");
+    let response = gw.post_messages(&unknown).await;
+    assert_eq!(response.status(), 404);
+    let error: Value = response.json().await.unwrap();
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("alpha, beta, gamma"), "{message}");
+    let listed: Value = gw
+        .client
+        .get(gw.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", "gamma"]);
+}
+
+#[tokio::test]
+async fn a_servers_models_are_discovered_from_its_model_list() {
+    // The config names "other"; the server lists only "fake" at /v1/models.
+    let server = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let gw_other = TestGateway::start(&format!(
+        "models = [\"other\"]\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let discovered = crate::support::eventually(Duration::from_secs(10), async || {
+        let text = gw_other
+            .client
+            .get(gw_other.url("/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.contains("\"fake\"")
+    })
+    .await;
+    assert!(
+        discovered,
+        "the server's own model list reached the gateway"
+    );
+    let mut request = body(false, "s");
+    request["model"] = json!("fake");
+    assert_eq!(gw_other.post_messages(&request).await.status(), 200);
+    // "other" is still a name the config accepts, but no server serves it any more.
+    let mut request = body(false, "s");
+    request["model"] = json!("other");
+    let response = gw_other.post_messages(&request).await;
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().contains_key("retry-after"));
+}

@@ -11,6 +11,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
+/// The default model name clients ask for, as an alias of the name the test workers serve.
+const SIM_ALIAS: &str = "[aliases]\n\"sim-llama-3-8b\" = \"sim\"\n";
+
 struct TestWorker {
     base: String,
     client: reqwest::Client,
@@ -354,8 +357,9 @@ async fn smollm_answers_through_a_worker() {
 async fn a_gateway_routes_to_workers_over_http() {
     let a = TestWorker::simulated().await;
     let b = TestWorker::simulated().await;
+    // The workers serve "sim" (their /v1/models says so); clients ask for the default name.
     let gw = crate::support::TestGateway::start(&format!(
-        "[[servers]]\naddress = \"{}\"\n[[servers]]\naddress = \"{}\"\n",
+        "{SIM_ALIAS}[[servers]]\naddress = \"{}\"\n[[servers]]\naddress = \"{}\"\n",
         a.base, b.base
     ))
     .await;
@@ -435,7 +439,7 @@ async fn the_gateway_sees_what_each_worker_reports_it_caches() {
     };
     let (a, b) = (small().await, small().await);
     let gw = crate::support::TestGateway::start(&format!(
-        "[[servers]]\nid = \"a\"\naddress = \"{}\"\n[[servers]]\nid = \"b\"\naddress = \"{}\"\n",
+        "{SIM_ALIAS}[[servers]]\nid = \"a\"\naddress = \"{}\"\n[[servers]]\nid = \"b\"\naddress = \"{}\"\n",
         a.base, b.base
     ))
     .await;

@@ -230,12 +230,20 @@ async fn explain(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let body = read_json_body(gateway, req).await?;
-    let request = api::parse_messages_request(&body, gateway.limits())?;
+    let full = gateway.pool.snapshot();
+    let request = api::parse_messages_request(&body, gateway.limits(&full))?;
     let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
-    let snapshot = gateway.pool.snapshot();
+    // The model's pool: what the request would be routed over.
+    let Some((_, snapshot)) = full.model(&request.model) else {
+        return Err(ApiError::not_found(format!(
+            "model: {:?} is not served here",
+            request.model
+        )));
+    };
+    let snapshot = snapshot.clone();
     let decision = gateway
         .pool
-        .explain(&input)
+        .explain_on(&snapshot, &input)
         .ok_or_else(|| ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool"))?;
     let prefix_matches: Vec<_> =
         crate::policy::prefix_matches(&snapshot, gateway.pool.prefixes(), &input)

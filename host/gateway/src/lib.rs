@@ -102,6 +102,10 @@ impl Gateway {
                 model: config.model.clone(),
                 model_gpu: config.model_gpu,
                 upstream: config.upstream.clone(),
+                models: pool::ModelCatalogueSpec {
+                    defaults: config.models.clone(),
+                    aliases: config.aliases.clone(),
+                },
             },
         )?);
         let engine = PolicyEngine::new(config.policies.engine.clone())?;
@@ -230,9 +234,9 @@ impl Gateway {
         &self.metrics
     }
 
-    fn limits(&self) -> api::Limits<'_> {
+    fn limits<'a>(&'a self, snapshot: &'a pool::PoolSnapshot) -> api::Limits<'a> {
         api::Limits {
-            models: &self.config.models,
+            models: &snapshot.accepted,
             max_output_tokens: self.config.max_output_tokens,
         }
     }

@@ -13,7 +13,7 @@
 //!
 //! This module owns no HTTP and no policy logic: it routes on a precomputed [`RoutingInput`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -82,6 +82,8 @@ pub struct Server {
     /// Prefix hashes of the requests in flight here, counted: what the server will hold once
     /// it has prefilled them, before its cache reports them.
     pending: Mutex<HashMap<u64, u32>>,
+    /// The models the config says it serves.
+    configured_models: Option<Vec<String>>,
 }
 
 impl Server {
@@ -120,6 +122,17 @@ impl Server {
     /// Whether it was removed and is finishing its last requests.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+    /// The models it serves: the config's list, else what a remote server reports; `None`
+    /// while unknown (then it takes any model the gateway accepts).
+    pub fn served_models(&self) -> Option<Vec<String>> {
+        if let Some(models) = &self.configured_models {
+            return Some(models.clone());
+        }
+        match &self.engine {
+            Backend::Remote(worker) => worker.models(),
+            Backend::Local(_) => None,
+        }
     }
     /// Whether new requests may go there: not draining, reachable and not ejected.
     pub fn is_routable(&self) -> bool {
@@ -271,6 +284,14 @@ pub struct PoolSnapshot {
     pub draining: Vec<Arc<Server>>,
     /// Increases by one with every published change.
     pub version: u64,
+    /// One pool per served model: its servers and a ring over them (empty inside those).
+    pub models: BTreeMap<String, Arc<PoolSnapshot>>,
+    /// Public names and the served names they stand for.
+    pub aliases: Arc<BTreeMap<String, String>>,
+    /// Every name a request may ask for (served names and aliases), sorted.
+    pub accepted: Vec<String>,
+    /// The servers' model sets this was built from (see [`Pool::snapshot`]).
+    models_epoch: u64,
 }
 
 impl PoolSnapshot {
@@ -278,6 +299,78 @@ impl PoolSnapshot {
     pub fn server(&self, id: &str) -> Option<&Arc<Server>> {
         self.servers.iter().find(|s| s.id == id)
     }
+
+    /// The pool of the model a request names (through an alias, if it is one), with the
+    /// served name; `None` for a model nobody serves.
+    pub fn model(&self, name: &str) -> Option<(&str, &Arc<PoolSnapshot>)> {
+        let served = self.aliases.get(name).map_or(name, String::as_str);
+        self.models
+            .get_key_value(served)
+            .map(|(name, pool)| (name.as_str(), pool))
+    }
+}
+
+/// Builds the snapshot of `servers`: the full ring and one pool per served model.
+fn build_snapshot(
+    servers: Vec<Arc<Server>>,
+    draining: Vec<Arc<Server>>,
+    version: u64,
+    ring_config: &RingConfig,
+    catalogue: &ModelCatalogue,
+) -> Result<PoolSnapshot, RingError> {
+    let models_epoch = catalogue.epoch.load(Ordering::Acquire);
+    let served: Vec<Option<Vec<String>>> = servers.iter().map(|s| s.served_models()).collect();
+    let mut names: BTreeSet<String> = catalogue.defaults.iter().cloned().collect();
+    names.extend(served.iter().flatten().flatten().cloned());
+    names.extend(catalogue.aliases.values().cloned());
+    let mut models = BTreeMap::new();
+    for name in &names {
+        let members: Vec<Arc<Server>> = servers
+            .iter()
+            .zip(&served)
+            .filter(|(_, models)| models.as_ref().is_none_or(|m| m.contains(name)))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let ring = build_ring(&members, ring_config)?;
+        models.insert(
+            name.clone(),
+            Arc::new(PoolSnapshot {
+                ring,
+                servers: members,
+                draining: Vec::new(),
+                version,
+                models: BTreeMap::new(),
+                aliases: catalogue.aliases.clone(),
+                accepted: Vec::new(),
+                models_epoch,
+            }),
+        );
+    }
+    let mut accepted: Vec<String> = names.into_iter().collect();
+    accepted.extend(catalogue.aliases.keys().cloned());
+    accepted.sort();
+    accepted.dedup();
+    Ok(PoolSnapshot {
+        ring: build_ring(&servers, ring_config)?,
+        servers,
+        draining,
+        version,
+        models,
+        aliases: catalogue.aliases.clone(),
+        accepted,
+        models_epoch,
+    })
+}
+
+/// What the pools per model are built from.
+#[derive(Debug, Default)]
+pub struct ModelCatalogue {
+    /// The names a server of unknown models takes (the config's top-level `models`).
+    pub defaults: Vec<String>,
+    /// Public names and the served names they stand for.
+    pub aliases: Arc<BTreeMap<String, String>>,
+    /// Bumped whenever a server's reported model set changes; the next snapshot read rebuilds.
+    pub epoch: Arc<AtomicU64>,
 }
 
 /// The live pool.
@@ -294,6 +387,7 @@ pub struct Pool {
     templates: ServerTemplates,
     prefixes: PrefixIndex,
     released: Arc<tokio::sync::Notify>,
+    catalogue: ModelCatalogue,
 }
 
 /// How new servers are made: the simulated servers' engine template, and how model servers
@@ -308,6 +402,17 @@ pub struct ServerTemplates {
     pub model_gpu: Option<crate::config::GpuPlacement>,
     /// How remote servers' clients behave.
     pub upstream: crate::remote::UpstreamSettings,
+    /// The model names and aliases the pools per model are built from.
+    pub models: ModelCatalogueSpec,
+}
+
+/// The config's part of the [`ModelCatalogue`].
+#[derive(Clone, Debug, Default)]
+pub struct ModelCatalogueSpec {
+    /// The config's top-level `models`.
+    pub defaults: Vec<String>,
+    /// `[aliases]`.
+    pub aliases: BTreeMap<String, String>,
 }
 
 impl From<EngineConfig> for ServerTemplates {
@@ -317,6 +422,7 @@ impl From<EngineConfig> for ServerTemplates {
             model: Default::default(),
             model_gpu: None,
             upstream: Default::default(),
+            models: Default::default(),
         }
     }
 }
@@ -357,17 +463,6 @@ impl Backend {
             Self::Remote(worker) => worker.is_reachable(),
         }
     }
-
-    /// Starts a generation.
-    pub async fn submit(
-        &self,
-        request: ringmaster_gpu_runtime::GenerateRequest,
-    ) -> Result<ringmaster_gpu_runtime::GenerationStream, BackendError> {
-        match self {
-            Self::Local(engine) => Ok(engine.submit(request)?),
-            Self::Remote(worker) => Ok(worker.submit(&request).await?),
-        }
-    }
 }
 
 impl Pool {
@@ -380,21 +475,28 @@ impl Pool {
     ) -> Result<Self, PoolError> {
         let templates = templates.into();
         let released = Arc::new(tokio::sync::Notify::new());
+        let catalogue = ModelCatalogue {
+            defaults: templates.models.defaults.clone(),
+            aliases: Arc::new(templates.models.aliases.clone()),
+            epoch: Arc::new(AtomicU64::new(0)),
+        };
         let mut servers = Vec::with_capacity(specs.len());
         for (slot, spec) in specs.iter().enumerate() {
             if servers.iter().any(|s: &Arc<Server>| s.id == spec.id) {
                 return Err(PoolError::Duplicate(spec.id.clone()));
             }
-            servers.push(start_server(spec, slot, &templates, &released)?);
+            servers.push(start_server(
+                spec,
+                slot,
+                &templates,
+                &released,
+                &catalogue.epoch,
+            )?);
         }
-        let ring = build_ring(&servers, &ring_config)?;
+        let snapshot = build_snapshot(servers, Vec::new(), 1, &ring_config, &catalogue)?;
         Ok(Self {
-            snapshot: ArcSwap::from_pointee(PoolSnapshot {
-                ring,
-                servers,
-                draining: Vec::new(),
-                version: 1,
-            }),
+            catalogue,
+            snapshot: ArcSwap::from_pointee(snapshot),
             route_lock: Mutex::new(Vec::new()),
             update_lock: Mutex::new(()),
             round_robin: AtomicU64::new(0),
@@ -423,9 +525,33 @@ impl Pool {
         &self.prefixes
     }
 
-    /// The current snapshot.
+    /// The current snapshot. When a server's reported models changed since it was built,
+    /// the pools per model are rebuilt first (one atomic load when nothing changed).
     pub fn snapshot(&self) -> Arc<PoolSnapshot> {
-        self.snapshot.load_full()
+        let snapshot = self.snapshot.load_full();
+        if snapshot.models_epoch == self.catalogue.epoch.load(Ordering::Acquire) {
+            return snapshot;
+        }
+        let _guard = self.update_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.snapshot.load_full();
+        match build_snapshot(
+            current.servers.clone(),
+            current.draining.clone(),
+            current.version + 1,
+            &self.ring_config,
+            &self.catalogue,
+        ) {
+            Ok(next) => {
+                let next = Arc::new(next);
+                tracing::info!(models = ?next.accepted, "pool.models_changed");
+                self.snapshot.store(next.clone());
+                next
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "pool.models_rebuild_failed");
+                current
+            }
+        }
     }
 
     /// The routing strategy.
@@ -512,10 +638,14 @@ impl Pool {
     /// For a retry: the next routable server on the ring for `input` that is not in `tried`
     /// (ids), preferring one under its cap, counted in flight. `None` when every routable
     /// server was tried.
-    pub fn reassign(&self, input: &RoutingInput, tried: &[String]) -> Option<(Decision, InFlight)> {
-        let snapshot = self.snapshot.load();
+    pub fn reassign(
+        &self,
+        snapshot: &PoolSnapshot,
+        input: &RoutingInput,
+        tried: &[String],
+    ) -> Option<(Decision, InFlight)> {
         let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let mut decision = self.walk(&snapshot, input, &mut loads, tried)?;
+        let mut decision = self.walk(snapshot, input, &mut loads, tried)?;
         decision.reason = DecisionReason::Failover;
         Some(self.count(decision, input, loads))
     }
@@ -616,9 +746,16 @@ impl Pool {
 
     /// What [`Self::route`] would decide now, without counting anything.
     pub fn explain(&self, input: &RoutingInput) -> Option<Decision> {
-        let snapshot = self.snapshot.load();
+        self.explain_on(&self.snapshot.load(), input)
+    }
+
+    /// [`Self::explain`] on `snapshot` (a model's pool).
+    pub fn explain_on(&self, snapshot: &PoolSnapshot, input: &RoutingInput) -> Option<Decision> {
+        if snapshot.servers.is_empty() {
+            return None;
+        }
         let mut loads = Vec::new();
-        self.decide(&snapshot, input, &mut loads)
+        self.decide(snapshot, input, &mut loads)
     }
 
     fn decide(
@@ -690,16 +827,22 @@ impl Pool {
         let slot = (0..)
             .find(|slot| !used.contains(slot))
             .expect("a free slot");
-        let server = start_server(spec, slot, &self.templates, &self.released)?;
+        let server = start_server(
+            spec,
+            slot,
+            &self.templates,
+            &self.released,
+            &self.catalogue.epoch,
+        )?;
         let mut servers = current.servers.clone();
         servers.push(server.clone());
-        let ring = build_ring(&servers, &self.ring_config)?;
-        self.snapshot.store(Arc::new(PoolSnapshot {
-            ring,
+        self.snapshot.store(Arc::new(build_snapshot(
             servers,
-            draining: current.draining.clone(),
-            version: current.version + 1,
-        }));
+            current.draining.clone(),
+            current.version + 1,
+            &self.ring_config,
+            &self.catalogue,
+        )?));
         Ok(server)
     }
 
@@ -713,15 +856,15 @@ impl Pool {
         let mut servers = current.servers.clone();
         let removed = servers.remove(position);
         removed.draining.store(true, Ordering::Release);
-        let ring = build_ring(&servers, &self.ring_config)?;
         let mut draining = current.draining.clone();
         draining.push(removed.clone());
-        self.snapshot.store(Arc::new(PoolSnapshot {
-            ring,
+        self.snapshot.store(Arc::new(build_snapshot(
             servers,
             draining,
-            version: current.version + 1,
-        }));
+            current.version + 1,
+            &self.ring_config,
+            &self.catalogue,
+        )?));
         Ok(removed)
     }
 
@@ -754,6 +897,10 @@ impl Pool {
                 servers: current.servers.clone(),
                 draining,
                 version: current.version + 1,
+                models: current.models.clone(),
+                aliases: current.aliases.clone(),
+                accepted: current.accepted.clone(),
+                models_epoch: current.models_epoch,
             }));
         }
         reaped
@@ -765,6 +912,7 @@ fn start_server(
     slot: usize,
     templates: &ServerTemplates,
     released: &Arc<tokio::sync::Notify>,
+    models_epoch: &Arc<AtomicU64>,
 ) -> Result<Arc<Server>, PoolError> {
     let mut model_load = None;
     let engine = match &spec.address {
@@ -818,9 +966,11 @@ fn start_server(
         }
         ServerAddress::Remote { url, .. } => {
             tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
-            Backend::Remote(crate::remote::RemoteWorker::start_with(
+            Backend::Remote(crate::remote::RemoteWorker::start_in_pool(
                 url,
                 templates.upstream.clone(),
+                // A server whose models the config names needs no discovery.
+                spec.models.is_none().then(|| models_epoch.clone()),
             ))
         }
     };
@@ -842,6 +992,7 @@ fn start_server(
         model_load,
         local_scheme,
         pending: Mutex::new(HashMap::new()),
+        configured_models: spec.models.clone(),
     }))
 }
 
@@ -922,6 +1073,7 @@ mod tests {
                     name: format!("gpu-{i}"),
                 },
                 weight: 1,
+                models: None,
             })
             .collect()
     }

@@ -197,6 +197,7 @@ mod tests {
                 name: "gpu-0".into(),
             },
             weight: 1,
+            models: None,
         };
         let mut sim = ringmaster_gpu_runtime::EngineConfig::simulated("t");
         sim.time_scale = 0.0;

@@ -37,7 +37,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::kv_view::ChatPrompt;
 use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
-use crate::pool::{Decision, DecisionReason, InFlight};
+use crate::pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
 use crate::safety::Blocked;
 use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
@@ -200,7 +200,7 @@ async fn dispatch(
             allow(&[Method::GET])?;
             gateway.auth.check(req.headers())?;
             let id = &p["/v1/models/".len()..];
-            if gateway.config.models.iter().any(|m| m == id) {
+            if gateway.pool.snapshot().accepted.iter().any(|m| m == id) {
                 Ok(json_response(StatusCode::OK, &model_json(id)))
             } else {
                 Err(ApiError::not_found(format!(
@@ -242,17 +242,13 @@ async fn dispatch(
 }
 
 fn models_json(gateway: &Gateway) -> serde_json::Value {
-    let data: Vec<_> = gateway
-        .config
-        .models
-        .iter()
-        .map(|m| model_json(m))
-        .collect();
+    let snapshot = gateway.pool.snapshot();
+    let data: Vec<_> = snapshot.accepted.iter().map(|m| model_json(m)).collect();
     json!({
         "data": data,
         "has_more": false,
-        "first_id": gateway.config.models.first(),
-        "last_id": gateway.config.models.last(),
+        "first_id": snapshot.accepted.first(),
+        "last_id": snapshot.accepted.last(),
     })
 }
 
@@ -348,15 +344,27 @@ async fn messages(
     let session = session_header(req.headers())?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let body = read_json_body(gateway, req).await?;
-    let request = api::parse_messages_request(&body, gateway.limits())?;
+    // The request's one view of the pool: admission, the router, assignment and the metrics
+    // all decide on it.
+    let snapshot = gateway.pool.snapshot();
+    let request = api::parse_messages_request(&body, gateway.limits(&snapshot))?;
     drop(body);
+    let (served_model, model_pool) = resolve_model(&snapshot, &request.model)?;
+    let served_model = served_model.to_owned();
     if gateway.safety.slot.current().is_some() {
         gateway
             .safety
             .check_input(&gateway.metrics, &prompt_text(&request))?;
     }
     let mut input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
-    let snapshot = gateway.pool.snapshot();
+    let snapshot = model_pool;
+    if snapshot.servers.is_empty() && !gateway.pool.snapshot().servers.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!("no GPU server serves the model {served_model:?} now; retry shortly"),
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
     if !snapshot.servers.is_empty() && snapshot.servers.iter().all(|s| !s.engine().is_reachable()) {
         return Err(ApiError::new(
             ErrorKind::Unavailable,
@@ -396,7 +404,7 @@ async fn messages(
         .await?;
     // After a wait in the queue the pool has moved on: decide on what it is now.
     let snapshot = if waited {
-        gateway.pool.snapshot()
+        resolve_model(&gateway.pool.snapshot(), &request.model)?.1
     } else {
         snapshot
     };
@@ -460,8 +468,13 @@ async fn messages(
     let chat =
         Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
     let generate = generate_request(chat, &request, request_id, policy_request.priority);
+    let target = Target {
+        pool: &snapshot,
+        model: &served_model,
+        input: &input,
+    };
     let (generation, decision, in_flight, attempts) =
-        match start_generation(gateway, &input, generate, decision, in_flight, started).await {
+        match start_generation(gateway, target, generate, decision, in_flight, started).await {
             Ok(started) => started,
             Err(e) => {
                 tracker.failed();
@@ -503,13 +516,38 @@ async fn messages(
     Ok(response)
 }
 
+/// Where a request is to run: its model's pool, the name that model is served under, and
+/// the request's routing values.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    pool: &'a PoolSnapshot,
+    model: &'a str,
+    input: &'a RoutingInput,
+}
+
+/// The pool of the model a request names, and the name it is served under.
+fn resolve_model<'a>(
+    snapshot: &'a PoolSnapshot,
+    model: &str,
+) -> Result<(&'a str, Arc<PoolSnapshot>), ApiError> {
+    snapshot
+        .model(model)
+        .map(|(served, pool)| (served, pool.clone()))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "model: {model:?} is not served here; available models: {}",
+                snapshot.accepted.join(", ")
+            ))
+        })
+}
+
 /// Starts the generation on the routed server; when that fails before the first token in a
 /// way another server can fix (see [`crate::remote::RemoteError::is_retryable`]), tries the
 /// next routable server on the ring, up to `[retry] attempts` within its deadline. Returns the
 /// stream, the server it runs on, and how many attempts it took.
 async fn start_generation(
     gateway: &Gateway,
-    input: &RoutingInput,
+    target: Target<'_>,
     generate: GenerateRequest,
     mut decision: Decision,
     mut in_flight: InFlight,
@@ -530,7 +568,10 @@ async fn start_generation(
                 None => Err(BackendError::Engine(EngineError::Stopped)),
             },
             Backend::Remote(worker) => match generate.as_ref() {
-                Some(request) => worker.submit(request).await.map_err(BackendError::Remote),
+                Some(request) => worker
+                    .submit(request, target.model)
+                    .await
+                    .map_err(BackendError::Remote),
                 None => Err(BackendError::Engine(EngineError::Stopped)),
             },
         };
@@ -561,7 +602,7 @@ async fn start_generation(
         tried.push(decision.server.id().to_owned());
         // Release the failed server's slot before the next choice counts loads.
         drop(in_flight);
-        match gateway.pool.reassign(input, &tried) {
+        match gateway.pool.reassign(target.pool, target.input, &tried) {
             Some((next, next_in_flight)) => {
                 (decision, in_flight) = (next, next_in_flight);
             }

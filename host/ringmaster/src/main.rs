@@ -188,6 +188,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             address,
             id: Some(name.clone()),
             weight: None,
+            models: None,
         }]);
         raw.models = Some(vec![name]);
     }

@@ -85,6 +85,8 @@ pub struct RawConfig {
     pub admin_token: Option<String>,
     /// `access_log`: one INFO line per request (otherwise they are DEBUG).
     pub access_log: Option<bool>,
+    /// `[aliases]`: public model name → the name servers serve.
+    pub aliases: Option<std::collections::BTreeMap<String, String>>,
     /// `[[api_keys]]`.
     pub api_keys: Option<Vec<RawApiKey>>,
     /// `[limits]`.
@@ -251,6 +253,9 @@ pub struct RawServer {
     pub id: Option<String>,
     /// Ring weight, default 1.
     pub weight: Option<u32>,
+    /// The models it serves; default: what a remote server's `/v1/models` lists, and until
+    /// that is known (or for a server in this process) any model the gateway accepts.
+    pub models: Option<Vec<String>>,
 }
 
 /// `[simulator]`: overrides of the simulated servers' model (see `SimCostModel`).
@@ -500,6 +505,8 @@ pub struct ServerSpec {
     pub address: ServerAddress,
     /// Ring weight.
     pub weight: u32,
+    /// The models it serves, when the config says; `None`: discovered, or any.
+    pub models: Option<Vec<String>>,
 }
 
 impl ServerSpec {
@@ -519,10 +526,18 @@ impl ServerSpec {
         if weight == 0 || weight > 100 {
             return Err(format!("weight {weight}: must be between 1 and 100"));
         }
+        let models = match &raw.models {
+            None => None,
+            Some(models) if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) => {
+                return Err("models: list at least one non-empty model name".to_owned());
+            }
+            Some(models) => Some(models.clone()),
+        };
         Ok(Self {
             id,
             address,
             weight,
+            models,
         })
     }
 }
@@ -538,6 +553,8 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// One INFO line per request (`access_log = true`); off, they are DEBUG lines.
     pub access_log: bool,
+    /// Public model names and the served names they stand for.
+    pub aliases: std::collections::BTreeMap<String, String>,
     /// API keys; empty means no authentication (loopback only).
     pub api_keys: Vec<ApiKey>,
     /// Largest request body, bytes.
@@ -623,6 +640,19 @@ impl RawConfig {
             .unwrap_or_else(|| vec![DEFAULT_MODEL.to_owned()]);
         if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) {
             return Err(invalid("models", "list at least one non-empty model name"));
+        }
+
+        let aliases = self.aliases.unwrap_or_default();
+        for (alias, target) in &aliases {
+            if alias.trim().is_empty() || target.trim().is_empty() {
+                return Err(invalid("aliases", "names must not be empty"));
+            }
+            if alias == target {
+                return Err(invalid(
+                    format!("aliases.{alias}"),
+                    "an alias must name another model",
+                ));
+            }
         }
 
         let admin_token = self
@@ -768,6 +798,7 @@ impl RawConfig {
             models,
             admin_token,
             access_log: self.access_log.unwrap_or(false),
+            aliases,
             api_keys,
             max_body_bytes,
             max_output_tokens,

@@ -165,11 +165,19 @@ async fn follow_once(
 pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
     let mut interval = tokio::time::interval(LOAD_POLL_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut ticks = 0u64;
     loop {
         interval.tick().await;
         let Some(worker) = worker.upgrade() else {
             return;
         };
+        if worker.models_epoch.is_some()
+            && ticks.is_multiple_of(MODELS_POLL_EVERY)
+            && let Ok(Some(models)) = fetch_models(&worker).await
+        {
+            worker.set_models(models);
+        }
+        ticks += 1;
         let fetched = async {
             let response = worker
                 .client
@@ -202,6 +210,36 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
             }
         }
     }
+}
+
+/// Load polls between two reads of `/v1/models` (every 5 s).
+const MODELS_POLL_EVERY: u64 = 20;
+
+/// The model ids a server lists at `/v1/models`; `None` when it has no such endpoint.
+async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<String>>> {
+    #[derive(serde::Deserialize)]
+    struct Listed {
+        #[serde(default)]
+        data: Vec<Model>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Model {
+        id: String,
+    }
+    let response = worker
+        .client
+        .get(format!("{}/v1/models", worker.url))
+        .timeout(LOAD_POLL_TIMEOUT)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        return Ok(None);
+    }
+    let listed: Listed = match response.json().await {
+        Ok(listed) => listed,
+        Err(_) => return Ok(None),
+    };
+    Ok(Some(listed.data.into_iter().map(|m| m.id).collect()))
 }
 
 /// A worker's `/load` JSON as a [`LoadReport`] (missing fields read as 0).

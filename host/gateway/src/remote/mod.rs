@@ -251,6 +251,9 @@ pub struct RemoteWorker {
     reachable: AtomicBool,
     health: Health,
     kv: Arc<ReportedCache>,
+    /// What `/v1/models` lists (empty until known), and whom to tell when it changes.
+    models: Mutex<Vec<String>>,
+    models_epoch: Option<Arc<AtomicU64>>,
 }
 
 impl RemoteWorker {
@@ -262,6 +265,16 @@ impl RemoteWorker {
 
     /// A client of the server at `url` with `settings`.
     pub fn start_with(url: &str, settings: UpstreamSettings) -> Arc<Self> {
+        Self::start_in_pool(url, settings, None)
+    }
+
+    /// A client of the server at `url` with `settings` that also follows the models it
+    /// serves (`/v1/models`), bumping `models_epoch` when they change.
+    pub fn start_in_pool(
+        url: &str,
+        settings: UpstreamSettings,
+        models_epoch: Option<Arc<AtomicU64>>,
+    ) -> Arc<Self> {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(settings.connect_timeout)
             .tcp_nodelay(true)
@@ -280,6 +293,8 @@ impl RemoteWorker {
             reachable: AtomicBool::new(true),
             health: Health::default(),
             kv: Arc::new(ReportedCache::default()),
+            models: Mutex::new(Vec::new()),
+            models_epoch,
         });
         tokio::spawn(follow::poll_load(Arc::downgrade(&worker)));
         tokio::spawn(follow::follow_kv(Arc::downgrade(&worker)));
@@ -289,6 +304,26 @@ impl RemoteWorker {
     /// The server's prefix cache as its event stream reports it.
     pub fn kv(&self) -> &ReportedCache {
         &self.kv
+    }
+
+    /// The models the server lists at `/v1/models`; `None` until known (or when it lists none).
+    pub fn models(&self) -> Option<Vec<String>> {
+        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        (!models.is_empty()).then(|| models.clone())
+    }
+
+    /// Records what `/v1/models` listed; tells the pool when it changed.
+    fn set_models(&self, mut listed: Vec<String>) {
+        listed.sort();
+        listed.dedup();
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        if *models != listed {
+            tracing::info!(server = %self.url, models = ?listed, "remote.models");
+            *models = listed;
+            if let Some(epoch) = &self.models_epoch {
+                epoch.fetch_add(1, Ordering::AcqRel);
+            }
+        }
     }
 
     /// The server's passive health.
@@ -318,8 +353,13 @@ impl RemoteWorker {
     /// yields its events as a local engine would.
     ///
     /// Cancel safety: dropping the future drops the request, which closes its connection.
-    pub async fn submit(&self, request: &GenerateRequest) -> Result<GenerationStream, RemoteError> {
-        let result = self.start_reply(request).await;
+    /// `model` is the name the server serves it under (its `model` field).
+    pub async fn submit(
+        &self,
+        request: &GenerateRequest,
+        model: &str,
+    ) -> Result<GenerationStream, RemoteError> {
+        let result = self.start_reply(request, model).await;
         match &result {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
@@ -335,8 +375,9 @@ impl RemoteWorker {
     async fn start_reply(
         &self,
         request: &GenerateRequest,
+        model: &str,
     ) -> Result<GenerationStream, RemoteError> {
-        let (path, body) = openai_body(request);
+        let (path, body) = openai_body(request, model);
         let body = serde_json::to_vec(&body).map_err(|e| RemoteError::Broken {
             url: self.url.clone(),
             why: format!("could not encode the request: {e}"),
@@ -559,6 +600,7 @@ async fn drain(
 /// The body of a request to a server, borrowing from the request.
 #[derive(Debug, Serialize)]
 struct OpenAiBody<'a> {
+    model: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     messages: Option<Vec<OpenAiMessage<'a>>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -593,9 +635,10 @@ struct OpenAiMessage<'a> {
 }
 
 /// The server endpoint and OpenAI body for `request`.
-fn openai_body(request: &GenerateRequest) -> (&'static str, OpenAiBody<'_>) {
+fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (&'static str, OpenAiBody<'a>) {
     let sampling = &request.sampling;
     let mut body = OpenAiBody {
+        model,
         messages: None,
         prompt: None,
         max_tokens: request.max_tokens,
@@ -750,7 +793,7 @@ mod tests {
             ..UpstreamSettings::default()
         };
         let worker = RemoteWorker::start_with(&url, settings);
-        let err = worker.submit(&raw_prompt_request()).await.unwrap_err();
+        let err = worker.submit(&raw_prompt_request(), "m").await.unwrap_err();
         assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
         assert!(err.to_string().contains("no answer within"), "{err}");
         assert!(err.is_retryable());
@@ -817,9 +860,10 @@ mod tests {
             prompt: None,
             priority: 3,
         };
-        let (path, body) = openai_body(&request);
+        let (path, body) = openai_body(&request, "served-name");
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(body["model"], "served-name");
         assert_eq!(body["messages"][0]["role"], "system");
         assert_eq!(body["messages"][1]["content"], "Hi");
         assert_eq!(body["ringmaster_priority"], 3);
@@ -827,7 +871,7 @@ mod tests {
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert!(body.get("temperature").is_none());
         request.prompt = Some("Once".into());
-        let (path, body) = openai_body(&request);
+        let (path, body) = openai_body(&request, "m");
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, "/v1/completions");
         assert_eq!(body["prompt"], "Once");
