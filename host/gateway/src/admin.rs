@@ -15,12 +15,12 @@ use tracing::info;
 use crate::Gateway;
 use crate::api::{self, parse_json};
 use crate::body::ResponseBody;
-use crate::config::{RawServer, ServerSpec};
+use crate::config::RawServer;
 use crate::error::{ApiError, ErrorKind};
 use crate::policy::{SlotError, Variant};
-use crate::pool::{PoolError, Server};
 use crate::routing::routing_input;
 use crate::service::{json_response, read_json_body};
+use ringmaster_pool::{PoolError, Server};
 
 /// Handles `/admin/…`.
 pub(crate) async fn handle(
@@ -194,7 +194,7 @@ async fn add_server(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let body = read_json_body(gateway, req).await?;
     let raw: RawServer = parse_json(&body)?;
-    let spec = ServerSpec::from_raw(&raw).map_err(ApiError::invalid)?;
+    let spec = crate::config::server_spec(&raw).map_err(ApiError::invalid)?;
     let server = gateway.pool.add(&spec).map_err(pool_error)?;
     info!(server = server.id(), address = %server.address(), weight = server.weight(), "pool.server_added");
     Ok(json_response(StatusCode::CREATED, &server_json(&server)))
@@ -272,20 +272,19 @@ async fn explain(
         })
         .collect();
     let why = match decision.reason {
-        crate::pool::DecisionReason::Affinity => {
+        ringmaster_pool::DecisionReason::Affinity => {
             "the routing key's owner on the ring is under its bounded-load cap".to_owned()
         }
-        crate::pool::DecisionReason::BoundedLoadSpill => format!(
+        ringmaster_pool::DecisionReason::BoundedLoadSpill => format!(
             "the key's owner {} is at its bounded-load cap; the next server clockwise under its cap takes it",
             decision.preferred.as_ref().map_or("?", |s| s.id())
         ),
-        crate::pool::DecisionReason::RoundRobin => {
+        ringmaster_pool::DecisionReason::RoundRobin => {
             "round-robin strategy: the next server in turn".to_owned()
         }
-        crate::pool::DecisionReason::Policy | crate::pool::DecisionReason::PolicyOverCap => {
-            "a router policy decided".to_owned()
-        }
-        crate::pool::DecisionReason::Failover => format!(
+        ringmaster_pool::DecisionReason::Policy
+        | ringmaster_pool::DecisionReason::PolicyOverCap => "a router policy decided".to_owned(),
+        ringmaster_pool::DecisionReason::Failover => format!(
             "the key's owner {} is unreachable or ejected; the next routable server on the ring takes it",
             decision.preferred.as_ref().map_or("?", |s| s.id())
         ),

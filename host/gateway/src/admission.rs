@@ -20,9 +20,9 @@ use tracing::debug;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
 use crate::policy::PoolView;
-use crate::pool::{Pool, PoolSnapshot};
 use crate::routing::RoutingInput;
 use crate::slot::PolicySlot;
+use ringmaster_pool::{Pool, PoolSnapshot};
 
 /// Requests that may wait in the gateway's queue at once, unless configured.
 pub const DEFAULT_QUEUE_CAPACITY: u32 = 256;

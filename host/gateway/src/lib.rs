@@ -19,18 +19,18 @@ mod body;
 pub mod builtin;
 pub mod config;
 pub mod error;
-pub mod kv_view;
 pub mod metrics;
 pub mod policy;
-pub mod pool;
-pub mod prefix_index;
-pub mod remote;
 pub mod routing;
 pub mod safety;
 mod service;
 pub mod slot;
 
 use std::sync::Arc;
+
+/// The server pool (its own crate), re-exported under the gateway's old paths.
+pub use ringmaster_pool as pool;
+pub use ringmaster_pool::{kv_view, prefix_index, remote};
 
 pub use config::{Config, RawConfig};
 pub use service::serve;
@@ -42,9 +42,9 @@ use crate::auth::Authenticator;
 use crate::config::{PolicySource, SlotPolicySpec};
 use crate::metrics::Metrics;
 use crate::policy::{RouterSlot, SlotError};
-use crate::pool::{Pool, PoolError};
 use crate::safety::SafetyGate;
 use crate::slot::{PolicySlot, SlotPolicy};
+use ringmaster_pool::{Pool, PoolError};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]

@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 
 use crate::admission::AdmissionGate;
 use crate::policy::RouterSlot;
-use crate::pool::Pool;
+use ringmaster_pool::Pool;
 
 /// Label set with one `server` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -382,7 +382,7 @@ impl Collector for ServerCollector {
                 )
             })
             .collect();
-        type Read = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
+        type Read = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
         let gauges: [(&str, &str, Read); 14] = [
             (
                 "server_routable",
@@ -478,7 +478,7 @@ impl Collector for ServerCollector {
                 ConstGauge::new(read(server, load)).encode(family.encode_family(label)?)?;
             }
         }
-        type Count = fn(&crate::pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
+        type Count = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
         let counters: [(&str, &str, Count); 14] = [
             (
                 "server_kv_report_events",

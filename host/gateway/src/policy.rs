@@ -28,10 +28,10 @@ use ringmaster_policy_engine::{
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::kv_view::{PromptBlocks, in_prefix_units};
-use crate::pool::{Decision, InFlight, Pool, PoolSnapshot};
-use crate::prefix_index::PrefixIndex;
 use crate::routing::RoutingInput;
+use ringmaster_pool::kv_view::{PromptBlocks, in_prefix_units};
+use ringmaster_pool::prefix_index::PrefixIndex;
+use ringmaster_pool::{Decision, InFlight, Pool, PoolSnapshot};
 
 /// Faults in a row after which a variant rolls back to its previous version.
 pub const DEFAULT_ROLLBACK_AFTER_FAULTS: u32 = 5;
@@ -498,7 +498,7 @@ impl<'a> PoolView<'a> {
         }
     }
 
-    fn view(server: &crate::pool::Server) -> ServerView {
+    fn view(server: &ringmaster_pool::Server) -> ServerView {
         let load = server.engine().load();
         ServerView {
             id: server.id().to_owned(),

@@ -20,7 +20,8 @@ use ringmaster_ring::key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::api::{MessagesRequest, Role};
-use crate::kv_view::ChatPrompt;
+use ringmaster_pool::kv_view::ChatPrompt;
+pub use ringmaster_pool::{KeySource, RoutingInput};
 
 /// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
 pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
@@ -53,43 +54,6 @@ impl Default for PrefixHashing {
             max_hashes: DEFAULT_MAX_PREFIX_HASHES,
         }
     }
-}
-
-/// Where a routing key came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KeySource {
-    /// The `x-session-id` header.
-    SessionHeader,
-    /// `metadata.user_id`.
-    MetadataUserId,
-    /// The system prompt and first user turn.
-    Prefix,
-}
-
-impl KeySource {
-    /// A stable name for logs and the explain endpoint.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SessionHeader => "x-session-id",
-            Self::MetadataUserId => "metadata.user_id",
-            Self::Prefix => "prefix",
-        }
-    }
-}
-
-/// What routing knows about a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RoutingInput {
-    /// The ring key.
-    pub key: u64,
-    /// Where the key came from.
-    pub source: KeySource,
-    /// Chained hashes of the prompt's full chunks (at most `max_hashes` of them).
-    pub prefix_hashes: Vec<u64>,
-    /// The prompt's full chunks, counted past the cap on hashes.
-    pub prompt_chunks: usize,
-    /// The chat, for matching it against the caches servers report (see [`crate::kv_view`]).
-    pub chat: Arc<ChatPrompt>,
 }
 
 /// Computes the routing key and prefix hashes of `request`.

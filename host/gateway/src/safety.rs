@@ -186,8 +186,8 @@ mod tests {
     use crate::admission::AdmissionGate;
     use crate::config::{ServerAddress, ServerSpec, Strategy};
     use crate::policy::RouterSlot;
-    use crate::pool::Pool;
     use ringmaster_policy_engine::{EngineConfig, PolicyEngine};
+    use ringmaster_pool::Pool;
     use std::collections::BTreeMap;
 
     fn metrics(engine: &PolicyEngine) -> Metrics {

@@ -34,13 +34,13 @@ use crate::api::{
 };
 use crate::body::{ChannelBody, ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
-use crate::kv_view::ChatPrompt;
 use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, ResponseLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
-use crate::pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
 use crate::safety::Blocked;
 use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
+use ringmaster_pool::kv_view::ChatPrompt;
+use ringmaster_pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
 use std::sync::atomic::Ordering;
 
 /// Frames buffered between the stream producer and a slow client.
@@ -542,7 +542,7 @@ fn resolve_model<'a>(
 }
 
 /// Starts the generation on the routed server; when that fails before the first token in a
-/// way another server can fix (see [`crate::remote::RemoteError::is_retryable`]), tries the
+/// way another server can fix (see [`ringmaster_pool::remote::RemoteError::is_retryable`]), tries the
 /// next routable server on the ring, up to `[retry] attempts` within its deadline. Returns the
 /// stream, the server it runs on, and how many attempts it took.
 async fn start_generation(
@@ -553,7 +553,7 @@ async fn start_generation(
     mut in_flight: InFlight,
     started: Instant,
 ) -> Result<(GenerationStream, Decision, InFlight, u32), ApiError> {
-    use crate::pool::{Backend, BackendError};
+    use ringmaster_pool::{Backend, BackendError};
     let retry = &gateway.config.retry;
     // A local engine takes the request over; a remote one only reads it, so it stays here for
     // the next attempt.
@@ -798,19 +798,19 @@ fn generate_request(
     }
 }
 
-fn backend_error(error: crate::pool::BackendError, attempts: u32) -> ApiError {
-    use crate::remote::RemoteError;
+fn backend_error(error: ringmaster_pool::BackendError, attempts: u32) -> ApiError {
+    use ringmaster_pool::remote::RemoteError;
     let tries = if attempts > 1 {
         format!(" (after {attempts} attempts on different servers)")
     } else {
         String::new()
     };
     match error {
-        crate::pool::BackendError::Engine(e) => engine_error(e),
-        crate::pool::BackendError::Remote(RemoteError::Refused { message }) => {
+        ringmaster_pool::BackendError::Engine(e) => engine_error(e),
+        ringmaster_pool::BackendError::Remote(RemoteError::Refused { message }) => {
             ApiError::invalid(message)
         }
-        crate::pool::BackendError::Remote(e) => ApiError::new(
+        ringmaster_pool::BackendError::Remote(e) => ApiError::new(
             ErrorKind::Unavailable,
             format!("GPU server unavailable{tries}: {e}"),
         )

@@ -17,6 +17,7 @@ use ringmaster_ring::{MAX_VNODES_PER_WEIGHT, RingConfig};
 use serde::Deserialize;
 
 use crate::routing::PrefixHashing;
+pub use ringmaster_pool::{GpuPlacement, ServerAddress, ServerSpec, Strategy};
 
 mod upstream;
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy};
@@ -122,15 +123,6 @@ pub struct RawModel {
     /// `cpu` (default), or `cuda` / `cuda:N`: model servers run on that GPU (a build with the
     /// `cuda` feature).
     pub device: Option<String>,
-}
-
-/// Where model (`gguf:`) servers run when not on the CPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GpuPlacement {
-    /// The CUDA device ordinal.
-    pub ordinal: usize,
-    /// KV blocks per server; `None` sizes the pool from the GPU's free memory.
-    pub kv_blocks: Option<u32>,
 }
 
 /// `[policies]`: the policy engine and the router slot.
@@ -278,25 +270,6 @@ pub struct RawSimulator {
     pub decode_step_per_seq_ms: Option<f64>,
 }
 
-/// How requests are spread over servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// The bounded-load consistent-hash ring on the routing key.
-    ConsistentHash,
-    /// Each request to the next server in turn (a baseline; ignores caches).
-    RoundRobin,
-}
-
-impl Strategy {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ConsistentHash => "consistent-hash",
-            Self::RoundRobin => "round-robin",
-        }
-    }
-}
-
 /// An API key and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiKey {
@@ -306,104 +279,6 @@ pub struct ApiKey {
     pub tier: String,
     /// Its rate limit.
     pub requests_per_minute: Option<NonZeroU32>,
-}
-
-/// Where a GPU server is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServerAddress {
-    /// A simulated server in this process: `sim://NAME`.
-    Simulated {
-        /// The name after `sim://`.
-        name: String,
-    },
-    /// A llama GGUF model run on this machine's CPU: `gguf:PATH`.
-    Model {
-        /// The GGUF file.
-        path: std::path::PathBuf,
-        /// The ring id it defaults to (the file name without its extensions).
-        name: String,
-    },
-    /// A `ringmaster worker` (or another OpenAI-compatible server with the same extensions):
-    /// `http://HOST:PORT`.
-    Remote {
-        /// The base URL, without a trailing slash.
-        url: String,
-        /// The ring id it defaults to (`HOST:PORT`).
-        name: String,
-    },
-}
-
-impl ServerAddress {
-    /// Parses `sim://NAME`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        if let Some(name) = text.strip_prefix("sim://") {
-            if name.is_empty()
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-            {
-                return Err(format!(
-                    "{text:?}: the name after sim:// must be non-empty ASCII letters, digits, '-', '_' or '.'"
-                ));
-            }
-            return Ok(Self::Simulated {
-                name: name.to_owned(),
-            });
-        }
-        if let Some(path) = text.strip_prefix("gguf:") {
-            let path = std::path::PathBuf::from(path);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.split('.').next())
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| format!("{text:?}: expected gguf:PATH to a .gguf file"))?
-                .to_owned();
-            return Ok(Self::Model { path, name });
-        }
-        if let Some(rest) = text.strip_prefix("http://") {
-            let host_port = rest.trim_end_matches('/');
-            let valid = !host_port.is_empty()
-                && !host_port.contains('/')
-                && host_port
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
-            if !valid {
-                return Err(format!(
-                    "{text:?}: expected http://HOST:PORT (a worker's address, no path)"
-                ));
-            }
-            return Ok(Self::Remote {
-                url: format!("http://{host_port}"),
-                name: host_port.to_owned(),
-            });
-        }
-        if text.starts_with("https://") {
-            return Err(format!(
-                "{text:?}: workers are reached over plain http:// inside the cluster; put TLS in front of the gateway instead"
-            ));
-        }
-        Err(format!(
-            "{text:?}: expected sim://NAME, gguf:PATH or http://HOST:PORT"
-        ))
-    }
-
-    /// The default ring id for this address.
-    pub fn default_id(&self) -> &str {
-        match self {
-            Self::Simulated { name } | Self::Model { name, .. } | Self::Remote { name, .. } => name,
-        }
-    }
-}
-
-impl std::fmt::Display for ServerAddress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Simulated { name } => write!(f, "sim://{name}"),
-            Self::Model { path, .. } => write!(f, "gguf:{}", path.display()),
-            Self::Remote { url, .. } => f.write_str(url),
-        }
-    }
 }
 
 /// Where a policy's component comes from.
@@ -496,50 +371,14 @@ impl PoliciesConfig {
     }
 }
 
-/// A GPU server to start with.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServerSpec {
-    /// Ring id.
-    pub id: String,
-    /// Where it is.
-    pub address: ServerAddress,
-    /// Ring weight.
-    pub weight: u32,
-    /// The models it serves, when the config says; `None`: discovered, or any.
-    pub models: Option<Vec<String>>,
-}
-
-impl ServerSpec {
-    /// Validates one server entry (shared by the config file and `POST /admin/servers`).
-    pub fn from_raw(raw: &RawServer) -> Result<Self, String> {
-        let address = ServerAddress::parse(raw.address.trim())?;
-        let id = raw
-            .id
-            .clone()
-            .unwrap_or_else(|| address.default_id().to_owned());
-        if id.is_empty() || id.len() > 128 || id.chars().any(|c| c.is_control() || c == '/') {
-            return Err(format!(
-                "id {id:?}: must be 1–128 characters, no '/' or control characters"
-            ));
-        }
-        let weight = raw.weight.unwrap_or(1);
-        if weight == 0 || weight > 100 {
-            return Err(format!("weight {weight}: must be between 1 and 100"));
-        }
-        let models = match &raw.models {
-            None => None,
-            Some(models) if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) => {
-                return Err("models: list at least one non-empty model name".to_owned());
-            }
-            Some(models) => Some(models.clone()),
-        };
-        Ok(Self {
-            id,
-            address,
-            weight,
-            models,
-        })
-    }
+/// Validates one `[[servers]]` entry (the config file's and `POST /admin/servers`').
+pub fn server_spec(raw: &RawServer) -> Result<ServerSpec, String> {
+    ServerSpec::new(
+        &raw.address,
+        raw.id.as_deref(),
+        raw.weight,
+        raw.models.as_deref(),
+    )
 }
 
 /// The validated configuration.
@@ -582,7 +421,7 @@ pub struct Config {
     /// Policies.
     pub policies: PoliciesConfig,
     /// How remote servers' clients behave.
-    pub upstream: crate::remote::UpstreamSettings,
+    pub upstream: ringmaster_pool::remote::UpstreamSettings,
     /// When a failed request is tried on another server.
     pub retry: RetryPolicy,
 }
@@ -774,8 +613,7 @@ impl RawConfig {
 
         let mut servers: Vec<ServerSpec> = Vec::new();
         for (i, raw) in self.servers.unwrap_or_default().iter().enumerate() {
-            let spec =
-                ServerSpec::from_raw(raw).map_err(|p| invalid(format!("servers[{i}]"), p))?;
+            let spec = server_spec(raw).map_err(|p| invalid(format!("servers[{i}]"), p))?;
             if servers.iter().any(|s| s.id == spec.id) {
                 return Err(invalid(
                     format!("servers[{i}]"),

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::{ConfigError, duration_ms, invalid};
-use crate::remote::UpstreamSettings;
+use ringmaster_pool::remote::UpstreamSettings;
 
 /// Most attempts a request may get, the first included (`[retry] attempts`).
 pub const MAX_ATTEMPTS: u32 = 10;

@@ -1,0 +1,359 @@
+//! One pool server as the gateway sees it: its backend (an engine in this process or a remote
+//! server), the requests in flight there and the prefixes they carry, and how it is started.
+//! It decides nothing about routing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ringmaster_gpu_runtime::{EngineConfig, EngineHandle};
+
+use crate::pool::{PoolError, ServerTemplates};
+use crate::spec::{ServerAddress, ServerSpec};
+
+/// Sequences a CPU model server runs at once.
+pub const MODEL_MAX_RUNNING: u32 = 16;
+/// Tokens a CPU model server computes per step.
+pub const MODEL_STEP_TOKEN_BUDGET: u32 = 512;
+
+/// One GPU server as the gateway sees it.
+#[derive(Debug)]
+pub struct Server {
+    pub(crate) id: String,
+    /// Stable small number for the prefix index while the server lives.
+    pub(crate) slot: usize,
+    pub(crate) address: ServerAddress,
+    pub(crate) weight: u32,
+    pub(crate) engine: Backend,
+    pub(crate) in_flight: AtomicU64,
+    pub(crate) peak_in_flight: AtomicU64,
+    pub(crate) requests_total: AtomicU64,
+    pub(crate) draining: AtomicBool,
+    /// The pool's wake-up for requests waiting in the admission queue.
+    pub(crate) released: Arc<tokio::sync::Notify>,
+    /// How long loading its model took (model servers only).
+    pub(crate) model_load: Option<std::time::Duration>,
+    /// A local engine's tokenizer (a remote worker's is fetched; see [`Backend::cache_scheme`]).
+    pub(crate) local_scheme: Option<crate::kv_view::Scheme>,
+    /// Prefix hashes of the requests in flight here, counted: what the server will hold once
+    /// it has prefilled them, before its cache reports them.
+    pub(crate) pending: Mutex<HashMap<u64, u32>>,
+    /// The models the config says it serves.
+    pub(crate) configured_models: Option<Vec<String>>,
+}
+
+impl Server {
+    /// Ring id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+    /// Address.
+    pub fn address(&self) -> &ServerAddress {
+        &self.address
+    }
+    /// Ring weight.
+    pub fn weight(&self) -> u32 {
+        self.weight
+    }
+    /// Slot in the prefix index.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+    /// The engine that runs requests.
+    pub fn engine(&self) -> &Backend {
+        &self.engine
+    }
+    /// Requests the gateway has routed here that have not finished.
+    pub fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+    /// Highest `in_flight` seen at any assignment.
+    pub fn peak_in_flight(&self) -> u64 {
+        self.peak_in_flight.load(Ordering::Relaxed)
+    }
+    /// Requests routed here since it joined.
+    pub fn requests_total(&self) -> u64 {
+        self.requests_total.load(Ordering::Relaxed)
+    }
+    /// Whether it was removed and is finishing its last requests.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+    /// The models it serves: the config's list, else what a remote server reports; `None`
+    /// while unknown (then it takes any model the gateway accepts).
+    pub fn served_models(&self) -> Option<Vec<String>> {
+        if let Some(models) = &self.configured_models {
+            return Some(models.clone());
+        }
+        match &self.engine {
+            Backend::Remote(worker) => worker.models(),
+            Backend::Local(_) => None,
+        }
+    }
+    /// Whether new requests may go there: not draining, reachable and not ejected.
+    pub fn is_routable(&self) -> bool {
+        !self.is_draining() && self.engine.is_reachable()
+    }
+    /// How long loading its model took (model servers only).
+    pub fn model_load(&self) -> Option<std::time::Duration> {
+        self.model_load
+    }
+    /// The tokenizer under which the server's cache is reported; `None` while unknown.
+    pub fn cache_scheme(&self) -> Option<crate::kv_view::Scheme> {
+        match &self.engine {
+            Backend::Local(_) => self.local_scheme.clone(),
+            Backend::Remote(worker) => worker.kv().scheme(),
+        }
+    }
+    /// How many of `hashes` (a prompt's block hashes under [`Self::cache_scheme`]) lead in
+    /// the server's own report of its cache; `None` while it has none.
+    pub fn held_blocks(
+        &self,
+        hashes: &[ringmaster_gpu_runtime::block::BlockHash],
+    ) -> Option<usize> {
+        match &self.engine {
+            Backend::Local(engine) => Some(engine.cached_prefix_blocks(hashes)),
+            Backend::Remote(worker) => worker.kv().held_blocks(hashes),
+        }
+    }
+    /// How many of `hashes` (a request's prefix hashes) lead the prompt of some request in
+    /// flight here.
+    pub fn pending_prefix(&self, hashes: &[u64]) -> u32 {
+        let pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        let n = hashes
+            .iter()
+            .take_while(|h| pending.contains_key(h))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+    /// A worker's event stream: events applied and snapshots taken (reconnections); zeros for
+    /// an engine in this process, whose cache is read directly.
+    pub fn reported_cache_events(&self) -> (u64, u64) {
+        match &self.engine {
+            Backend::Local(_) => (0, 0),
+            Backend::Remote(worker) => (worker.kv().events_total(), worker.kv().resyncs_total()),
+        }
+    }
+    /// Blocks in the server's reported cache, and whether the report is live.
+    pub fn reported_cache(&self) -> (usize, bool) {
+        match &self.engine {
+            Backend::Local(engine) => (engine.cached_block_count(), true),
+            Backend::Remote(worker) => (worker.kv().len(), worker.kv().is_synced()),
+        }
+    }
+}
+
+/// Holds one request's slot on a server; dropping it releases the slot.
+#[derive(Debug)]
+pub struct InFlight {
+    pub(crate) server: Arc<Server>,
+    /// The request's prefix hashes, counted in the server's `pending` until the drop.
+    pub(crate) hashes: Vec<u64>,
+}
+
+impl InFlight {
+    /// The server the request runs on.
+    pub fn server(&self) -> &Arc<Server> {
+        &self.server
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if !self.hashes.is_empty() {
+            let mut pending = self
+                .server
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            for hash in &self.hashes {
+                if let Some(count) = pending.get_mut(hash) {
+                    *count -= 1;
+                    if *count == 0 {
+                        pending.remove(hash);
+                    }
+                }
+            }
+        }
+        self.server.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.server.released.notify_waiters();
+    }
+}
+
+/// What serves a pool server's requests: an engine in this process, or a remote worker.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    /// An engine in this process (simulated or a model).
+    Local(EngineHandle),
+    /// A `ringmaster worker` over HTTP.
+    Remote(Arc<crate::remote::RemoteWorker>),
+}
+
+/// Why a request could not be started on a server.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// The local engine refused it.
+    #[error(transparent)]
+    Engine(#[from] ringmaster_gpu_runtime::EngineError),
+    /// The remote worker refused it or could not be reached.
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
+}
+
+impl Backend {
+    /// The server's load (a remote worker's as of its last poll).
+    pub fn load(&self) -> ringmaster_gpu_runtime::LoadReport {
+        match self {
+            Self::Local(engine) => engine.load(),
+            Self::Remote(worker) => worker.load(),
+        }
+    }
+
+    /// Whether requests can reach it (a remote worker's last load poll succeeded).
+    pub fn is_reachable(&self) -> bool {
+        match self {
+            Self::Local(_) => true,
+            Self::Remote(worker) => worker.is_reachable(),
+        }
+    }
+}
+
+pub(crate) fn start_server(
+    spec: &ServerSpec,
+    slot: usize,
+    templates: &ServerTemplates,
+    released: &Arc<tokio::sync::Notify>,
+    models_epoch: &Arc<AtomicU64>,
+) -> Result<Arc<Server>, PoolError> {
+    let mut model_load = None;
+    let engine = match &spec.address {
+        ServerAddress::Simulated { name } => {
+            let mut config = templates.simulator.clone();
+            config.name = name.clone();
+            Backend::Local(
+                EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
+                    id: spec.id.clone(),
+                    source,
+                })?,
+            )
+        }
+        ServerAddress::Model { path, name } => {
+            let mut config = templates.simulator.clone();
+            config.name = name.clone();
+            config.kv_blocks = templates.model.kv_blocks;
+            config.max_running = MODEL_MAX_RUNNING;
+            config.step_token_budget = MODEL_STEP_TOKEN_BUDGET;
+            // Step durations are measured, not modelled: the clock must not add to them.
+            config.time_scale = 1.0;
+            let started = std::time::Instant::now();
+            let engine = match templates.model_gpu {
+                Some(gpu) => start_gpu_model(spec, path, gpu, config)?,
+                None => {
+                    let executor =
+                        ringmaster_gpu_runtime::model::ModelExecutor::load(path, &templates.model)
+                            .map_err(|source| PoolError::Model {
+                                id: spec.id.clone(),
+                                source,
+                            })?;
+                    tracing::info!(
+                        server = %spec.id,
+                        model = %path.display(),
+                        load_ms = started.elapsed().as_millis() as u64,
+                        kv_blocks = config.kv_blocks,
+                        threads = templates.model.threads,
+                        kernels = executor.cpu().isa().name(),
+                        "pool.model_loaded"
+                    );
+                    EngineHandle::spawn_with_executor(config, executor).map_err(|source| {
+                        PoolError::Engine {
+                            id: spec.id.clone(),
+                            source,
+                        }
+                    })?
+                }
+            };
+            model_load = Some(started.elapsed());
+            Backend::Local(engine)
+        }
+        ServerAddress::Remote { url, .. } => {
+            tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
+            Backend::Remote(crate::remote::RemoteWorker::start_in_pool(
+                url,
+                templates.upstream.clone(),
+                // A server whose models the config names needs no discovery.
+                spec.models.is_none().then(|| models_epoch.clone()),
+            ))
+        }
+    };
+    let local_scheme = match &engine {
+        Backend::Local(engine) => Some(crate::kv_view::Scheme::of(engine.tokenizer().clone())),
+        Backend::Remote(_) => None,
+    };
+    Ok(Arc::new(Server {
+        id: spec.id.clone(),
+        slot,
+        address: spec.address.clone(),
+        weight: spec.weight,
+        engine,
+        in_flight: AtomicU64::new(0),
+        peak_in_flight: AtomicU64::new(0),
+        requests_total: AtomicU64::new(0),
+        draining: AtomicBool::new(false),
+        released: released.clone(),
+        model_load,
+        local_scheme,
+        pending: Mutex::new(HashMap::new()),
+        configured_models: spec.models.clone(),
+    }))
+}
+
+/// A model server's engine on a GPU: the pool is the executor's, so the engine's `kv_blocks`
+/// is taken from it.
+#[cfg(feature = "cuda")]
+fn start_gpu_model(
+    spec: &ServerSpec,
+    path: &std::path::Path,
+    gpu: crate::spec::GpuPlacement,
+    mut config: EngineConfig,
+) -> Result<EngineHandle, PoolError> {
+    let started = std::time::Instant::now();
+    let executor =
+        ringmaster_gpu_runtime::model::GpuExecutor::load(path, gpu.ordinal, gpu.kv_blocks)
+            .map_err(|source| PoolError::Model {
+                id: spec.id.clone(),
+                source,
+            })?;
+    config.kv_blocks = executor.kv_blocks();
+    tracing::info!(
+        server = %spec.id,
+        model = %path.display(),
+        gpu = %executor.device_name(),
+        load_ms = started.elapsed().as_millis() as u64,
+        kv_blocks = config.kv_blocks,
+        "pool.model_loaded"
+    );
+    EngineHandle::spawn_with_executor(config, executor).map_err(|source| PoolError::Engine {
+        id: spec.id.clone(),
+        source,
+    })
+}
+
+/// Without the `cuda` feature the config refuses a GPU placement, so this is never reached.
+#[cfg(not(feature = "cuda"))]
+fn start_gpu_model(
+    spec: &ServerSpec,
+    path: &std::path::Path,
+    gpu: crate::spec::GpuPlacement,
+    _config: EngineConfig,
+) -> Result<EngineHandle, PoolError> {
+    Err(PoolError::Model {
+        id: spec.id.clone(),
+        source: ringmaster_gpu_runtime::model::ModelError::Unsupported {
+            path: path.display().to_string(),
+            why: format!(
+                "GPU {} needs a build with CUDA support (--features cuda)",
+                gpu.ordinal
+            ),
+        },
+    })
+}

@@ -1,0 +1,124 @@
+//! The pool at one instant: the servers, the ring over them and one pool per served model,
+//! built together and published as one immutable value, so that no reader sees a ring that
+//! disagrees with the server list or a model's pool that disagrees with either.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ringmaster_ring::{Member, Ring, RingConfig, RingError};
+
+use crate::server::Server;
+
+/// The pool at one instant: a ring and the servers its member indices name.
+#[derive(Debug)]
+pub struct PoolSnapshot {
+    /// The ring over `servers` (member `i` is `servers[i]`).
+    pub ring: Ring,
+    /// Active servers.
+    pub servers: Vec<Arc<Server>>,
+    /// Removed servers still finishing requests.
+    pub draining: Vec<Arc<Server>>,
+    /// Increases by one with every published change.
+    pub version: u64,
+    /// One pool per served model: its servers and a ring over them (empty inside those).
+    pub models: BTreeMap<String, Arc<PoolSnapshot>>,
+    /// Public names and the served names they stand for.
+    pub aliases: Arc<BTreeMap<String, String>>,
+    /// Every name a request may ask for (served names and aliases), sorted.
+    pub accepted: Vec<String>,
+    /// The servers' model sets this was built from (see [`Pool::snapshot`]).
+    pub(crate) models_epoch: u64,
+}
+
+impl PoolSnapshot {
+    /// Finds an active server by id.
+    pub fn server(&self, id: &str) -> Option<&Arc<Server>> {
+        self.servers.iter().find(|s| s.id == id)
+    }
+
+    /// The pool of the model a request names (through an alias, if it is one), with the
+    /// served name; `None` for a model nobody serves.
+    pub fn model(&self, name: &str) -> Option<(&str, &Arc<PoolSnapshot>)> {
+        let served = self.aliases.get(name).map_or(name, String::as_str);
+        self.models
+            .get_key_value(served)
+            .map(|(name, pool)| (name.as_str(), pool))
+    }
+}
+
+/// Builds the snapshot of `servers`: the full ring and one pool per served model.
+pub(crate) fn build_snapshot(
+    servers: Vec<Arc<Server>>,
+    draining: Vec<Arc<Server>>,
+    version: u64,
+    ring_config: &RingConfig,
+    catalogue: &ModelCatalogue,
+) -> Result<PoolSnapshot, RingError> {
+    let models_epoch = catalogue.epoch.load(Ordering::Acquire);
+    let served: Vec<Option<Vec<String>>> = servers.iter().map(|s| s.served_models()).collect();
+    let mut names: BTreeSet<String> = catalogue.defaults.iter().cloned().collect();
+    names.extend(served.iter().flatten().flatten().cloned());
+    names.extend(catalogue.aliases.values().cloned());
+    let mut models = BTreeMap::new();
+    for name in &names {
+        let members: Vec<Arc<Server>> = servers
+            .iter()
+            .zip(&served)
+            .filter(|(_, models)| models.as_ref().is_none_or(|m| m.contains(name)))
+            .map(|(s, _)| s.clone())
+            .collect();
+        let ring = build_ring(&members, ring_config)?;
+        models.insert(
+            name.clone(),
+            Arc::new(PoolSnapshot {
+                ring,
+                servers: members,
+                draining: Vec::new(),
+                version,
+                models: BTreeMap::new(),
+                aliases: catalogue.aliases.clone(),
+                accepted: Vec::new(),
+                models_epoch,
+            }),
+        );
+    }
+    let mut accepted: Vec<String> = names.into_iter().collect();
+    accepted.extend(catalogue.aliases.keys().cloned());
+    accepted.sort();
+    accepted.dedup();
+    Ok(PoolSnapshot {
+        ring: build_ring(&servers, ring_config)?,
+        servers,
+        draining,
+        version,
+        models,
+        aliases: catalogue.aliases.clone(),
+        accepted,
+        models_epoch,
+    })
+}
+
+/// What the pools per model are built from.
+#[derive(Debug, Default)]
+pub struct ModelCatalogue {
+    /// The names a server of unknown models takes (the config's top-level `models`).
+    pub defaults: Vec<String>,
+    /// Public names and the served names they stand for.
+    pub aliases: Arc<BTreeMap<String, String>>,
+    /// Bumped whenever a server's reported model set changes; the next snapshot read rebuilds.
+    pub epoch: Arc<AtomicU64>,
+}
+
+pub(crate) fn build_ring(servers: &[Arc<Server>], config: &RingConfig) -> Result<Ring, RingError> {
+    Ring::new(
+        servers
+            .iter()
+            .map(|s| Member {
+                id: s.id.clone(),
+                weight: s.weight,
+            })
+            .collect(),
+        config.clone(),
+    )
+}
