@@ -18,8 +18,8 @@ use crate::body::ResponseBody;
 use crate::config::RawServer;
 use crate::error::{ApiError, ErrorKind};
 use crate::policy::{SlotError, Variant};
+use crate::respond::{json_response, read_json_body};
 use crate::routing::routing_input;
-use crate::service::{json_response, read_json_body};
 use ringmaster_pool::{PoolError, Server};
 
 /// Handles `/admin/…`.

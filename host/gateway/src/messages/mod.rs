@@ -1,0 +1,527 @@
+//! The Messages handler: one request from its headers to its reply. Parsed once, rendered
+//! once, hashed once, decided on one pool snapshot (the request's model's pool), started on
+//! the routed server with retries before the first token, and answered by the reply state
+//! machine ([`reply`]) as a stream or as one message.
+
+mod reply;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use http::header::HeaderValue;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream, SamplingParams};
+use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
+use ringmaster_pool::kv_view::ChatPrompt;
+use ringmaster_pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
+use tracing::debug;
+
+use crate::Gateway;
+use crate::api::{self, MessagesRequest};
+use crate::body::ResponseBody;
+use crate::error::{ApiError, ErrorKind};
+use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, VariantLabel};
+use crate::policy::{RouteOutcome, Routed, Variant};
+use crate::respond::{json_response, read_json_body};
+use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
+
+/// `POST /v1/messages`.
+pub(crate) async fn messages(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+    started: Instant,
+    request_id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let caller = gateway.auth.check(req.headers())?;
+    let session = session_header(req.headers())?;
+    let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
+    let body = read_json_body(gateway, req).await?;
+    // The request's one view of the pool: admission, the router, assignment and the metrics
+    // all decide on it.
+    let snapshot = gateway.pool.snapshot();
+    let request = api::parse_messages_request(&body, gateway.limits(&snapshot))?;
+    drop(body);
+    let (served_model, model_pool) = resolve_model(&snapshot, &request.model)?;
+    let served_model = served_model.to_owned();
+    if gateway.safety.slot.current().is_some() {
+        gateway
+            .safety
+            .check_input(&gateway.metrics, &prompt_text(&request))?;
+    }
+    let mut input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
+    let snapshot = model_pool;
+    if snapshot.servers.is_empty() && !gateway.pool.snapshot().servers.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!("no GPU server serves the model {served_model:?} now; retry shortly"),
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    if !snapshot.servers.is_empty() && snapshot.servers.iter().all(|s| !s.engine().is_reachable()) {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            "no GPU server can be reached (every worker is down); retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    if !snapshot.servers.is_empty()
+        && snapshot
+            .servers
+            .iter()
+            .all(|s| s.engine().load().waiting >= gateway.config.max_waiting_per_server)
+    {
+        return Err(ApiError::new(
+            ErrorKind::Overloaded,
+            "every GPU server's queue is full; retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    let mut policy_request = policy_request(
+        &request,
+        &input,
+        &caller.tier,
+        session.as_deref(),
+        request_id,
+    );
+    policy_request.headers = passed_headers;
+    let waited = gateway
+        .admission
+        .admit(
+            &gateway.pool,
+            &snapshot,
+            &gateway.metrics,
+            &input,
+            &mut policy_request,
+        )
+        .await?;
+    // After a wait in the queue the pool has moved on: decide on what it is now.
+    let snapshot = if waited {
+        resolve_model(&gateway.pool.snapshot(), &request.model)?.1
+    } else {
+        snapshot
+    };
+    let routing_started = Instant::now();
+    let routed = match gateway
+        .router
+        .route(&gateway.pool, &snapshot, &input, &policy_request)
+    {
+        RouteOutcome::Routed(routed) => *routed,
+        RouteOutcome::Rejected { variant, reason } => {
+            variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+            return Err(ApiError::new(
+                ErrorKind::Overloaded,
+                format!("the router policy declined the request: {reason}"),
+            )
+            .with_retry_after(Duration::from_secs(1)));
+        }
+        RouteOutcome::NoServers => {
+            return Err(
+                ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
+                    .with_retry_after(Duration::from_secs(5)),
+            );
+        }
+    };
+    let Routed {
+        decision,
+        in_flight,
+        variant,
+        fault,
+    } = routed;
+    let tracker = Tracker {
+        gateway: gateway.clone(),
+        label: VariantLabel {
+            variant: variant
+                .as_ref()
+                .map_or_else(|| "native".to_owned(), |v| v.name.to_string()),
+        },
+        variant,
+        started,
+    };
+    record_decision(
+        gateway,
+        &tracker,
+        &decision,
+        fault.as_ref(),
+        decision.preferred.as_ref().map(|s| s.id()),
+        routing_started.elapsed(),
+    );
+    debug!(
+        server = decision.server.id(),
+        reason = decision.reason.as_str(),
+        variant = %tracker.label.variant,
+        key_source = input.source.as_str(),
+        prefix_hashes = input.prefix_hashes.len(),
+        tier = %caller.tier,
+        key = %caller.key_label,
+        "request.routed"
+    );
+    // Routing is done with the chat: the generation takes it over instead of copying the
+    // prompt a second time.
+    let chat =
+        Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
+    let generate = generate_request(chat, &request, request_id, policy_request.priority);
+    let target = Target {
+        pool: &snapshot,
+        model: &served_model,
+        input: &input,
+    };
+    let (generation, decision, in_flight, attempts) =
+        match start_generation(gateway, target, generate, decision, in_flight, started).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracker.failed();
+                return Err(e);
+            }
+        };
+    let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let server_id = decision.server.id().to_owned();
+    let variant_name = tracker.label.variant.clone();
+    let variant_hash = tracker
+        .variant
+        .as_ref()
+        .map(|v| v.policy.info().hash.clone());
+    let mut response = if request.stream {
+        reply::stream(tracker, &request, generation, in_flight, message_id)
+    } else {
+        let reply = reply::collect(&tracker, &request, generation, message_id).await?;
+        drop(in_flight);
+        json_response(
+            StatusCode::OK,
+            &serde_json::to_value(reply).unwrap_or_default(),
+        )
+    };
+    if let Ok(value) = HeaderValue::from_str(&server_id) {
+        response.headers_mut().insert("x-ringmaster-server", value);
+    }
+    response
+        .headers_mut()
+        .insert("x-ringmaster-attempts", HeaderValue::from(attempts));
+    if let Ok(value) = HeaderValue::from_str(&variant_name) {
+        response.headers_mut().insert("x-ringmaster-variant", value);
+    }
+    // The router version that decided (absent when the native ring decided alone).
+    if let Some(value) = variant_hash.and_then(|h| HeaderValue::from_str(&h).ok()) {
+        response
+            .headers_mut()
+            .insert("x-ringmaster-policy-version", value);
+    }
+    Ok(response)
+}
+
+/// Where a request is to run: its model's pool, the name that model is served under, and
+/// the request's routing values.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    pool: &'a PoolSnapshot,
+    model: &'a str,
+    input: &'a RoutingInput,
+}
+
+/// The pool of the model a request names, and the name it is served under.
+fn resolve_model<'a>(
+    snapshot: &'a PoolSnapshot,
+    model: &str,
+) -> Result<(&'a str, Arc<PoolSnapshot>), ApiError> {
+    snapshot
+        .model(model)
+        .map(|(served, pool)| (served, pool.clone()))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "model: {model:?} is not served here; available models: {}",
+                snapshot.accepted.join(", ")
+            ))
+        })
+}
+
+/// Starts the generation on the routed server; when that fails before the first token in a
+/// way another server can fix (see [`ringmaster_pool::remote::RemoteError::is_retryable`]), tries the
+/// next routable server on the ring, up to `[retry] attempts` within its deadline. Returns the
+/// stream, the server it runs on, and how many attempts it took.
+async fn start_generation(
+    gateway: &Gateway,
+    target: Target<'_>,
+    generate: GenerateRequest,
+    mut decision: Decision,
+    mut in_flight: InFlight,
+    started: Instant,
+) -> Result<(GenerationStream, Decision, InFlight, u32), ApiError> {
+    use ringmaster_pool::{Backend, BackendError};
+    let retry = &gateway.config.retry;
+    // A local engine takes the request over; a remote one only reads it, so it stays here for
+    // the next attempt.
+    let mut generate = Some(generate);
+    let mut tried: Vec<String> = Vec::new();
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let result = match decision.server.engine() {
+            Backend::Local(engine) => match generate.take() {
+                Some(request) => engine.submit(request).map_err(BackendError::Engine),
+                None => Err(BackendError::Engine(EngineError::Stopped)),
+            },
+            Backend::Remote(worker) => match generate.as_ref() {
+                Some(request) => worker
+                    .submit(request, target.model)
+                    .await
+                    .map_err(BackendError::Remote),
+                None => Err(BackendError::Engine(EngineError::Stopped)),
+            },
+        };
+        let error = match result {
+            Ok(generation) => {
+                gateway
+                    .metrics
+                    .upstream_attempts
+                    .get_or_create(&AttemptLabels { outcome: "ok" })
+                    .inc();
+                return Ok((generation, decision, in_flight, attempts));
+            }
+            Err(error) => error,
+        };
+        let (outcome, retryable) = match &error {
+            BackendError::Remote(e) => (e.outcome(), e.is_retryable()),
+            BackendError::Engine(_) => ("engine", false),
+        };
+        gateway
+            .metrics
+            .upstream_attempts
+            .get_or_create(&AttemptLabels { outcome })
+            .inc();
+        debug!(server = decision.server.id(), attempt = attempts, outcome, error = %error, "upstream.attempt_failed");
+        if !retryable || attempts >= retry.attempts || started.elapsed() >= retry.deadline {
+            return Err(backend_error(error, attempts));
+        }
+        tried.push(decision.server.id().to_owned());
+        // Release the failed server's slot before the next choice counts loads.
+        drop(in_flight);
+        match gateway.pool.reassign(target.pool, target.input, &tried) {
+            Some((next, next_in_flight)) => {
+                (decision, in_flight) = (next, next_in_flight);
+            }
+            None => return Err(backend_error(error, attempts)),
+        }
+    }
+}
+
+/// The configured headers a request carries, for policies (lower-case names, visible ASCII
+/// values only).
+fn passed_headers(headers: &http::HeaderMap, names: &[String]) -> Vec<(String, String)> {
+    names
+        .iter()
+        .filter_map(|name| {
+            let value = headers.get(name.as_str())?.to_str().ok()?;
+            Some((name.clone(), value.to_owned()))
+        })
+        .collect()
+}
+
+/// The prompt as the safety filter reads it: the system prompt and every message, in order.
+fn prompt_text(request: &MessagesRequest) -> String {
+    let mut text = request.system.clone().unwrap_or_default();
+    for message in &request.messages {
+        if !text.is_empty() {
+            text.push_str("\n\n");
+        }
+        text.push_str(&message.text);
+    }
+    text
+}
+
+fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("x-session-id") else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::invalid("x-session-id: must be visible ASCII"))?;
+    if text.len() > MAX_SESSION_ID_BYTES {
+        return Err(ApiError::invalid(format!(
+            "x-session-id: longer than {MAX_SESSION_ID_BYTES} bytes"
+        )));
+    }
+    Ok(Some(text.to_owned()).filter(|s| !s.is_empty()))
+}
+
+fn record_decision(
+    gateway: &Gateway,
+    tracker: &Tracker,
+    decision: &Decision,
+    fault: Option<&PolicyFault>,
+    owner: Option<&str>,
+    elapsed: Duration,
+) {
+    let reason = match (fault, decision.reason) {
+        (Some(_), _) => "fallback",
+        (None, DecisionReason::Policy) => {
+            if owner.is_some_and(|owner| owner == decision.server.id()) {
+                "affinity"
+            } else {
+                "policy-other"
+            }
+        }
+        (None, reason) => reason.as_str(),
+    };
+    gateway
+        .metrics
+        .routing_decisions
+        .get_or_create(&DecisionLabels {
+            variant: tracker.label.variant.clone(),
+            reason,
+        })
+        .inc();
+    gateway
+        .metrics
+        .routing_seconds
+        .get_or_create(&tracker.label)
+        .observe(elapsed.as_secs_f64());
+    if let Some(fault) = fault {
+        gateway
+            .metrics
+            .policy_faults
+            .get_or_create(&FaultLabels {
+                slot: "router",
+                variant: tracker.label.variant.clone(),
+                kind: fault.kind(),
+            })
+            .inc();
+    }
+    if let Some(capacity) = decision.capacity {
+        gateway
+            .metrics
+            .routing_load_to_cap
+            .observe(decision.load_after as f64 / capacity.max(1) as f64);
+    }
+}
+
+/// What a router policy sees of a request.
+fn policy_request(
+    request: &MessagesRequest,
+    input: &RoutingInput,
+    tier: &str,
+    session: Option<&str>,
+    request_id: &str,
+) -> PolicyRequest {
+    let prompt_bytes = request.system.as_ref().map_or(0, String::len)
+        + request.messages.iter().map(|m| m.text.len()).sum::<usize>();
+    PolicyRequest {
+        id: request_id.to_owned(),
+        model: request.model.clone(),
+        tier: tier.to_owned(),
+        session_id: session
+            .map(str::to_owned)
+            .or_else(|| request.user_id.clone()),
+        routing_key: input.key,
+        prefix_hashes: input.prefix_hashes.clone(),
+        // About four bytes of English text per token; the engine counts exactly later.
+        prompt_tokens: u32::try_from(prompt_bytes / 4).unwrap_or(u32::MAX),
+        max_tokens: request.max_tokens,
+        priority: 0,
+        stream: request.stream,
+        headers: Vec::new(),
+    }
+}
+
+/// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
+struct Tracker {
+    gateway: Arc<Gateway>,
+    variant: Option<Arc<Variant>>,
+    label: VariantLabel,
+    started: Instant,
+}
+
+impl Tracker {
+    fn first_token(&self) {
+        let ttft = self.started.elapsed().as_secs_f64();
+        self.gateway
+            .metrics
+            .ttft_seconds
+            .get_or_create(&self.label)
+            .observe(ttft);
+        if let Some(variant) = &self.variant {
+            variant.stats.record_ttft(ttft);
+        }
+    }
+
+    fn finished(&self, prompt_tokens: u32, cached_tokens: u32) {
+        self.gateway
+            .metrics
+            .request_duration_seconds
+            .get_or_create(&self.label)
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Some(variant) = &self.variant {
+            variant
+                .stats
+                .prompt_tokens
+                .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
+            variant
+                .stats
+                .cached_tokens
+                .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
+        }
+    }
+
+    fn failed(&self) {
+        if let Some(variant) = &self.variant {
+            variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn generate_request(
+    chat: ChatPrompt,
+    request: &MessagesRequest,
+    request_id: &str,
+    priority: u8,
+) -> GenerateRequest {
+    GenerateRequest {
+        prompt: None,
+        priority,
+        request_id: request_id.to_owned(),
+        system: chat.system,
+        messages: chat.messages,
+        max_tokens: request.max_tokens,
+        stop_sequences: request.stop_sequences.clone(),
+        sampling: SamplingParams {
+            temperature: request.temperature,
+            top_p: request.top_p,
+            top_k: request.top_k,
+            seed: None,
+        },
+    }
+}
+
+fn backend_error(error: ringmaster_pool::BackendError, attempts: u32) -> ApiError {
+    use ringmaster_pool::remote::RemoteError;
+    let tries = if attempts > 1 {
+        format!(" (after {attempts} attempts on different servers)")
+    } else {
+        String::new()
+    };
+    match error {
+        ringmaster_pool::BackendError::Engine(e) => engine_error(e),
+        ringmaster_pool::BackendError::Remote(RemoteError::Refused { message }) => {
+            ApiError::invalid(message)
+        }
+        ringmaster_pool::BackendError::Remote(e) => ApiError::new(
+            ErrorKind::Unavailable,
+            format!("GPU server unavailable{tries}: {e}"),
+        )
+        .with_retry_after(Duration::from_secs(1)),
+    }
+}
+
+fn engine_error(error: EngineError) -> ApiError {
+    match error {
+        EngineError::PromptTooLong { .. }
+        | EngineError::ContextTooLong { .. }
+        | EngineError::EmptyPrompt => ApiError::invalid(format!("prompt is too long: {error}")),
+        EngineError::Stopped => ApiError::new(
+            ErrorKind::Overloaded,
+            "the GPU server is shutting down; retry",
+        )
+        .with_retry_after(Duration::from_secs(1)),
+        other => ApiError::internal(format!("GPU server error: {other}")),
+    }
+}

@@ -1,0 +1,91 @@
+//! Building responses and reading request bodies, shared by every handler: JSON answers,
+//! Anthropic's error shape (with `retry-after` and `x-should-retry`), and JSON bodies under
+//! the configured size limit.
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+
+use crate::Gateway;
+use crate::body::{ResponseBody, full};
+use crate::error::{ApiError, ErrorKind};
+
+/// A JSON response with `status`.
+pub(crate) fn json_response(
+    status: StatusCode,
+    value: &serde_json::Value,
+) -> Response<ResponseBody> {
+    let mut response = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// The Anthropic error response for `error`.
+pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
+    let mut response = json_response(error.kind().status(), &error.body());
+    if let Some(after) = error.retry_after() {
+        response.headers_mut().insert(
+            "retry-after",
+            HeaderValue::from_str(&after.as_secs().max(1).to_string()).expect("digits"),
+        );
+    }
+    if error.kind().is_retryable() {
+        response
+            .headers_mut()
+            .insert("x-should-retry", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// Reads a JSON request body under the configured size limit.
+pub(crate) async fn read_json_body(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+) -> Result<Bytes, ApiError> {
+    let content_type = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(ApiError::new(
+            ErrorKind::UnsupportedMediaType,
+            format!(
+                "content-type must be application/json, got {:?}",
+                if content_type.is_empty() {
+                    "(none)"
+                } else {
+                    content_type
+                }
+            ),
+        ));
+    }
+    let limit = gateway.config.max_body_bytes;
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::RequestTooLarge,
+            format!("request body is larger than this gateway's limit of {limit} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::invalid(format!(
+            "could not read the request body: {e}"
+        ))),
+    }
+}
