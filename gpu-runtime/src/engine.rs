@@ -225,11 +225,39 @@ impl Events {
         }
     }
 
+    fn try_recv(&mut self) -> Option<GenerateEvent> {
+        match self {
+            Self::Unbounded(rx) => rx.try_recv().ok(),
+            Self::Bounded(rx) => rx.try_recv().ok(),
+        }
+    }
+
     fn close(&mut self) {
         match self {
             Self::Unbounded(rx) => rx.close(),
             Self::Bounded(rx) => rx.close(),
         }
+    }
+}
+
+impl GenerationStream {
+    /// The next event if one is ready now, without waiting: lets a consumer batch what a
+    /// producer sent together. `None` when nothing is ready (or the stream is over).
+    pub fn try_next(&mut self) -> Option<GenerateEvent> {
+        if self.finished {
+            return None;
+        }
+        let event = match self.front.take() {
+            Some(event) => Some(event),
+            None => self.events.try_recv(),
+        };
+        if matches!(
+            event,
+            Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
+        ) {
+            self.finished = true;
+        }
+        event
     }
 }
 

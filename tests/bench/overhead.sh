@@ -63,6 +63,8 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
+  # The routers' logs stay beside the results.
+  cp "$work"/*.log "$out/" 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -95,7 +97,7 @@ address = "http://127.0.0.1:19002"
 EOF
 cat > "$work/haproxy.cfg" <<EOF
 global
-  maxconn 20000
+  maxconn 4096
   nbthread 1
 defaults
   mode http
@@ -189,6 +191,7 @@ phase() {
     args+=(-c 64)
   fi
   taskset -c 0 "$oha" "${args[@]}" "$url" >"$json" 2>"$work/oha.err" || { cat "$work/oha.err" >&2; return 1; }
+  cp "$json" "$out/oha-last.json"
   python3 - "$json" "$name" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))

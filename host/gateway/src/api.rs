@@ -439,8 +439,21 @@ impl StreamEvent {
 
     /// The event as an SSE frame: `event: NAME\ndata: JSON\n\n`.
     pub fn to_sse(&self) -> String {
-        let data = serde_json::to_string(self).unwrap_or_else(|_| "{}".to_owned());
-        format!("event: {}\ndata: {data}\n\n", self.name())
+        let mut out = Vec::new();
+        self.write_sse(&mut out);
+        String::from_utf8(out).unwrap_or_default()
+    }
+
+    /// Appends the event's SSE frame to `out` (frames of one batch share one buffer, and so
+    /// one write to the client).
+    pub fn write_sse(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(self.name().as_bytes());
+        out.extend_from_slice(b"\ndata: ");
+        if serde_json::to_writer(&mut *out, self).is_err() {
+            out.extend_from_slice(b"{}");
+        }
+        out.extend_from_slice(b"\n\n");
     }
 }
 

@@ -290,15 +290,19 @@ async fn produce(
             event = generation.next() => event,
             () = tx.closed() => break None,
         };
-        let ended = machine.on(&tracker, event, &mut out);
-        let mut gone = false;
-        for event in out.drain(..) {
-            if tx.send(Bytes::from(event.to_sse())).await.is_err() {
-                gone = true;
+        let mut ended = machine.on(&tracker, event, &mut out);
+        // What the server sent together goes to the client together: one frame, one write.
+        while ended.is_none() {
+            let Some(event) = generation.try_next() else {
                 break;
-            }
+            };
+            ended = machine.on(&tracker, Some(event), &mut out);
         }
-        if gone {
+        let mut frame = Vec::with_capacity(256 * out.len());
+        for event in out.drain(..) {
+            event.write_sse(&mut frame);
+        }
+        if tx.send(Bytes::from(frame)).await.is_err() {
             break None;
         }
         if ended.is_some() {

@@ -245,6 +245,9 @@ impl Health {
 #[derive(Debug)]
 pub struct RemoteWorker {
     url: String,
+    /// The two endpoints, parsed once.
+    chat_url: reqwest::Url,
+    completions_url: reqwest::Url,
     client: reqwest::Client,
     settings: UpstreamSettings,
     load: Mutex<LoadReport>,
@@ -284,8 +287,17 @@ impl RemoteWorker {
             builder = builder.http2_prior_knowledge();
         }
         let client = builder.build().unwrap_or_default();
+        let url = url.trim_end_matches('/').to_owned();
+        // The config checked the address (http://HOST:PORT); a URL that still fails to parse
+        // gets the placeholder, and every request to it fails as unreachable.
+        let endpoint = |path: &str| {
+            reqwest::Url::parse(&format!("{url}{path}"))
+                .unwrap_or_else(|_| reqwest::Url::parse("http://invalid.invalid/").expect("a URL"))
+        };
         let worker = Arc::new(Self {
-            url: url.trim_end_matches('/').to_owned(),
+            chat_url: endpoint("/v1/chat/completions"),
+            completions_url: endpoint("/v1/completions"),
+            url,
             client,
             settings,
             load: Mutex::new(LoadReport::default()),
@@ -387,9 +399,13 @@ impl RemoteWorker {
             timeout: e.is_timeout(),
             why: error_chain(&e),
         };
+        let endpoint = match path {
+            Endpoint::Chat => self.chat_url.clone(),
+            Endpoint::Completions => self.completions_url.clone(),
+        };
         let send = self
             .client
-            .post(format!("{}{path}", self.url))
+            .post(endpoint)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send();
@@ -634,8 +650,17 @@ struct OpenAiMessage<'a> {
     content: &'a str,
 }
 
+/// Which OpenAI endpoint a request goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions` (a raw prompt).
+    Completions,
+}
+
 /// The server endpoint and OpenAI body for `request`.
-fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (&'static str, OpenAiBody<'a>) {
+fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, OpenAiBody<'a>) {
     let sampling = &request.sampling;
     let mut body = OpenAiBody {
         model,
@@ -656,7 +681,7 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (&'static st
     };
     if let Some(prompt) = &request.prompt {
         body.prompt = Some(prompt);
-        return ("/v1/completions", body);
+        return (Endpoint::Completions, body);
     }
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
@@ -675,7 +700,7 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (&'static st
         });
     }
     body.messages = Some(messages);
-    ("/v1/chat/completions", body)
+    (Endpoint::Chat, body)
 }
 
 #[cfg(test)]
@@ -862,7 +887,7 @@ mod tests {
         };
         let (path, body) = openai_body(&request, "served-name");
         let body = serde_json::to_value(body).unwrap();
-        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(path, Endpoint::Chat);
         assert_eq!(body["model"], "served-name");
         assert_eq!(body["messages"][0]["role"], "system");
         assert_eq!(body["messages"][1]["content"], "Hi");
@@ -873,7 +898,7 @@ mod tests {
         request.prompt = Some("Once".into());
         let (path, body) = openai_body(&request, "m");
         let body = serde_json::to_value(body).unwrap();
-        assert_eq!(path, "/v1/completions");
+        assert_eq!(path, Endpoint::Completions);
         assert_eq!(body["prompt"], "Once");
         assert!(body.get("messages").is_none());
     }

@@ -28,9 +28,14 @@ pub struct SseDecoder {
     buffer: Vec<u8>,
     /// Bytes of `buffer` already consumed.
     consumed: usize,
-    /// The data lines of the event being read.
+    /// The data of the event being read, once it has more than one `data` line (or its one
+    /// line is about to leave the buffer); until then it is `line` inside `buffer`.
     data: Vec<u8>,
-    /// Whether `data` holds an event already handed out (cleared on the next call).
+    /// Where the event's only `data` line lies in `buffer`, while it is the only one.
+    line: Option<(usize, usize)>,
+    /// Whether the current event's data is in `data` rather than at `line`.
+    copied: bool,
+    /// Whether the current event has been handed out (cleared on the next call).
     handed_out: bool,
     /// Whether the current event has a `data` field at all (an empty one still counts).
     has_data: bool,
@@ -44,6 +49,8 @@ impl SseDecoder {
             buffer: Vec::new(),
             consumed: 0,
             data: Vec::new(),
+            line: None,
+            copied: false,
             handed_out: false,
             has_data: false,
             limit,
@@ -52,7 +59,14 @@ impl SseDecoder {
 
     /// Appends bytes read from the stream.
     pub fn push(&mut self, bytes: &[u8]) {
+        self.reset_if_handed_out();
         if self.consumed > 0 {
+            // A pending event's only line is about to move: keep a copy of it.
+            if let Some((start, end)) = self.line.take() {
+                self.data.clear();
+                self.data.extend_from_slice(&self.buffer[start..end]);
+                self.copied = true;
+            }
             // Only the unread tail moves; in the common case (whole events per read) it is empty.
             self.buffer.drain(..self.consumed);
             self.consumed = 0;
@@ -71,20 +85,20 @@ impl SseDecoder {
                 }
                 return None;
             };
-            let line_end = self.consumed + newline;
-            self.consumed = line_end + 1;
-            let mut line = &self.buffer[line_end - newline..line_end];
-            if let [head @ .., b'\r'] = line {
-                line = head;
+            let start = self.consumed;
+            let mut end = start + newline;
+            self.consumed = end + 1;
+            if end > start && self.buffer[end - 1] == b'\r' {
+                end -= 1;
             }
-            if line.is_empty() {
+            if end == start {
                 if self.has_data {
                     self.handed_out = true;
-                    return Some(Ok(&self.data));
+                    return Some(Ok(self.event_data()));
                 }
                 continue;
             }
-            if let Err(e) = Self::field(line, &mut self.data, &mut self.has_data, self.limit) {
+            if let Err(e) = self.field(start, end) {
                 return Some(Err(e));
             }
         }
@@ -93,58 +107,81 @@ impl SseDecoder {
     /// At the end of the stream: the last event, when it was not closed by a blank line.
     pub fn finish(&mut self) -> Option<Result<&[u8], SseError>> {
         self.reset_if_handed_out();
-        let rest = &self.buffer[self.consumed..];
-        self.consumed = self.buffer.len();
-        let mut line = rest;
-        if let [head @ .., b'\r'] = line {
-            line = head;
+        let start = self.consumed;
+        let mut end = self.buffer.len();
+        self.consumed = end;
+        if end > start && self.buffer[end - 1] == b'\r' {
+            end -= 1;
         }
-        if !line.is_empty()
-            && let Err(e) = Self::field(line, &mut self.data, &mut self.has_data, self.limit)
+        if end > start
+            && let Err(e) = self.field(start, end)
         {
             return Some(Err(e));
         }
         if self.has_data {
             self.handed_out = true;
-            return Some(Ok(&self.data));
+            return Some(Ok(self.event_data()));
         }
         None
+    }
+
+    fn event_data(&self) -> &[u8] {
+        match (self.copied, self.line) {
+            (false, Some((start, end))) => &self.buffer[start..end],
+            _ => &self.data,
+        }
     }
 
     fn reset_if_handed_out(&mut self) {
         if self.handed_out {
             self.data.clear();
+            self.line = None;
+            self.copied = false;
             self.has_data = false;
             self.handed_out = false;
         }
     }
 
-    /// One non-empty line of an event.
-    fn field(
-        line: &[u8],
-        data: &mut Vec<u8>,
-        has_data: &mut bool,
-        limit: usize,
-    ) -> Result<(), SseError> {
+    /// One non-empty line of an event, `buffer[start..end]`.
+    fn field(&mut self, start: usize, end: usize) -> Result<(), SseError> {
+        let line = &self.buffer[start..end];
         if line[0] == b':' {
             return Ok(());
         }
-        let (name, value) = match line.iter().position(|&b| b == b':') {
+        let (name, value_start) = match line.iter().position(|&b| b == b':') {
             Some(colon) => {
-                let value = &line[colon + 1..];
-                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+                let mut value = start + colon + 1;
+                if self.buffer.get(value) == Some(&b' ') && value < end {
+                    value += 1;
+                }
+                (&line[..colon], value)
             }
-            None => (line, &[][..]),
+            None => (line, end),
         };
-        if name == b"data" {
-            if *has_data {
-                data.push(b'\n');
+        if name != b"data" {
+            return Ok(());
+        }
+        if !self.has_data {
+            self.has_data = true;
+            self.line = Some((value_start, end));
+            self.copied = false;
+            if end - value_start > self.limit {
+                return Err(SseError::TooLarge { limit: self.limit });
             }
-            *has_data = true;
-            data.extend_from_slice(value);
-            if data.len() > limit {
-                return Err(SseError::TooLarge { limit });
+            return Ok(());
+        }
+        // A second data line: the event's data moves to its own buffer.
+        if !self.copied {
+            self.data.clear();
+            if let Some((s, e)) = self.line.take() {
+                self.data.extend_from_slice(&self.buffer[s..e]);
             }
+            self.copied = true;
+        }
+        self.data.push(b'\n');
+        self.data.extend_from_slice(&self.buffer[value_start..end]);
+        if self.data.len() > self.limit {
+            return Err(SseError::TooLarge { limit: self.limit });
         }
         Ok(())
     }
