@@ -231,6 +231,18 @@ async fn answer(
     let usage_chunk = format!(
         r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","choices":[],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens},"prompt_tokens_details":{{"cached_tokens":4}}}}}}"#
     );
+    // A request that does not ask for a stream gets one JSON answer, as real servers do.
+    if !streamed {
+        match behavior {
+            Behavior::Vllm | Behavior::UsageInFinish | Behavior::EofOnly | Behavior::Whole => {
+                return whole(completions, tokens, "stop", true);
+            }
+            Behavior::OpenAi => return whole(completions, tokens, "length", true),
+            Behavior::ToolCalls => return whole(completions, tokens, "tool_calls", true),
+            Behavior::NoUsage => return whole(completions, tokens, "stop", false),
+            _ => {}
+        }
+    }
     let mut frames = Vec::new();
     let body_tokens = |frames: &mut Vec<_>, usage: bool| {
         for i in 0..tokens {
@@ -272,23 +284,7 @@ async fn answer(
             frames.push(data(&chunk("", Some("tool_calls"), None)));
             frames.push(data(DONE));
         }
-        Behavior::Whole => {
-            let text = "tok ".repeat(tokens);
-            let content = if completions {
-                format!(r#"{{"index":0,"text":"{text}","finish_reason":"stop"}}"#)
-            } else {
-                format!(
-                    r#"{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"stop"}}"#
-                )
-            };
-            return full(
-                StatusCode::OK,
-                "application/json",
-                format!(
-                    r#"{{"id":"x","object":"chat.completion","choices":[{content}],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens}}}}}"#
-                ),
-            );
-        }
+        Behavior::Whole => return whole(completions, tokens, "stop", true),
         Behavior::Status500 => {
             return full(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -339,6 +335,30 @@ async fn answer(
         }
     }
     sse(frames)
+}
+
+/// A whole OpenAI answer with `tokens` text tokens.
+fn whole(completions: bool, tokens: usize, finish: &str, with_usage: bool) -> Response<Body> {
+    let text = "tok ".repeat(tokens);
+    let content = if completions {
+        format!(r#"{{"index":0,"text":"{text}","finish_reason":"{finish}"}}"#)
+    } else {
+        format!(
+            r#"{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"{finish}"}}"#
+        )
+    };
+    let usage = if with_usage {
+        format!(
+            r#","usage":{{"prompt_tokens":12,"completion_tokens":{tokens},"prompt_tokens_details":{{"cached_tokens":4}}}}"#
+        )
+    } else {
+        String::new()
+    };
+    full(
+        StatusCode::OK,
+        "application/json",
+        format!(r#"{{"id":"x","object":"chat.completion","choices":[{content}]{usage}}}"#),
+    )
 }
 
 /// An Anthropic Messages answer (for a pass-through proxy), plain or streamed.

@@ -61,6 +61,8 @@ fn events(text: &str) -> Vec<Value> {
 
 #[tokio::test]
 async fn every_stream_shape_finishes_with_the_servers_usage() {
+    // (shape, stop reason, input and cached tokens of the stream; a non-streamed request
+    // gets the server's whole answer, whose usage is 8 + 4 cached unless it reports none).
     let cases = [
         (Behavior::Vllm, "end_turn", 12 - 4, 4),
         (Behavior::OpenAi, "max_tokens", 12 - 4, 4),
@@ -68,10 +70,16 @@ async fn every_stream_shape_finishes_with_the_servers_usage() {
         // No usage at all: the output is counted, the prompt reads as 0.
         (Behavior::NoUsage, "end_turn", 0, 0),
         (Behavior::EofOnly, "end_turn", 0, 0),
-        (Behavior::Whole, "end_turn", 12, 0),
+        // A whole answer where a stream was asked.
+        (Behavior::Whole, "end_turn", 12 - 4, 4),
         (Behavior::ToolCalls, "tool_use", 0, 0),
     ];
-    for (behavior, stop_reason, input_tokens, cached) in cases {
+    for (behavior, stop_reason, stream_input, stream_cached) in cases {
+        let (input_tokens, cached) = if behavior == Behavior::NoUsage {
+            (0, 0)
+        } else {
+            (12 - 4, 4)
+        };
         let server = FakeUpstream::start(behavior, 3).await;
         let gw = gateway(&[server.url()], "").await;
         let (status, _, text) = send(&gw, false, "s").await;
@@ -112,6 +120,11 @@ async fn every_stream_shape_finishes_with_the_servers_usage() {
             .unwrap();
         assert_eq!(delta["delta"]["stop_reason"], stop_reason, "{behavior:?}");
         assert_eq!(delta["usage"]["output_tokens"], 3, "{behavior:?}");
+        assert_eq!(delta["usage"]["input_tokens"], stream_input, "{behavior:?}");
+        assert_eq!(
+            delta["usage"]["cache_read_input_tokens"], stream_cached,
+            "{behavior:?}"
+        );
     }
 }
 
@@ -182,7 +195,7 @@ async fn a_server_answering_500_or_429_is_retried_on_the_next() {
 async fn a_hung_server_times_out_and_is_retried() {
     retried_past(
         Behavior::Hang,
-        "[upstream]\nfirst_byte_timeout_ms = 300\neject_after_failures = 0",
+        "[upstream]\nfirst_byte_timeout_ms = 300\nwhole_answer_timeout_ms = 300\neject_after_failures = 0",
     )
     .await;
 }

@@ -22,6 +22,8 @@ pub struct RawUpstream {
     pub first_byte_timeout_ms: Option<f64>,
     /// `first_token_timeout_ms`: to the reply's first event.
     pub first_token_timeout_ms: Option<f64>,
+    /// `whole_answer_timeout_ms`: to a non-streamed answer's headers.
+    pub whole_answer_timeout_ms: Option<f64>,
     /// `chunk_gap_timeout_ms`: between two reads of a reply.
     pub chunk_gap_timeout_ms: Option<f64>,
     /// `max_event_bytes`: largest SSE event or whole answer.
@@ -96,6 +98,11 @@ pub fn upstream_settings(raw: RawUpstream) -> Result<UpstreamSettings, ConfigErr
             "upstream.first_token_timeout_ms",
             raw.first_token_timeout_ms,
             d.first_token_timeout,
+        )?,
+        whole_answer_timeout: positive_ms(
+            "upstream.whole_answer_timeout_ms",
+            raw.whole_answer_timeout_ms,
+            d.whole_answer_timeout,
         )?,
         chunk_gap_timeout: positive_ms(
             "upstream.chunk_gap_timeout_ms",

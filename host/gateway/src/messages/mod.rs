@@ -163,6 +163,7 @@ pub(crate) async fn messages(
         Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
     let generate = generate_request(chat, &request, request_id, policy_request.priority);
     let target = Target {
+        stream: request.stream,
         pool: &snapshot,
         model: &served_model,
         input: &input,
@@ -214,6 +215,8 @@ pub(crate) async fn messages(
 /// the request's routing values.
 #[derive(Clone, Copy)]
 struct Target<'a> {
+    /// Whether the client streams (else the server is asked for one whole answer).
+    stream: bool,
     pool: &'a PoolSnapshot,
     model: &'a str,
     input: &'a RoutingInput,
@@ -263,7 +266,7 @@ async fn start_generation(
             },
             Backend::Remote(worker) => match generate.as_ref() {
                 Some(request) => worker
-                    .submit(request, target.model)
+                    .submit(request, target.model, !target.stream)
                     .await
                     .map_err(BackendError::Remote),
                 None => Err(BackendError::Engine(EngineError::Stopped)),

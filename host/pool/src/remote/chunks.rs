@@ -50,6 +50,9 @@ impl std::ops::Deref for Str<'_> {
     }
 }
 
+/// Bytes of text per token, to estimate a whole answer's output when the server reports none.
+const BYTES_PER_TOKEN_ESTIMATE: usize = 4;
+
 /// One chunk of a stream, or a whole answer (`message` instead of `delta`).
 #[derive(Debug, Deserialize)]
 struct Chunk<'a> {
@@ -191,8 +194,10 @@ pub struct ReplyDecoder {
     started: bool,
     finish: Option<FinishReason>,
     usage: Usage,
-    /// Text chunks seen: the output count when the server reports none.
+    /// Text chunks seen: the output count of a stream when the server reports none.
     text_chunks: u32,
+    /// Text bytes seen: a whole answer's output estimate when the server reports none.
+    text_bytes: usize,
     done: bool,
 }
 
@@ -227,8 +232,15 @@ impl ReplyDecoder {
     }
 
     /// A whole (non-streamed) answer: the server ignored `stream: true`.
+    ///
+    /// Without usage in it, the output is estimated at four bytes of text per token (the
+    /// stream's one-token-per-chunk count does not apply to one chunk).
     pub fn whole(&mut self, body: &[u8], out: &mut Vec<GenerateEvent>) {
         self.data(body, out);
+        if self.usage.completion.is_none() {
+            self.text_chunks = u32::try_from(self.text_bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE))
+                .unwrap_or(u32::MAX);
+        }
         self.end(out, true);
     }
 
@@ -278,6 +290,7 @@ impl ReplyDecoder {
         }
         if !text.is_empty() {
             self.text_chunks += 1;
+            self.text_bytes += text.len();
             out.push(GenerateEvent::Token {
                 text: text.into_owned(),
             });
@@ -517,6 +530,21 @@ mod tests {
                 token("Paris."),
                 finished(FinishReason::EndOfTurn, 20, 16, 3)
             ]
+        );
+    }
+
+    #[test]
+    fn a_whole_answer_without_usage_estimates_its_output_from_its_text() {
+        let mut decoder = ReplyDecoder::default();
+        let mut out = Vec::new();
+        decoder.whole(
+            br#"{"choices":[{"message":{"content":"twelve bytes"},"finish_reason":"stop"}]}"#,
+            &mut out,
+        );
+        assert!(decoder.counted_output());
+        assert_eq!(
+            out.last(),
+            Some(&finished(FinishReason::EndOfTurn, 0, 0, 3))
         );
     }
 

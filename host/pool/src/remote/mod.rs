@@ -76,6 +76,9 @@ pub struct UpstreamSettings {
     /// From the headers to the reply's first event (`first_token_timeout_ms`, default 60 s):
     /// the prefill of a long prompt, behind the server's queue.
     pub first_token_timeout: Duration,
+    /// A whole (non-streamed) answer's longest wait for its headers, which come only once the
+    /// whole reply is generated (`whole_answer_timeout_ms`, 10 min).
+    pub whole_answer_timeout: Duration,
     /// Longest silence between two reads of a reply's body (`chunk_gap_timeout_ms`, 60 s).
     pub chunk_gap_timeout: Duration,
     /// Largest SSE line or event, and largest whole JSON answer (`max_event_bytes`, 4 MiB).
@@ -103,6 +106,7 @@ impl Default for UpstreamSettings {
             connect_timeout: Duration::from_secs(2),
             first_byte_timeout: Duration::from_secs(10),
             first_token_timeout: Duration::from_secs(60),
+            whole_answer_timeout: Duration::from_secs(600),
             chunk_gap_timeout: Duration::from_secs(60),
             max_event_bytes: 4 * 1024 * 1024,
             relay_events: 64,
@@ -365,13 +369,17 @@ impl RemoteWorker {
     /// yields its events as a local engine would.
     ///
     /// Cancel safety: dropping the future drops the request, which closes its connection.
-    /// `model` is the name the server serves it under (its `model` field).
+    /// `model` is the name the server serves it under (its `model` field). With `whole`, the
+    /// server is asked for one JSON answer instead of a stream (for a client that wants one
+    /// message: one read and one parse instead of one per token); the events then come
+    /// together when it is done.
     pub async fn submit(
         &self,
         request: &GenerateRequest,
         model: &str,
+        whole: bool,
     ) -> Result<GenerationStream, RemoteError> {
-        let result = self.start_reply(request, model).await;
+        let result = self.start_reply(request, model, whole).await;
         match &result {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
@@ -388,8 +396,18 @@ impl RemoteWorker {
         &self,
         request: &GenerateRequest,
         model: &str,
+        whole: bool,
     ) -> Result<GenerationStream, RemoteError> {
-        let (path, body) = openai_body(request, model);
+        let (path, mut body) = openai_body(request, model);
+        if whole {
+            body.stream = false;
+            body.stream_options = None;
+        }
+        let headers_timeout = if whole {
+            self.settings.whole_answer_timeout
+        } else {
+            self.settings.first_byte_timeout
+        };
         let body = serde_json::to_vec(&body).map_err(|e| RemoteError::Broken {
             url: self.url.clone(),
             why: format!("could not encode the request: {e}"),
@@ -409,11 +427,11 @@ impl RemoteWorker {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send();
-        let response = tokio::time::timeout(self.settings.first_byte_timeout, send)
+        let response = tokio::time::timeout(headers_timeout, send)
             .await
             .map_err(|_| RemoteError::Unreachable {
                 url: self.url.clone(),
-                why: format!("no answer within {:?}", self.settings.first_byte_timeout),
+                why: format!("no answer within {headers_timeout:?}"),
                 timeout: true,
             })?
             .map_err(unreachable)?;
@@ -623,7 +641,8 @@ struct OpenAiBody<'a> {
     prompt: Option<&'a str>,
     max_tokens: u32,
     stream: bool,
-    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -668,10 +687,10 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
         prompt: None,
         max_tokens: request.max_tokens,
         stream: true,
-        stream_options: StreamOptions {
+        stream_options: Some(StreamOptions {
             include_usage: true,
             continuous_usage_stats: true,
-        },
+        }),
         temperature: sampling.temperature,
         top_p: sampling.top_p,
         top_k: sampling.top_k,
@@ -818,7 +837,10 @@ mod tests {
             ..UpstreamSettings::default()
         };
         let worker = RemoteWorker::start_with(&url, settings);
-        let err = worker.submit(&raw_prompt_request(), "m").await.unwrap_err();
+        let err = worker
+            .submit(&raw_prompt_request(), "m", false)
+            .await
+            .unwrap_err();
         assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
         assert!(err.to_string().contains("no answer within"), "{err}");
         assert!(err.is_retryable());
