@@ -265,8 +265,28 @@ pub(super) fn stream(
     message_id: String,
 ) -> Response<ResponseBody> {
     let (tx, body) = ChannelBody::channel(SSE_CHANNEL_FRAMES);
-    let machine = ReplyMachine::new(&tracker, request, message_id);
-    let task = produce(tracker, machine, generation, in_flight, tx);
+    let mut machine = ReplyMachine::new(&tracker, request, message_id);
+    // What is already here (the event the server's client looked at first, and any that came
+    // with it) is the body's first frame before the response leaves, so that the headers and
+    // the first frame go out in one write.
+    let mut generation = generation;
+    let mut out = Vec::new();
+    let mut ended = None;
+    while ended.is_none() {
+        let Some(event) = generation.try_next() else {
+            break;
+        };
+        ended = machine.on(&tracker, Some(event), &mut out);
+    }
+    if !out.is_empty() {
+        let mut frame = Vec::with_capacity(256 * out.len());
+        for event in out.drain(..) {
+            event.write_sse(&mut frame);
+        }
+        // A new channel has room: this cannot fail for want of space.
+        let _ = tx.try_send(Bytes::from(frame));
+    }
+    let task = produce(tracker, machine, generation, in_flight, tx, ended);
     tokio::spawn(task.in_current_span());
     let mut response = Response::new(body);
     let headers = response.headers_mut();
@@ -281,32 +301,27 @@ async fn produce(
     mut generation: GenerationStream,
     in_flight: InFlight,
     tx: tokio::sync::mpsc::Sender<Bytes>,
+    ended: Option<Ended>,
 ) {
     let started = tracker.started;
     let server = in_flight.server().id().to_owned();
     let mut out = Vec::new();
-    let ended = loop {
-        let event = tokio::select! {
-            event = generation.next() => event,
-            () = tx.closed() => break None,
-        };
-        let mut ended = machine.on(&tracker, event, &mut out);
-        // What the server sent together goes to the client together: one frame, one write.
-        while ended.is_none() {
-            let Some(event) = generation.try_next() else {
-                break;
+    let ended = if ended.is_some() {
+        ended
+    } else {
+        loop {
+            let event = tokio::select! {
+                event = generation.next() => event,
+                () = tx.closed() => break None,
             };
-            ended = machine.on(&tracker, Some(event), &mut out);
-        }
-        let mut frame = Vec::with_capacity(256 * out.len());
-        for event in out.drain(..) {
-            event.write_sse(&mut frame);
-        }
-        if tx.send(Bytes::from(frame)).await.is_err() {
-            break None;
-        }
-        if ended.is_some() {
-            break ended;
+            let mut ended = machine.on(&tracker, event, &mut out);
+            ended = gather(&tracker, &mut machine, &mut generation, ended, &mut out).await;
+            if !send_frame(&tx, &mut out).await {
+                break None;
+            }
+            if ended.is_some() {
+                break ended;
+            }
         }
     };
     match ended {
@@ -324,6 +339,49 @@ async fn produce(
         }
     }
     drop(in_flight);
+}
+
+/// Most times a batch waits for the server's reader to hand over more of what it has read.
+const GATHER_ROUNDS: usize = 16;
+
+/// Adds to `out` what else the server sent together with the last event: what the stream
+/// has ready now, and what its reader hands over after a yield (a server's burst comes as
+/// several reads of one buffer). What the server sent together then goes to the client
+/// together: one frame, one write.
+async fn gather(
+    tracker: &Tracker,
+    machine: &mut ReplyMachine,
+    generation: &mut GenerationStream,
+    mut ended: Option<Ended>,
+    out: &mut Vec<StreamEvent>,
+) -> Option<Ended> {
+    for round in 0..GATHER_ROUNDS {
+        let mut took = false;
+        while ended.is_none() {
+            let Some(event) = generation.try_next() else {
+                break;
+            };
+            took = true;
+            ended = machine.on(tracker, Some(event), out);
+        }
+        if ended.is_some() || (round > 0 && !took) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    ended
+}
+
+/// Sends `out` as one frame; `false` when the client is gone.
+async fn send_frame(tx: &tokio::sync::mpsc::Sender<Bytes>, out: &mut Vec<StreamEvent>) -> bool {
+    if out.is_empty() {
+        return true;
+    }
+    let mut frame = Vec::with_capacity(256 * out.len());
+    for event in out.drain(..) {
+        event.write_sse(&mut frame);
+    }
+    tx.send(Bytes::from(frame)).await.is_ok()
 }
 
 fn stop_of(reason: &FinishReason) -> (StopReason, Option<String>) {
