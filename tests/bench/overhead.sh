@@ -63,8 +63,10 @@ pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  # The routers' logs stay beside the results.
-  cp "$work"/*.log "$out/" 2>/dev/null || true
+  # The routers' last log lines stay beside the results (the peers log every request).
+  for log in "$work"/*.log; do
+    [ -f "$log" ] && tail -n 200 "$log" > "$out/$(basename "$log")"
+  done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -191,7 +193,6 @@ phase() {
     args+=(-c 64)
   fi
   taskset -c 0 "$oha" "${args[@]}" "$url" >"$json" 2>"$work/oha.err" || { cat "$work/oha.err" >&2; return 1; }
-  cp "$json" "$out/oha-last.json"
   python3 - "$json" "$name" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
