@@ -1,41 +1,19 @@
 //! Fuzzes the reading of a server's reply: any bytes, split anywhere, give engine events that
-//! end exactly once (a finish or a failure), and the buffers stay within the event limit.
+//! end exactly once (a finish or a failure), last.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringmaster_gateway::remote::{ReplyDecoder, SseDecoder};
+use ringmaster_gateway::remote::ReplyReader;
 use ringmaster_gpu_runtime::GenerateEvent;
-
-const LIMIT: usize = 4096;
 
 fuzz_target!(|input: (u8, &[u8])| {
     let (split, bytes) = input;
-    let split = usize::from(split).max(1);
-    let mut sse = SseDecoder::new(LIMIT);
-    let mut reply = ReplyDecoder::default();
+    let mut reader = ReplyReader::new(4096);
     let mut events = Vec::new();
-    for piece in bytes.chunks(split) {
-        sse.push(piece);
-        while let Some(event) = sse.next_event() {
-            match event {
-                Ok(data) => {
-                    assert!(data.len() <= LIMIT);
-                    reply.data(data, &mut events);
-                }
-                Err(e) => reply.fail(e.to_string(), &mut events),
-            }
-            if reply.is_done() {
-                break;
-            }
-        }
-        if reply.is_done() {
-            break;
-        }
+    for piece in bytes.chunks(usize::from(split).max(1)) {
+        reader.feed(piece, &mut events);
     }
-    if let Some(Ok(data)) = sse.finish() {
-        reply.data(data, &mut events);
-    }
-    reply.end_of_body(&mut events);
+    reader.end(&mut events);
     let ends = events
         .iter()
         .filter(|e| matches!(e, GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. }))

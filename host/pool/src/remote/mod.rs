@@ -498,6 +498,70 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
+/// A server's streamed reply, bytes in, engine events out: the SSE split ([`SseDecoder`]) and
+/// the chunk decoding ([`ReplyDecoder`]) as one step, with no I/O (the relay, the proptests and
+/// the fuzz target all read replies through it).
+#[derive(Debug)]
+pub struct ReplyReader {
+    sse: SseDecoder,
+    decoder: ReplyDecoder,
+}
+
+impl ReplyReader {
+    /// A reader that cuts off any line or event longer than `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            sse: SseDecoder::new(limit),
+            decoder: ReplyDecoder::default(),
+        }
+    }
+
+    /// Bytes read from the body; the events they complete go to `out`.
+    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<GenerateEvent>) {
+        if self.decoder.is_done() {
+            return;
+        }
+        self.sse.push(bytes);
+        while let Some(event) = self.sse.next_event() {
+            match event {
+                Ok(data) => self.decoder.data(data, out),
+                Err(e) => self.decoder.fail(e.to_string(), out),
+            }
+            if self.decoder.is_done() {
+                break;
+            }
+        }
+    }
+
+    /// The body ended: the last event, then the finish (or the failure) if none came.
+    pub fn end(&mut self, out: &mut Vec<GenerateEvent>) {
+        if !self.decoder.is_done()
+            && let Some(event) = self.sse.finish()
+        {
+            match event {
+                Ok(data) => self.decoder.data(data, out),
+                Err(e) => self.decoder.fail(e.to_string(), out),
+            }
+        }
+        self.decoder.end_of_body(out);
+    }
+
+    /// The reply broke off.
+    pub fn fail(&mut self, message: String, out: &mut Vec<GenerateEvent>) {
+        self.decoder.fail(message, out);
+    }
+
+    /// Whether the last event was produced.
+    pub fn is_done(&self) -> bool {
+        self.decoder.is_done()
+    }
+
+    /// Whether the output count is this reader's own (the server reported none).
+    pub fn counted_output(&self) -> bool {
+        self.decoder.counted_output()
+    }
+}
+
 /// Reads one reply from a server and relays its events.
 struct Relay {
     url: String,
@@ -508,11 +572,11 @@ struct Relay {
 
 impl Relay {
     async fn run(self, response: reqwest::Response, whole: bool) {
-        let mut decoder = ReplyDecoder::default();
         let mut events = Vec::new();
         let mut body = response.bytes_stream();
         let gap = self.settings.chunk_gap_timeout;
         if whole {
+            let mut decoder = ReplyDecoder::default();
             let mut bytes = Vec::new();
             loop {
                 match tokio::time::timeout(gap, body.next()).await {
@@ -549,46 +613,27 @@ impl Relay {
             self.send_all(&mut events).await;
             return;
         }
-        let mut sse = SseDecoder::new(self.settings.max_event_bytes);
+        let mut reader = ReplyReader::new(self.settings.max_event_bytes);
         loop {
             let next = match tokio::time::timeout(gap, body.next()).await {
                 Ok(next) => next,
                 Err(_) => {
-                    decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
+                    reader.fail(format!("the server sent nothing for {gap:?}"), &mut events);
                     self.send_all(&mut events).await;
                     return;
                 }
             };
             match next {
-                Some(Ok(bytes)) => {
-                    sse.push(&bytes);
-                    while let Some(event) = sse.next_event() {
-                        match event {
-                            Ok(data) => decoder.data(data, &mut events),
-                            Err(e) => decoder.fail(e.to_string(), &mut events),
-                        }
-                        if decoder.is_done() {
-                            break;
-                        }
-                    }
-                }
+                Some(Ok(bytes)) => reader.feed(&bytes, &mut events),
                 Some(Err(e)) => {
-                    decoder.fail(
+                    reader.fail(
                         format!("the reply broke off: {}", error_chain(&e)),
                         &mut events,
                     );
                 }
-                None => {
-                    if let Some(event) = sse.finish() {
-                        match event {
-                            Ok(data) => decoder.data(data, &mut events),
-                            Err(e) => decoder.fail(e.to_string(), &mut events),
-                        }
-                    }
-                    decoder.end_of_body(&mut events);
-                }
+                None => reader.end(&mut events),
             }
-            let done = decoder.is_done();
+            let done = reader.is_done();
             if !self.send_all(&mut events).await {
                 // The client went away: dropping the body closes the connection, which
                 // cancels the generation on the server.
@@ -596,7 +641,7 @@ impl Relay {
                 return;
             }
             if done {
-                if decoder.counted_output() {
+                if reader.counted_output() {
                     debug!(request_id = %self.request_id, server = %self.url, "remote.usage_counted");
                 }
                 drain(body, gap).await;
@@ -729,31 +774,12 @@ mod tests {
 
     /// What the relay does with a reply's bytes, read `split` bytes at a time.
     fn read_reply(bytes: &[u8], split: usize, limit: usize) -> Vec<GenerateEvent> {
-        let mut sse = SseDecoder::new(limit);
-        let mut reply = ReplyDecoder::default();
+        let mut reader = ReplyReader::new(limit);
         let mut events = Vec::new();
         for piece in bytes.chunks(split.max(1)) {
-            sse.push(piece);
-            while let Some(event) = sse.next_event() {
-                match event {
-                    Ok(data) => {
-                        assert!(data.len() <= limit);
-                        reply.data(data, &mut events);
-                    }
-                    Err(e) => reply.fail(e.to_string(), &mut events),
-                }
-                if reply.is_done() {
-                    break;
-                }
-            }
-            if reply.is_done() {
-                break;
-            }
+            reader.feed(piece, &mut events);
         }
-        if let Some(Ok(data)) = sse.finish() {
-            reply.data(data, &mut events);
-        }
-        reply.end_of_body(&mut events);
+        reader.end(&mut events);
         events
     }
 
