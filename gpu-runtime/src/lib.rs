@@ -57,6 +57,7 @@ mod output;
 mod request;
 pub mod scheduler;
 pub mod tokenizer;
+pub mod wire;
 
 pub use block::BLOCK_SIZE;
 pub use block::KvEvent;

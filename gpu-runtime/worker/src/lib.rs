@@ -46,6 +46,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use ringmaster_gpu_runtime::{
     EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent, LoadReport,
+    wire::{KvWireEvent, TokenizerDescription},
 };
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -198,51 +199,25 @@ fn models(worker: &Worker) -> Response<ResponseBody> {
     )
 }
 
-/// The load report as JSON (the field names of [`LoadReport`]).
+/// The load report as JSON (the wire form of [`LoadReport`]).
 pub fn load_json(l: &LoadReport) -> Value {
-    json!({
-        "running": l.running,
-        "waiting": l.waiting,
-        "kv_blocks_total": l.kv_blocks_total,
-        "kv_blocks_used": l.kv_blocks_used,
-        "kv_blocks_cached": l.kv_blocks_cached,
-        "prompt_tokens_total": l.prompt_tokens_total,
-        "cached_prompt_tokens_total": l.cached_prompt_tokens_total,
-        "generated_tokens_total": l.generated_tokens_total,
-        "requests_finished": l.requests_finished,
-        "requests_cancelled": l.requests_cancelled,
-        "preemptions": l.preemptions,
-        "steps": l.steps,
-        "last_batch_size": l.last_batch_size,
-        "step_sequences_total": l.step_sequences_total,
-        "step_tokens_total": l.step_tokens_total,
-        "step_budget_tokens_total": l.step_budget_tokens_total,
-        "prefill_tokens_total": l.prefill_tokens_total,
-        "decode_tokens_total": l.decode_tokens_total,
-        "busy_seconds_total": l.busy_seconds_total,
-    })
+    serde_json::to_value(l).unwrap_or_default()
 }
 
 /// One KV event as its SSE frame.
 pub fn kv_event_frame(event: &KvEvent) -> Bytes {
-    let (kind, hash) = match event {
-        KvEvent::Stored(h) => ("stored", h.0),
-        KvEvent::Evicted(h) => ("evicted", h.0),
-    };
-    sse_data(&json!({ "type": kind, "hash": format!("{hash:016x}") }))
+    sse_data(&KvWireEvent::from(event))
 }
 
 fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
     let body = worker.tokenizer_body.get_or_init(|| {
         let spec = worker.engine.tokenizer().spec();
-        Bytes::from(
-            json!({
-                "block_size": ringmaster_gpu_runtime::BLOCK_SIZE,
-                "fingerprint": format!("{:016x}", spec.fingerprint()),
-                "tokenizer": spec,
-            })
-            .to_string(),
-        )
+        let description = TokenizerDescription {
+            block_size: ringmaster_gpu_runtime::BLOCK_SIZE,
+            fingerprint: format!("{:016x}", spec.fingerprint()),
+            tokenizer: spec,
+        };
+        Bytes::from(serde_json::to_vec(&description).unwrap_or_default())
     });
     Response::builder()
         .status(StatusCode::OK)
@@ -253,8 +228,7 @@ fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
 
 /// The `snapshot` frame that opens `/kv/events`: every block hash the prefix cache holds.
 pub fn kv_snapshot_frame(hashes: &[ringmaster_gpu_runtime::block::BlockHash]) -> Bytes {
-    let hashes: Vec<String> = hashes.iter().map(|h| format!("{:016x}", h.0)).collect();
-    sse_data(&json!({ "type": "snapshot", "hashes": hashes }))
+    sse_data(&KvWireEvent::snapshot(hashes))
 }
 
 fn kv_events(worker: &Worker) -> Response<ResponseBody> {
@@ -268,7 +242,7 @@ fn kv_events(worker: &Worker) -> Response<ResponseBody> {
             let frame = match events.recv().await {
                 Ok(event) => kv_event_frame(&event),
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    sse_data(&json!({ "type": "lagged", "missed": missed }))
+                    sse_data(&KvWireEvent::Lagged { missed })
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
             };
@@ -525,8 +499,13 @@ impl Reply {
     }
 }
 
-fn sse_data(value: &Value) -> Bytes {
-    Bytes::from(format!("data: {value}\n\n"))
+fn sse_data(value: &impl serde::Serialize) -> Bytes {
+    let mut frame = b"data: ".to_vec();
+    if serde_json::to_writer(&mut frame, value).is_err() {
+        frame.extend_from_slice(b"{}");
+    }
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
 }
 
 fn sse_response(body: ResponseBody) -> Response<ResponseBody> {

@@ -28,8 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use ringmaster_gpu_runtime::block::{BlockHash, block_hashes};
+use ringmaster_gpu_runtime::wire::KvWireEvent;
 use ringmaster_gpu_runtime::{BLOCK_SIZE, ChatMessage, Tokenizer, TokenizerSpec};
-use serde_json::Value;
 
 /// A request's chat as the engines render it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -212,41 +212,34 @@ impl ReportedCache {
 
     /// Applies one `/kv/events` message (the JSON of an SSE `data:` line).
     pub fn apply(&self, data: &str) -> Result<(), EventError> {
-        let event: Value =
+        let event: KvWireEvent =
             serde_json::from_str(data).map_err(|e| EventError::Malformed(e.to_string()))?;
-        let hash = |v: &Value| -> Result<u64, EventError> {
-            v.as_str()
-                .and_then(|s| u64::from_str_radix(s, 16).ok())
-                .ok_or_else(|| EventError::Malformed(format!("bad block hash {v}")))
-        };
-        match event["type"].as_str() {
-            Some("snapshot") => {
-                let list = event["hashes"]
-                    .as_array()
-                    .ok_or_else(|| EventError::Malformed("a snapshot without hashes".into()))?;
-                let fresh: HashSet<u64> = list.iter().map(hash).collect::<Result<_, _>>()?;
+        match event {
+            KvWireEvent::Snapshot { hashes } => {
+                let fresh: HashSet<u64> = hashes.into_iter().map(|h| h.0).collect();
                 self.events.fetch_add(fresh.len() as u64, Ordering::Relaxed);
                 *self.hashes.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
                 self.resyncs.fetch_add(1, Ordering::Relaxed);
                 self.synced.store(true, Ordering::Release);
             }
-            Some(kind @ ("stored" | "evicted")) => {
-                let h = hash(&event["hash"])?;
-                let mut held = self.hashes.lock().unwrap_or_else(PoisonError::into_inner);
-                if kind == "stored" {
-                    held.insert(h);
-                } else {
-                    held.remove(&h);
-                }
+            KvWireEvent::Stored { hash } => {
+                self.hashes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(hash.0);
                 self.events.fetch_add(1, Ordering::Relaxed);
             }
-            Some("lagged") => {
-                self.mark_stale();
-                return Err(EventError::Lagged {
-                    missed: event["missed"].as_u64().unwrap_or(0),
-                });
+            KvWireEvent::Evicted { hash } => {
+                self.hashes
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&hash.0);
+                self.events.fetch_add(1, Ordering::Relaxed);
             }
-            _ => return Err(EventError::Malformed(format!("unknown event {event}"))),
+            KvWireEvent::Lagged { missed } => {
+                self.mark_stale();
+                return Err(EventError::Lagged { missed });
+            }
         }
         Ok(())
     }

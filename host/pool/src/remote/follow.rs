@@ -6,8 +6,8 @@ use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ringmaster_gpu_runtime::{LoadReport, TokenizerSpec};
-use serde_json::Value;
+use ringmaster_gpu_runtime::LoadReport;
+use ringmaster_gpu_runtime::wire::TokenizerDescription;
 use tracing::{debug, info, warn};
 
 use super::sse::SseDecoder;
@@ -89,26 +89,27 @@ async fn follow_once(
             return FollowEnd::Unsupported("no /tokenizer".into());
         }
         Ok(r) => match r.error_for_status() {
-            Ok(r) => r.json::<Value>().await.map_err(lost),
+            Ok(r) => r.bytes().await.map_err(lost),
             Err(e) => Err(lost(e)),
         },
         Err(e) => Err(lost(e)),
     };
     let described = match described {
-        Ok(v) => v,
+        Ok(bytes) => bytes,
         Err(end) => return end,
     };
-    if described["block_size"].as_u64() != Some(ringmaster_gpu_runtime::BLOCK_SIZE as u64) {
+    let described: TokenizerDescription = match serde_json::from_slice(&described) {
+        Ok(described) => described,
+        Err(e) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
+    };
+    if described.block_size != ringmaster_gpu_runtime::BLOCK_SIZE {
         return FollowEnd::Unsupported(format!(
             "block size {} (this gateway hashes {}-token blocks)",
-            described["block_size"],
+            described.block_size,
             ringmaster_gpu_runtime::BLOCK_SIZE
         ));
     }
-    let spec: TokenizerSpec = match serde_json::from_value(described["tokenizer"].clone()) {
-        Ok(spec) => spec,
-        Err(e) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
-    };
+    let spec = described.tokenizer;
     let kv_for_build = kv.clone();
     // Building a BPE tokenizer takes a while: off the async threads.
     match tokio::task::spawn_blocking(move || kv_for_build.set_scheme(&spec)).await {
@@ -190,14 +191,17 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
                 // up; its load is what the gateway counts in flight there.
                 return Ok(None);
             }
-            response.error_for_status()?.json::<Value>().await.map(Some)
+            response
+                .error_for_status()?
+                .json::<LoadReport>()
+                .await
+                .map(Some)
         }
         .await;
         match fetched {
             Ok(load) => {
                 if let Some(load) = load {
-                    *worker.load.lock().unwrap_or_else(PoisonError::into_inner) =
-                        load_report(&load);
+                    *worker.load.lock().unwrap_or_else(PoisonError::into_inner) = load;
                 }
                 if !worker.reachable.swap(true, Ordering::Relaxed) {
                     info!(worker = %worker.url, "remote.reachable");
@@ -240,31 +244,4 @@ async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<Strin
         Err(_) => return Ok(None),
     };
     Ok(Some(listed.data.into_iter().map(|m| m.id).collect()))
-}
-
-/// A worker's `/load` JSON as a [`LoadReport`] (missing fields read as 0).
-fn load_report(v: &Value) -> LoadReport {
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    let n32 = |k: &str| u32::try_from(n(k)).unwrap_or(u32::MAX);
-    LoadReport {
-        running: n32("running"),
-        waiting: n32("waiting"),
-        kv_blocks_total: n32("kv_blocks_total"),
-        kv_blocks_used: n32("kv_blocks_used"),
-        kv_blocks_cached: n32("kv_blocks_cached"),
-        prompt_tokens_total: n("prompt_tokens_total"),
-        cached_prompt_tokens_total: n("cached_prompt_tokens_total"),
-        generated_tokens_total: n("generated_tokens_total"),
-        requests_finished: n("requests_finished"),
-        requests_cancelled: n("requests_cancelled"),
-        preemptions: n("preemptions"),
-        steps: n("steps"),
-        last_batch_size: n32("last_batch_size"),
-        step_sequences_total: n("step_sequences_total"),
-        step_tokens_total: n("step_tokens_total"),
-        step_budget_tokens_total: n("step_budget_tokens_total"),
-        prefill_tokens_total: n("prefill_tokens_total"),
-        decode_tokens_total: n("decode_tokens_total"),
-        busy_seconds_total: v["busy_seconds_total"].as_f64().unwrap_or(0.0),
-    }
 }
