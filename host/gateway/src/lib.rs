@@ -17,6 +17,7 @@ pub mod api;
 pub mod auth;
 mod body;
 pub mod builtin;
+mod collectors;
 pub mod config;
 pub mod error;
 mod messages;
@@ -145,7 +146,17 @@ impl Gateway {
         ));
         Ok(Arc::new(Self {
             auth: Authenticator::new(&config.api_keys),
-            metrics: Metrics::new(pool.clone(), router.clone(), admission.clone()),
+            metrics: {
+                let mut metrics = Metrics::new();
+                metrics.register_collector(Box::new(collectors::ServerCollector {
+                    pool: pool.clone(),
+                }));
+                metrics.register_collector(Box::new(collectors::PolicyCollector {
+                    router: router.clone(),
+                    admission: admission.clone(),
+                }));
+                metrics
+            },
             pool,
             router,
             admission,

@@ -183,41 +183,11 @@ impl OutputFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::AdmissionGate;
-    use crate::config::{ServerAddress, ServerSpec, Strategy};
-    use crate::policy::RouterSlot;
     use ringmaster_policy_engine::{EngineConfig, PolicyEngine};
-    use ringmaster_pool::Pool;
     use std::collections::BTreeMap;
 
-    fn metrics(engine: &PolicyEngine) -> Metrics {
-        let spec = ServerSpec {
-            id: "gpu-0".into(),
-            address: ServerAddress::Simulated {
-                name: "gpu-0".into(),
-            },
-            weight: 1,
-            models: None,
-        };
-        let mut sim = ringmaster_gpu_runtime::EngineConfig::simulated("t");
-        sim.time_scale = 0.0;
-        let pool = Pool::start(
-            &[spec],
-            Strategy::ConsistentHash,
-            ringmaster_ring::RingConfig::default(),
-            sim,
-        )
-        .unwrap();
-        let admission = AdmissionGate::new(
-            PolicySlot::new(engine.clone()),
-            1,
-            std::time::Duration::from_secs(1),
-        );
-        Metrics::new(
-            Arc::new(pool),
-            Arc::new(RouterSlot::new(engine.clone())),
-            Arc::new(admission),
-        )
+    fn metrics(_engine: &PolicyEngine) -> Metrics {
+        Metrics::new()
     }
 
     fn fixture(name: &str) -> Vec<u8> {

@@ -28,10 +28,11 @@ pub mod snapshot;
 pub mod spec;
 
 pub use input::{KeySource, RoutingInput};
-pub use pool::{ModelCatalogueSpec, Pool, PoolError, ServerTemplates};
+pub use pool::Pool;
 pub use selection::{Decision, DecisionReason};
 pub use server::{
-    Backend, BackendError, InFlight, MODEL_MAX_RUNNING, MODEL_STEP_TOKEN_BUDGET, Server,
+    Backend, BackendError, InFlight, MODEL_MAX_RUNNING, MODEL_STEP_TOKEN_BUDGET,
+    ModelCatalogueSpec, PoolError, Server, ServerTemplates,
 };
 pub use snapshot::{ModelCatalogue, PoolSnapshot};
 pub use spec::{GpuPlacement, ServerAddress, ServerSpec, Strategy};

@@ -13,48 +13,16 @@
 //!
 //! This module owns no HTTP and no policy logic: it routes on a precomputed [`RoutingInput`].
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use ringmaster_gpu_runtime::{EngineConfig, EngineError};
-use ringmaster_ring::{RingConfig, RingError};
+use ringmaster_ring::RingConfig;
 
 use crate::prefix_index::{DEFAULT_PREFIX_INDEX_CAPACITY, PrefixIndex};
-use crate::server::{Server, start_server};
+use crate::server::{PoolError, Server, ServerTemplates, start_server};
 use crate::snapshot::{ModelCatalogue, PoolSnapshot, build_snapshot};
 use crate::spec::{ServerSpec, Strategy};
-
-/// A pool change that could not be made.
-#[derive(Debug, thiserror::Error)]
-pub enum PoolError {
-    /// A server with this id is already in the pool (or still draining).
-    #[error("a server with id {0:?} already exists")]
-    Duplicate(String),
-    /// No active server has this id.
-    #[error("no server with id {0:?}")]
-    Unknown(String),
-    /// The ring rejected the member set.
-    #[error("ring: {0}")]
-    Ring(#[from] RingError),
-    /// The server's engine could not start.
-    #[error("cannot start server {id:?}: {source}")]
-    Engine {
-        /// The server.
-        id: String,
-        /// Why.
-        source: EngineError,
-    },
-    /// The server's model could not be loaded.
-    #[error("cannot start server {id:?}: {source}")]
-    Model {
-        /// The server.
-        id: String,
-        /// Why.
-        source: ringmaster_gpu_runtime::model::ModelError,
-    },
-}
 
 /// The live pool.
 #[derive(Debug)]
@@ -71,43 +39,6 @@ pub struct Pool {
     pub(crate) prefixes: PrefixIndex,
     pub(crate) released: Arc<tokio::sync::Notify>,
     pub(crate) catalogue: ModelCatalogue,
-}
-
-/// How new servers are made: the simulated servers' engine template, and how model servers
-/// run their model.
-#[derive(Clone, Debug)]
-pub struct ServerTemplates {
-    /// Simulated servers (and the engine settings model servers start from).
-    pub simulator: EngineConfig,
-    /// Model (`gguf:`) servers.
-    pub model: ringmaster_gpu_runtime::model::ModelOptions,
-    /// The GPU model servers run on; `None` for the CPU.
-    pub model_gpu: Option<crate::spec::GpuPlacement>,
-    /// How remote servers' clients behave.
-    pub upstream: crate::remote::UpstreamSettings,
-    /// The model names and aliases the pools per model are built from.
-    pub models: ModelCatalogueSpec,
-}
-
-/// The config's part of the [`ModelCatalogue`].
-#[derive(Clone, Debug, Default)]
-pub struct ModelCatalogueSpec {
-    /// The config's top-level `models`.
-    pub defaults: Vec<String>,
-    /// `[aliases]`.
-    pub aliases: BTreeMap<String, String>,
-}
-
-impl From<EngineConfig> for ServerTemplates {
-    fn from(simulator: EngineConfig) -> Self {
-        Self {
-            simulator,
-            model: Default::default(),
-            model_gpu: None,
-            upstream: Default::default(),
-            models: Default::default(),
-        }
-    }
 }
 
 impl Pool {
@@ -306,6 +237,7 @@ mod tests {
     use crate::input::{KeySource, RoutingInput};
     use crate::selection::DecisionReason;
     use crate::spec::ServerAddress;
+    use ringmaster_gpu_runtime::EngineConfig;
 
     fn specs(n: usize) -> Vec<ServerSpec> {
         (0..n)

@@ -2,14 +2,81 @@
 //! server), the requests in flight there and the prefixes they carry, and how it is started.
 //! It decides nothing about routing.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use ringmaster_gpu_runtime::{EngineConfig, EngineHandle};
+use ringmaster_gpu_runtime::{EngineConfig, EngineError, EngineHandle};
+use ringmaster_ring::RingError;
 
-use crate::pool::{PoolError, ServerTemplates};
 use crate::spec::{ServerAddress, ServerSpec};
+
+/// A pool change that could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PoolError {
+    /// A server with this id is already in the pool (or still draining).
+    #[error("a server with id {0:?} already exists")]
+    Duplicate(String),
+    /// No active server has this id.
+    #[error("no server with id {0:?}")]
+    Unknown(String),
+    /// The ring rejected the member set.
+    #[error("ring: {0}")]
+    Ring(#[from] RingError),
+    /// The server's engine could not start.
+    #[error("cannot start server {id:?}: {source}")]
+    Engine {
+        /// The server.
+        id: String,
+        /// Why.
+        source: EngineError,
+    },
+    /// The server's model could not be loaded.
+    #[error("cannot start server {id:?}: {source}")]
+    Model {
+        /// The server.
+        id: String,
+        /// Why.
+        source: ringmaster_gpu_runtime::model::ModelError,
+    },
+}
+
+/// How new servers are made: the simulated servers' engine template, and how model servers
+/// run their model.
+#[derive(Clone, Debug)]
+pub struct ServerTemplates {
+    /// Simulated servers (and the engine settings model servers start from).
+    pub simulator: EngineConfig,
+    /// Model (`gguf:`) servers.
+    pub model: ringmaster_gpu_runtime::model::ModelOptions,
+    /// The GPU model servers run on; `None` for the CPU.
+    pub model_gpu: Option<crate::spec::GpuPlacement>,
+    /// How remote servers' clients behave.
+    pub upstream: crate::remote::UpstreamSettings,
+    /// The model names and aliases the pools per model are built from.
+    pub models: ModelCatalogueSpec,
+}
+
+/// The config's part of the [`crate::snapshot::ModelCatalogue`].
+#[derive(Clone, Debug, Default)]
+pub struct ModelCatalogueSpec {
+    /// The config's top-level `models`.
+    pub defaults: Vec<String>,
+    /// `[aliases]`.
+    pub aliases: BTreeMap<String, String>,
+}
+
+impl From<EngineConfig> for ServerTemplates {
+    fn from(simulator: EngineConfig) -> Self {
+        Self {
+            simulator,
+            model: Default::default(),
+            model_gpu: None,
+            upstream: Default::default(),
+            models: Default::default(),
+        }
+    }
+}
 
 /// Sequences a CPU model server runs at once.
 pub const MODEL_MAX_RUNNING: u32 = 16;

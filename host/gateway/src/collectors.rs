@@ -1,0 +1,316 @@
+//! The metrics read at scrape time from the state other parts own: every server's load, cache
+//! and health (the pool), and every policy's totals, shadow agreement, emitted counters and the
+//! admission queue (the slots). Registered from the top ([`crate::Gateway::start`]), so that
+//! the parts they read never import the metrics that read them.
+
+use std::sync::Arc;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use crate::admission::AdmissionGate;
+use crate::metrics::{ServerLabel, VariantLabel};
+use crate::policy::RouterSlot;
+use ringmaster_pool::Pool;
+
+/// Reads per-variant totals, shadow agreement and policy-emitted counters on each scrape.
+#[derive(Debug)]
+pub(crate) struct PolicyCollector {
+    pub(crate) router: Arc<RouterSlot>,
+    pub(crate) admission: Arc<AdmissionGate>,
+}
+
+impl Collector for PolicyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let set = self.router.current();
+        let variants: Vec<_> = set.variants.iter().chain(set.shadow.iter()).collect();
+        type Read = fn(&crate::policy::VariantStats) -> u64;
+        let counters: [(&str, &str, Read); 7] = [
+            (
+                "variant_requests",
+                "Requests routed through the router variant",
+                |s| s.requests.load(Relaxed),
+            ),
+            (
+                "variant_errors",
+                "Requests of the variant that ended in an error",
+                |s| s.errors.load(Relaxed),
+            ),
+            ("variant_faults", "Faults of the variant's policy", |s| {
+                s.faults.load(Relaxed)
+            }),
+            (
+                "variant_prompt_tokens",
+                "Prompt tokens of the variant's finished requests",
+                |s| s.prompt_tokens.load(Relaxed),
+            ),
+            (
+                "variant_cached_prompt_tokens",
+                "Of those, served from the prefix cache",
+                |s| s.cached_tokens.load(Relaxed),
+            ),
+            (
+                "shadow_decisions",
+                "Decisions the shadow variant made on copies of requests",
+                |s| s.shadow_decisions.load(Relaxed),
+            ),
+            (
+                "shadow_agreements",
+                "Shadow decisions equal to the live decision",
+                |s| s.shadow_agreements.load(Relaxed),
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for variant in &variants {
+                let label = VariantLabel {
+                    variant: variant.name.to_string(),
+                };
+                ConstCounter::new(read(&variant.stats)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        let family = encoder.encode_descriptor(
+            "admission_queued",
+            "Requests waiting in the gateway's admission queue",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(self.admission.queued())).encode(family)?;
+        let mut family = encoder.encode_descriptor(
+            "policy_counter",
+            "Counters emitted by policies through the metrics import",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (policy, counter, value) in self.router.engine().policy_counters() {
+            let labels = PolicyCounterLabels { policy, counter };
+            ConstCounter::new(value).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Labels of a policy-emitted counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyCounterLabels {
+    policy: String,
+    counter: String,
+}
+
+/// Reads per-server state from the pool on each scrape.
+#[derive(Debug)]
+pub(crate) struct ServerCollector {
+    pub(crate) pool: Arc<Pool>,
+}
+
+impl Collector for ServerCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
+        let snapshot = self.pool.snapshot();
+        let servers: Vec<_> = snapshot
+            .servers
+            .iter()
+            .chain(snapshot.draining.iter())
+            .map(|s| {
+                (
+                    ServerLabel {
+                        server: s.id().to_owned(),
+                    },
+                    s.clone(),
+                    s.engine().load(),
+                )
+            })
+            .collect();
+        type Read = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
+        let gauges: [(&str, &str, Read); 14] = [
+            (
+                "server_routable",
+                "1 while new requests may go to the server: not draining, reachable (its last health poll answered) and not ejected after consecutive failures",
+                |s, _| if s.is_routable() { 1.0 } else { 0.0 },
+            ),
+            (
+                "server_kv_reported_blocks",
+                "Blocks in the server's prefix cache as the server reports it (its KV event stream for a worker)",
+                |s, _| s.reported_cache().0 as f64,
+            ),
+            (
+                "server_kv_report_live",
+                "1 while the gateway's view of the server's cache follows the server's own reports; 0 while it falls back to routing history",
+                |s, _| if s.reported_cache().1 { 1.0 } else { 0.0 },
+            ),
+            (
+                "server_batch_size",
+                "Sequences in the server's last engine step",
+                |_, l| f64::from(l.last_batch_size),
+            ),
+            (
+                "server_model_load_seconds",
+                "How long loading the server's model took (0 for simulated servers)",
+                |s, _| s.model_load().map_or(0.0, |d| d.as_secs_f64()),
+            ),
+            (
+                "server_in_flight",
+                "Requests routed to the server and not finished",
+                |s, _| s.in_flight() as f64,
+            ),
+            (
+                "server_running",
+                "Sequences in the server's running batch",
+                |_, l| f64::from(l.running),
+            ),
+            (
+                "server_waiting",
+                "Requests queued inside the server",
+                |_, l| f64::from(l.waiting),
+            ),
+            (
+                "server_kv_blocks_used",
+                "KV blocks referenced by live sequences",
+                |_, l| f64::from(l.kv_blocks_used),
+            ),
+            (
+                "server_kv_blocks_cached",
+                "Unreferenced KV blocks still holding a cached prefix",
+                |_, l| f64::from(l.kv_blocks_cached),
+            ),
+            (
+                "server_kv_blocks_total",
+                "KV blocks in the server's pool",
+                |_, l| f64::from(l.kv_blocks_total),
+            ),
+            (
+                "server_kv_usage_ratio",
+                "Fraction of KV blocks referenced by live sequences",
+                |_, l| {
+                    if l.kv_blocks_total == 0 {
+                        0.0
+                    } else {
+                        f64::from(l.kv_blocks_used) / f64::from(l.kv_blocks_total)
+                    }
+                },
+            ),
+            (
+                "server_prefix_cache_hit_ratio",
+                "Prompt tokens served from the prefix cache over all prompt tokens",
+                |_, l| {
+                    if l.prompt_tokens_total == 0 {
+                        0.0
+                    } else {
+                        l.cached_prompt_tokens_total as f64 / l.prompt_tokens_total as f64
+                    }
+                },
+            ),
+            (
+                "server_draining",
+                "1 while a removed server finishes its requests",
+                |s, _| if s.is_draining() { 1.0 } else { 0.0 },
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (label, server, load) in &servers {
+                ConstGauge::new(read(server, load)).encode(family.encode_family(label)?)?;
+            }
+        }
+        type Count = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
+        let counters: [(&str, &str, Count); 14] = [
+            (
+                "server_kv_report_events",
+                "KV events applied from a worker's event stream (a snapshot counts one per block; 0 for engines in this process, read directly)",
+                |s, _| s.reported_cache_events().0,
+            ),
+            (
+                "server_kv_report_snapshots",
+                "Snapshots applied from a worker's event stream: one per (re)connection",
+                |s, _| s.reported_cache_events().1,
+            ),
+            ("server_steps", "Engine steps run", |_, l| l.steps),
+            (
+                "server_step_sequences",
+                "Sequences scheduled, summed over steps (over server_steps: the mean batch size)",
+                |_, l| l.step_sequences_total,
+            ),
+            (
+                "server_step_tokens",
+                "Tokens computed, summed over steps",
+                |_, l| l.step_tokens_total,
+            ),
+            (
+                "server_step_budget_tokens",
+                "The step token budget, summed over steps (server_step_tokens over this: batch utilisation)",
+                |_, l| l.step_budget_tokens_total,
+            ),
+            (
+                "server_prefill_tokens",
+                "Prompt tokens computed (prefill, including recompute after preemption)",
+                |_, l| l.prefill_tokens_total,
+            ),
+            ("server_decode_tokens", "Decode tokens computed", |_, l| {
+                l.decode_tokens_total
+            }),
+            (
+                "server_requests",
+                "Requests routed to the server",
+                |s, _| s.requests_total(),
+            ),
+            (
+                "server_prompt_tokens",
+                "Prompt tokens the server received",
+                |_, l| l.prompt_tokens_total,
+            ),
+            (
+                "server_cached_prompt_tokens",
+                "Prompt tokens served from the server's prefix cache",
+                |_, l| l.cached_prompt_tokens_total,
+            ),
+            (
+                "server_generated_tokens",
+                "Tokens the server generated",
+                |_, l| l.generated_tokens_total,
+            ),
+            (
+                "server_cancelled_requests",
+                "Requests cancelled inside the server",
+                |_, l| l.requests_cancelled,
+            ),
+            (
+                "server_preemptions",
+                "Sequences preempted for KV memory",
+                |_, l| l.preemptions,
+            ),
+        ];
+        for (name, help, read) in counters {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (label, server, load) in &servers {
+                ConstCounter::new(read(server, load)).encode(family.encode_family(label)?)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor(
+            "server_busy_seconds",
+            "Time the server's executor spent computing steps (tokens over it: tokens per second)",
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (label, _, load) in &servers {
+            ConstCounter::new(load.busy_seconds_total).encode(family.encode_family(label)?)?;
+        }
+        Ok(())
+    }
+}
