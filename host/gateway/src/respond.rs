@@ -15,7 +15,7 @@ use crate::error::{ApiError, ErrorKind};
 /// A JSON response with `status`.
 pub(crate) fn json_response(
     status: StatusCode,
-    value: &serde_json::Value,
+    value: &impl serde::Serialize,
 ) -> Response<ResponseBody> {
     let mut response = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
     *response.status_mut() = status;

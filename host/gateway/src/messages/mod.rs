@@ -188,10 +188,7 @@ pub(crate) async fn messages(
     } else {
         let reply = reply::collect(&tracker, &request, generation, message_id).await?;
         drop(in_flight);
-        json_response(
-            StatusCode::OK,
-            &serde_json::to_value(reply).unwrap_or_default(),
-        )
+        json_response(StatusCode::OK, &reply)
     };
     if let Ok(value) = HeaderValue::from_str(&server_id) {
         response.headers_mut().insert("x-ringmaster-server", value);

@@ -449,11 +449,23 @@ impl RemoteWorker {
                 }
             });
         }
-        let whole = response
+        // One JSON answer (asked for, or sent where a stream was asked): read here, with no
+        // reader task and no relay.
+        let json_answer = response
             .headers()
             .get(reqwest::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
+        if json_answer {
+            let mut events = read_whole(response, &self.settings).await.into_iter();
+            let first = events.next();
+            let (tx, rx) = mpsc::channel(events.len().max(1));
+            for event in events {
+                // Sized to fit: never full.
+                let _ = tx.try_send(event);
+            }
+            return self.started(first, rx);
+        }
         let (tx, mut rx) = mpsc::channel(self.settings.relay_events.max(1));
         let relay = Relay {
             url: self.url.clone(),
@@ -461,7 +473,7 @@ impl RemoteWorker {
             settings: self.settings.clone(),
             tx,
         };
-        tokio::spawn(relay.run(response, whole));
+        tokio::spawn(relay.run(response));
         let first = tokio::time::timeout(self.settings.first_token_timeout, rx.recv())
             .await
             .map_err(|_| RemoteError::Unreachable {
@@ -472,6 +484,15 @@ impl RemoteWorker {
                 ),
                 timeout: true,
             })?;
+        self.started(first, rx)
+    }
+
+    /// The reply's stream once its first event is in, or why it never began.
+    fn started(
+        &self,
+        first: Option<GenerateEvent>,
+        rx: mpsc::Receiver<GenerateEvent>,
+    ) -> Result<GenerationStream, RemoteError> {
         match first {
             Some(GenerateEvent::Failed { message }) => Err(RemoteError::Broken {
                 url: self.url.clone(),
@@ -484,6 +505,56 @@ impl RemoteWorker {
             Some(first) => Ok(GenerationStream::from_bounded_channel(Some(first), rx)),
         }
     }
+}
+
+/// A whole JSON answer's events, its body read to the end (bounded by `max_event_bytes`).
+async fn read_whole(
+    response: reqwest::Response,
+    settings: &UpstreamSettings,
+) -> Vec<GenerateEvent> {
+    let mut decoder = ReplyDecoder::default();
+    let mut events = Vec::new();
+    let mut body = response.bytes_stream();
+    let gap = settings.chunk_gap_timeout;
+    let mut bytes = Vec::new();
+    loop {
+        match tokio::time::timeout(gap, body.next()).await {
+            Ok(Some(Ok(chunk))) => {
+                if bytes.is_empty() && chunk.len() <= settings.max_event_bytes {
+                    // The usual case: the whole answer in one read, parsed where it lies.
+                    bytes = chunk.to_vec();
+                } else {
+                    bytes.extend_from_slice(&chunk);
+                }
+                if bytes.len() > settings.max_event_bytes {
+                    decoder.fail(
+                        format!(
+                            "the server's answer is larger than {} bytes",
+                            settings.max_event_bytes
+                        ),
+                        &mut events,
+                    );
+                    break;
+                }
+            }
+            Ok(Some(Err(e))) => {
+                decoder.fail(
+                    format!("the reply broke off: {}", error_chain(&e)),
+                    &mut events,
+                );
+                break;
+            }
+            Ok(None) => {
+                decoder.whole(&bytes, &mut events);
+                break;
+            }
+            Err(_) => {
+                decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
+                break;
+            }
+        }
+    }
+    events
 }
 
 /// An error with its sources, which is where reqwest says what actually failed.
@@ -571,48 +642,10 @@ struct Relay {
 }
 
 impl Relay {
-    async fn run(self, response: reqwest::Response, whole: bool) {
+    async fn run(self, response: reqwest::Response) {
         let mut events = Vec::new();
         let mut body = response.bytes_stream();
         let gap = self.settings.chunk_gap_timeout;
-        if whole {
-            let mut decoder = ReplyDecoder::default();
-            let mut bytes = Vec::new();
-            loop {
-                match tokio::time::timeout(gap, body.next()).await {
-                    Ok(Some(Ok(chunk))) => {
-                        bytes.extend_from_slice(&chunk);
-                        if bytes.len() > self.settings.max_event_bytes {
-                            decoder.fail(
-                                format!(
-                                    "the server's answer is larger than {} bytes",
-                                    self.settings.max_event_bytes
-                                ),
-                                &mut events,
-                            );
-                            break;
-                        }
-                    }
-                    Ok(Some(Err(e))) => {
-                        decoder.fail(
-                            format!("the reply broke off: {}", error_chain(&e)),
-                            &mut events,
-                        );
-                        break;
-                    }
-                    Ok(None) => {
-                        decoder.whole(&bytes, &mut events);
-                        break;
-                    }
-                    Err(_) => {
-                        decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
-                        break;
-                    }
-                }
-            }
-            self.send_all(&mut events).await;
-            return;
-        }
         let mut reader = ReplyReader::new(self.settings.max_event_bytes);
         loop {
             let next = match tokio::time::timeout(gap, body.next()).await {
