@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{ConfigError, duration_ms, invalid};
+use super::error::{ConfigError, duration_ms, invalid};
 use ringmaster_pool::remote::UpstreamSettings;
 
 /// Most attempts a request may get, the first included (`[retry] attempts`).

@@ -1,0 +1,44 @@
+//! The configuration's one error type, and how a section names a bad value.
+
+use std::time::Duration;
+
+/// A configuration problem, named precisely.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The TOML is malformed or has unknown keys.
+    #[error("config is not valid: {0}")]
+    Parse(#[from] toml::de::Error),
+    /// A value breaks an invariant.
+    #[error("config key `{key}`: {problem}")]
+    Invalid {
+        /// The key, dotted.
+        key: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+pub(crate) fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+pub(crate) fn duration_ms(key: &str, ms: f64) -> Result<Duration, ConfigError> {
+    if !ms.is_finite() || ms < 0.0 {
+        return Err(invalid(
+            key,
+            format!("{ms} is not a non-negative number of milliseconds"),
+        ));
+    }
+    Ok(Duration::from_secs_f64(ms / 1000.0))
+}

@@ -1,0 +1,281 @@
+//! `[policies]`: the policy engine's limits and what each slot (router variants and the
+//! shadow, admission, safety filter) loads at start, validated.
+
+use std::time::Duration;
+
+use super::error::{ConfigError, invalid};
+use super::raw::RawPolicies;
+use ringmaster_pool::Strategy;
+
+/// Where a policy's component comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// One embedded in the binary.
+    Builtin(String),
+    /// A file, reloaded when it changes.
+    File(std::path::PathBuf),
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Builtin(name) => write!(f, "builtin:{name}"),
+            Self::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// A router variant to load at start.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterVariantSpec {
+    /// Name.
+    pub name: String,
+    /// Component source.
+    pub source: PolicySource,
+    /// Traffic weight.
+    pub weight: u32,
+    /// Shadow instead of live.
+    pub shadow: bool,
+    /// Its configuration.
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+/// The policy in a single-policy slot (admission or safety filter).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotPolicySpec {
+    /// Name (metric label, log tag).
+    pub name: String,
+    /// Component source.
+    pub source: PolicySource,
+    /// Its configuration.
+    pub config: std::collections::BTreeMap<String, String>,
+}
+
+/// The policy engine's settings and every slot's contents.
+#[derive(Clone, Debug)]
+pub struct PoliciesConfig {
+    /// Engine limits.
+    pub engine: ringmaster_policy_engine::EngineConfig,
+    /// Router variants (empty: the native strategy routes).
+    pub router: Vec<RouterVariantSpec>,
+    /// The admission policy (none: every request is admitted).
+    pub admission: Option<SlotPolicySpec>,
+    /// Requests that may wait in the gateway's queue.
+    pub queue_capacity: u32,
+    /// How long a request may wait in the queue.
+    pub queue_timeout: Duration,
+    /// The safety filter (none: nothing is filtered).
+    pub safety: Option<SlotPolicySpec>,
+    /// Output bytes per safety check.
+    pub safety_window_bytes: usize,
+    /// Block when the safety filter faults.
+    pub safety_fail_closed: bool,
+    /// Lower-case header names passed to policies.
+    pub pass_headers: Vec<String>,
+}
+
+impl PoliciesConfig {
+    /// Every configured policy that comes from a file, as `(slot, name, path)`.
+    pub fn files(&self) -> Vec<(&'static str, &str, &std::path::Path)> {
+        let router = self.router.iter().map(|v| ("router", &v.name, &v.source));
+        let admission = self
+            .admission
+            .iter()
+            .map(|p| ("admission", &p.name, &p.source));
+        let safety = self
+            .safety
+            .iter()
+            .map(|p| ("safety-filter", &p.name, &p.source));
+        router
+            .chain(admission)
+            .chain(safety)
+            .filter_map(|(slot, name, source)| match source {
+                PolicySource::File(path) => Some((slot, name.as_str(), path.as_path())),
+                PolicySource::Builtin(_) => None,
+            })
+            .collect()
+    }
+}
+
+pub(crate) fn policies_config(
+    raw: RawPolicies,
+    strategy: Strategy,
+) -> Result<PoliciesConfig, ConfigError> {
+    let mut engine = ringmaster_policy_engine::EngineConfig::default();
+    if let Some(ms) = raw.call_deadline_ms {
+        if !(1..=10_000).contains(&ms) {
+            return Err(invalid(
+                "policies.call_deadline_ms",
+                "must be between 1 and 10000",
+            ));
+        }
+        engine.call_deadline = Duration::from_millis(ms);
+    }
+    if let Some(mb) = raw.memory_limit_mb {
+        if !(1..=4096).contains(&mb) {
+            return Err(invalid(
+                "policies.memory_limit_mb",
+                "must be between 1 and 4096",
+            ));
+        }
+        engine.memory_limit_bytes = mb * 1024 * 1024;
+    }
+    engine.cache_dir = raw.cache_dir.map(std::path::PathBuf::from);
+    let mut router = Vec::new();
+    for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {
+        let key = format!("policies.router[{i}]");
+        let source = policy_source(&key, &variant.source)?;
+        if router
+            .iter()
+            .any(|v: &RouterVariantSpec| v.name == variant.name)
+        {
+            return Err(invalid(
+                format!("{key}.name"),
+                format!("duplicate variant {:?}", variant.name),
+            ));
+        }
+        let shadow = variant.shadow.unwrap_or(false);
+        if shadow && router.iter().any(|v: &RouterVariantSpec| v.shadow) {
+            return Err(invalid(
+                format!("{key}.shadow"),
+                "only one shadow variant is allowed",
+            ));
+        }
+        router.push(RouterVariantSpec {
+            name: variant.name,
+            source,
+            weight: variant.weight.unwrap_or(100),
+            shadow,
+            config: policy_config(variant.config),
+        });
+    }
+    let mut queue_capacity = crate::admission::DEFAULT_QUEUE_CAPACITY;
+    let mut queue_timeout = crate::admission::DEFAULT_QUEUE_TIMEOUT;
+    let admission = match raw.admission {
+        None => None,
+        Some(a) => {
+            if let Some(n) = a.queue_capacity {
+                if n > 1_000_000 {
+                    return Err(invalid(
+                        "policies.admission.queue_capacity",
+                        "must be at most 1000000",
+                    ));
+                }
+                queue_capacity = n;
+            }
+            if let Some(ms) = a.queue_timeout_ms {
+                if !(1..=3_600_000).contains(&ms) {
+                    return Err(invalid(
+                        "policies.admission.queue_timeout_ms",
+                        "must be between 1 and 3600000",
+                    ));
+                }
+                queue_timeout = Duration::from_millis(ms);
+            }
+            Some(SlotPolicySpec {
+                name: slot_policy_name("policies.admission.name", a.name, "admission")?,
+                source: policy_source("policies.admission", &a.source)?,
+                config: policy_config(a.config),
+            })
+        }
+    };
+    let mut safety_window_bytes = crate::safety::DEFAULT_OUTPUT_WINDOW_BYTES;
+    let mut safety_fail_closed = false;
+    let safety = match raw.safety {
+        None => None,
+        Some(f) => {
+            if let Some(n) = f.window_bytes {
+                if !(16..=1_048_576).contains(&n) {
+                    return Err(invalid(
+                        "policies.safety.window_bytes",
+                        "must be between 16 and 1048576",
+                    ));
+                }
+                safety_window_bytes = n;
+            }
+            safety_fail_closed = f.fail_closed.unwrap_or(false);
+            Some(SlotPolicySpec {
+                name: slot_policy_name("policies.safety.name", f.name, "safety")?,
+                source: policy_source("policies.safety", &f.source)?,
+                config: policy_config(f.config),
+            })
+        }
+    };
+    let mut pass_headers = Vec::new();
+    for (i, name) in raw.pass_headers.unwrap_or_default().into_iter().enumerate() {
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(invalid(
+                format!("policies.pass_headers[{i}]"),
+                format!("{name:?} is not a valid header name"),
+            ));
+        }
+        pass_headers.push(name.to_ascii_lowercase());
+    }
+    if router.is_empty() && strategy == Strategy::ConsistentHash {
+        router.push(RouterVariantSpec {
+            name: "default".to_owned(),
+            source: PolicySource::Builtin("consistent-hash".to_owned()),
+            weight: 100,
+            shadow: false,
+            config: Default::default(),
+        });
+    }
+    Ok(PoliciesConfig {
+        engine,
+        router,
+        admission,
+        queue_capacity,
+        queue_timeout,
+        safety,
+        safety_window_bytes,
+        safety_fail_closed,
+        pass_headers,
+    })
+}
+
+/// `builtin:NAME` or a file path, checked.
+fn policy_source(key: &str, source: &str) -> Result<PolicySource, ConfigError> {
+    match source.strip_prefix("builtin:") {
+        Some(name) => {
+            if crate::builtin::builtin(name).is_none() {
+                return Err(invalid(
+                    format!("{key}.source"),
+                    format!(
+                        "no built-in policy {name:?}; built-ins: {}",
+                        crate::builtin::builtin_names()
+                    ),
+                ));
+            }
+            Ok(PolicySource::Builtin(name.to_owned()))
+        }
+        None if source.is_empty() => Err(invalid(
+            format!("{key}.source"),
+            "must be builtin:NAME or a path to a .wasm component",
+        )),
+        None => Ok(PolicySource::File(std::path::PathBuf::from(source))),
+    }
+}
+
+/// A policy's configuration as the strings the `config` import hands out.
+fn policy_config(
+    raw: Option<std::collections::BTreeMap<String, toml::Value>>,
+) -> std::collections::BTreeMap<String, String> {
+    raw.unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| {
+            let text = match v {
+                toml::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (k, text)
+        })
+        .collect()
+}
+
+fn slot_policy_name(key: &str, name: Option<String>, default: &str) -> Result<String, ConfigError> {
+    let name = name.unwrap_or_else(|| default.to_owned());
+    if name.is_empty() || name.len() > 64 {
+        return Err(invalid(key, "must be 1 to 64 characters"));
+    }
+    Ok(name)
+}

@@ -1,0 +1,203 @@
+//! The configuration file as written: serde types with `deny_unknown_fields`, every key
+//! optional. Nothing here is checked; [`super::RawConfig::validate`] turns them into the
+//! validated [`super::Config`], and only that travels.
+
+use serde::Deserialize;
+
+use super::upstream::{RawRetry, RawUpstream};
+
+/// The TOML file as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `listen`: address to bind.
+    pub listen: Option<String>,
+    /// `models`: model names accepted in requests.
+    pub models: Option<Vec<String>>,
+    /// `admin_token`: enables the admin API.
+    pub admin_token: Option<String>,
+    /// `access_log`: one INFO line per request (otherwise they are DEBUG).
+    pub access_log: Option<bool>,
+    /// `[aliases]`: public model name → the name servers serve.
+    pub aliases: Option<std::collections::BTreeMap<String, String>>,
+    /// `[[api_keys]]`.
+    pub api_keys: Option<Vec<RawApiKey>>,
+    /// `[limits]`.
+    pub limits: Option<RawLimits>,
+    /// `[routing]`.
+    pub routing: Option<RawRouting>,
+    /// `[[servers]]`.
+    pub servers: Option<Vec<RawServer>>,
+    /// `[simulator]`.
+    pub simulator: Option<RawSimulator>,
+    /// `[policies]`.
+    pub policies: Option<RawPolicies>,
+    /// `[model]`.
+    pub model: Option<RawModel>,
+    /// `[upstream]`.
+    pub upstream: Option<RawUpstream>,
+    /// `[retry]`.
+    pub retry: Option<RawRetry>,
+}
+
+/// `[model]`: how `gguf:` servers run their model (on the CPU, or on a GPU with `device`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// Kernel threads per model server (default 1). More threads than free cores slows
+    /// every step down.
+    pub threads: Option<usize>,
+    /// `auto`, `avx2`, `avx` or `scalar` (default `auto`: the best this CPU has).
+    pub kernels: Option<String>,
+    /// KV-cache blocks of 16 tokens per model server (default 2048 on the CPU; on a GPU, 90%
+    /// of the memory free after the weights).
+    pub kv_blocks: Option<u32>,
+    /// `cpu` (default), or `cuda` / `cuda:N`: model servers run on that GPU (a build with the
+    /// `cuda` feature).
+    pub device: Option<String>,
+}
+
+/// `[policies]`: the policy engine and the router slot.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicies {
+    /// Per-call deadline, milliseconds.
+    pub call_deadline_ms: Option<u64>,
+    /// Memory cap per policy instance, MiB.
+    pub memory_limit_mb: Option<usize>,
+    /// Directory for compiled components (off when absent).
+    pub cache_dir: Option<String>,
+    /// `[[policies.router]]`: router variants and the shadow.
+    pub router: Option<Vec<RawRouterVariant>>,
+    /// `[policies.admission]`: the admission policy and the gateway's queue.
+    pub admission: Option<RawAdmission>,
+    /// `[policies.safety]`: the safety filter.
+    pub safety: Option<RawSafety>,
+    /// Request headers passed to policies in `request.headers` (names, any case).
+    pub pass_headers: Option<Vec<String>>,
+}
+
+/// `[policies.admission]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmission {
+    /// Name (metric label; default `admission`).
+    pub name: Option<String>,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+    /// Requests that may wait in the gateway's queue.
+    pub queue_capacity: Option<u32>,
+    /// How long a request may wait in the queue, milliseconds.
+    pub queue_timeout_ms: Option<u64>,
+}
+
+/// `[policies.safety]`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSafety {
+    /// Name (metric label; default `safety`).
+    pub name: Option<String>,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+    /// Output bytes per check.
+    pub window_bytes: Option<usize>,
+    /// Block text when the filter faults (default: allow it).
+    pub fail_closed: Option<bool>,
+}
+
+/// One `[[policies.router]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouterVariant {
+    /// Variant name (a metric label).
+    pub name: String,
+    /// `builtin:NAME` or a path to a `.wasm` component.
+    pub source: String,
+    /// Share of traffic (default 100).
+    pub weight: Option<u32>,
+    /// Decide on a copy of each request without acting.
+    pub shadow: Option<bool>,
+    /// The policy's own key/value configuration.
+    pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+}
+
+/// One `[[api_keys]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApiKey {
+    /// The secret.
+    pub key: String,
+    /// The key's tier (for admission policies; default `"default"`).
+    pub tier: Option<String>,
+    /// Requests per minute allowed for this key; unlimited when absent.
+    pub requests_per_minute: Option<u32>,
+}
+
+/// `[limits]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimits {
+    /// Largest request body, bytes.
+    pub max_body_bytes: Option<usize>,
+    /// Largest `max_tokens`.
+    pub max_output_tokens: Option<u32>,
+    /// Waiting requests per server before it counts as full.
+    pub max_waiting_per_server: Option<u32>,
+    /// Seconds in-flight requests get at shutdown.
+    pub shutdown_grace_seconds: Option<u64>,
+}
+
+/// `[routing]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRouting {
+    /// `"consistent-hash"` or `"round-robin"`.
+    pub strategy: Option<String>,
+    /// Virtual nodes per unit of weight.
+    pub vnodes_per_weight: Option<u32>,
+    /// Bounded-load factor `c`.
+    pub load_factor: Option<f64>,
+    /// Prefix-hash chunk size, bytes.
+    pub prefix_chunk_bytes: Option<usize>,
+    /// Most prefix hashes per request.
+    pub max_prefix_hashes: Option<usize>,
+}
+
+/// One `[[servers]]` entry.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    /// `sim://NAME` or `gguf:PATH` (later: `http://host:port`).
+    pub address: String,
+    /// Id on the ring; defaults to the address's name.
+    pub id: Option<String>,
+    /// Ring weight, default 1.
+    pub weight: Option<u32>,
+    /// The models it serves; default: what a remote server's `/v1/models` lists, and until
+    /// that is known (or for a server in this process) any model the gateway accepts.
+    pub models: Option<Vec<String>>,
+}
+
+/// `[simulator]`: overrides of the simulated servers' model (see `SimCostModel`).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSimulator {
+    /// Modelled seconds → real seconds; 1.0 is real time.
+    pub time_scale: Option<f64>,
+    /// KV blocks of 16 tokens per server.
+    pub kv_blocks: Option<u32>,
+    /// Most sequences running at once per server.
+    pub max_running: Option<u32>,
+    /// Tokens per engine step.
+    pub step_token_budget: Option<u32>,
+    /// Prefill speed, tokens per second.
+    pub prefill_tokens_per_s: Option<f64>,
+    /// Decode step at batch 1, milliseconds.
+    pub decode_step_base_ms: Option<f64>,
+    /// Extra decode-step time per running sequence, milliseconds.
+    pub decode_step_per_seq_ms: Option<f64>,
+}
