@@ -37,7 +37,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
 use ringmaster_gpu_runtime::{GenerateEvent, GenerateRequest, GenerationStream, LoadReport};
 use serde::Serialize;
 use tokio::sync::mpsc;
@@ -250,9 +251,12 @@ impl Health {
 pub struct RemoteWorker {
     url: String,
     /// The two endpoints, parsed once.
-    chat_url: reqwest::Url,
-    completions_url: reqwest::Url,
+    chat_url: http::Uri,
+    completions_url: http::Uri,
+    /// For the health polls and the KV event stream.
     client: reqwest::Client,
+    /// For requests: hyper's pooled client without reqwest's layers.
+    requests: RequestClient,
     settings: UpstreamSettings,
     load: Mutex<LoadReport>,
     reachable: AtomicBool,
@@ -291,18 +295,29 @@ impl RemoteWorker {
             builder = builder.http2_prior_knowledge();
         }
         let client = builder.build().unwrap_or_default();
+        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        connector.set_connect_timeout(Some(settings.connect_timeout));
+        connector.set_nodelay(true);
+        let requests =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .pool_idle_timeout(settings.pool_idle_timeout)
+                .pool_max_idle_per_host(settings.pool_max_idle)
+                .http2_only(settings.http2_prior_knowledge)
+                .build(connector);
         let url = url.trim_end_matches('/').to_owned();
         // The config checked the address (http://HOST:PORT); a URL that still fails to parse
         // gets the placeholder, and every request to it fails as unreachable.
         let endpoint = |path: &str| {
-            reqwest::Url::parse(&format!("{url}{path}"))
-                .unwrap_or_else(|_| reqwest::Url::parse("http://invalid.invalid/").expect("a URL"))
+            format!("{url}{path}")
+                .parse::<http::Uri>()
+                .unwrap_or_else(|_| http::Uri::from_static("http://invalid.invalid/"))
         };
         let worker = Arc::new(Self {
             chat_url: endpoint("/v1/chat/completions"),
             completions_url: endpoint("/v1/completions"),
             url,
             client,
+            requests,
             settings,
             load: Mutex::new(LoadReport::default()),
             // Unknown until the first poll: assume reachable so the first requests are tried.
@@ -412,32 +427,34 @@ impl RemoteWorker {
             url: self.url.clone(),
             why: format!("could not encode the request: {e}"),
         })?;
-        let unreachable = |e: reqwest::Error| RemoteError::Unreachable {
-            url: self.url.clone(),
-            timeout: e.is_timeout(),
-            why: error_chain(&e),
-        };
         let endpoint = match path {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
         };
-        let send = self
-            .client
-            .post(endpoint)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send();
-        let response = tokio::time::timeout(headers_timeout, send)
+        let http_request = http::Request::post(endpoint)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| RemoteError::Broken {
+                url: self.url.clone(),
+                why: format!("could not build the request: {e}"),
+            })?;
+        let response = tokio::time::timeout(headers_timeout, self.requests.request(http_request))
             .await
             .map_err(|_| RemoteError::Unreachable {
                 url: self.url.clone(),
                 why: format!("no answer within {headers_timeout:?}"),
                 timeout: true,
             })?
-            .map_err(unreachable)?;
+            .map_err(|e| RemoteError::Unreachable {
+                url: self.url.clone(),
+                why: error_chain(&e),
+                timeout: false,
+            })?;
         let status = response.status();
         if !status.is_success() {
-            let bytes = response.bytes().await.unwrap_or_default();
+            let bytes = read_bounded(response.into_body(), &self.settings)
+                .await
+                .unwrap_or_default();
             let message = error_message(&bytes).unwrap_or_else(|| status.to_string());
             return Err(if status.as_u16() == 400 {
                 RemoteError::Refused { message }
@@ -453,7 +470,7 @@ impl RemoteWorker {
         // reader task and no relay.
         let json_answer = response
             .headers()
-            .get(reqwest::header::CONTENT_TYPE)
+            .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         if json_answer {
@@ -509,16 +526,16 @@ impl RemoteWorker {
 
 /// A whole JSON answer's events, its body read to the end (bounded by `max_event_bytes`).
 async fn read_whole(
-    response: reqwest::Response,
+    response: http::Response<Incoming>,
     settings: &UpstreamSettings,
 ) -> Vec<GenerateEvent> {
     let mut decoder = ReplyDecoder::default();
     let mut events = Vec::new();
-    let mut body = response.bytes_stream();
+    let mut body = response.into_body();
     let gap = settings.chunk_gap_timeout;
     let mut bytes = Vec::new();
     loop {
-        match tokio::time::timeout(gap, body.next()).await {
+        match tokio::time::timeout(gap, next_data(&mut body)).await {
             Ok(Some(Ok(chunk))) => {
                 if bytes.is_empty() && chunk.len() <= settings.max_event_bytes {
                     // The usual case: the whole answer in one read, parsed where it lies.
@@ -557,7 +574,13 @@ async fn read_whole(
     events
 }
 
-/// An error with its sources, which is where reqwest says what actually failed.
+/// The pooled client requests go through.
+type RequestClient = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+/// An error with its sources, which is where the client says what actually failed.
 fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
@@ -642,13 +665,13 @@ struct Relay {
 }
 
 impl Relay {
-    async fn run(self, response: reqwest::Response) {
+    async fn run(self, response: http::Response<Incoming>) {
         let mut events = Vec::new();
-        let mut body = response.bytes_stream();
+        let mut body = response.into_body();
         let gap = self.settings.chunk_gap_timeout;
         let mut reader = ReplyReader::new(self.settings.max_event_bytes);
         loop {
-            let next = match tokio::time::timeout(gap, body.next()).await {
+            let next = match tokio::time::timeout(gap, next_data(&mut body)).await {
                 Ok(next) => next,
                 Err(_) => {
                     reader.fail(format!("the server sent nothing for {gap:?}"), &mut events);
@@ -696,17 +719,44 @@ impl Relay {
 
 /// Reads what is left of a finished reply (`[DONE]`, the chunked terminator) so that its
 /// connection goes back to the pool; gives up (closing it) past a few KiB or a gap.
-async fn drain(
-    mut body: impl futures_util::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
-    gap: Duration,
-) {
+async fn drain(mut body: Incoming, gap: Duration) {
     let mut read = 0;
-    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, body.next()).await {
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, next_data(&mut body)).await {
         read += chunk.len();
         if read > DRAIN_LIMIT_BYTES {
             return;
         }
     }
+}
+
+/// The body's next data (trailers are skipped); `None` at its end.
+///
+/// Cancel safety: cancel-safe; a frame is never lost if the future is dropped.
+async fn next_data(body: &mut Incoming) -> Option<Result<bytes::Bytes, hyper::Error>> {
+    loop {
+        match body.frame().await? {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    return Some(Ok(data));
+                }
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
+/// An error answer's body, up to `max_event_bytes` (the rest is not read).
+async fn read_bounded(mut body: Incoming, settings: &UpstreamSettings) -> Option<Vec<u8>> {
+    let mut bytes = Vec::new();
+    while let Ok(Some(Ok(chunk))) =
+        tokio::time::timeout(settings.chunk_gap_timeout, next_data(&mut body)).await
+    {
+        bytes.extend_from_slice(&chunk);
+        if bytes.len() > settings.max_event_bytes {
+            return None;
+        }
+    }
+    Some(bytes)
 }
 
 /// The body of a request to a server, borrowing from the request.
