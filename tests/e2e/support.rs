@@ -90,6 +90,18 @@ impl TestGateway {
         self.admin_call(method, path).await.json().await.unwrap()
     }
 
+    /// `GET path` without credentials, read as JSON.
+    pub async fn get_json(&self, path: &str) -> Value {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn servers(&self) -> Value {
         self.admin_json(reqwest::Method::GET, "/admin/servers")
             .await
