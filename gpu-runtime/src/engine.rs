@@ -162,18 +162,6 @@ pub struct GenerationStream {
 }
 
 impl GenerationStream {
-    /// A stream fed through a channel by something other than a local engine (a client of a
-    /// remote worker). Dropping it before `Finished` closes the channel, which is how the
-    /// producer learns the consumer is gone.
-    pub fn from_channel(events: mpsc::UnboundedReceiver<GenerateEvent>) -> Self {
-        Self {
-            events: Events::Unbounded(events),
-            front: None,
-            shared: None,
-            finished: false,
-        }
-    }
-
     /// A stream fed through a bounded channel, so that a slow consumer slows the producer down
     /// (a remote server's reader stops reading its socket), with `first` handed out before
     /// anything on the channel.

@@ -305,6 +305,14 @@ async fn a_server_killed_mid_run_is_retried_around_then_ejected() {
         )),
         "the dead server is not routable"
     );
+    // Whether it was also ejected depends on how many requests met it before the health
+    // poll did; the counter is exported either way.
+    assert!(
+        metrics.contains(&format!(
+            "ringmaster_server_ejections_total{{server=\"{doomed_id}\"}}"
+        )),
+        "the ejection counter is exported"
+    );
     drop(survivor);
     // Nothing serves the model now: a 503 with retry-after, not a hang.
     tokio::time::sleep(Duration::from_millis(600)).await;

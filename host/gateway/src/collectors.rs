@@ -225,7 +225,12 @@ impl Collector for ServerCollector {
             }
         }
         type Count = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
-        let counters: [(&str, &str, Count); 14] = [
+        let counters: [(&str, &str, Count); 15] = [
+            (
+                "server_ejections",
+                "Times the server was taken off the ring after consecutive failed requests",
+                |s, _| s.ejections_total(),
+            ),
             (
                 "server_kv_report_events",
                 "KV events applied from a worker's event stream (a snapshot counts one per block; 0 for engines in this process, read directly)",

@@ -63,7 +63,7 @@ pub struct FaultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AttemptLabels {
     /// `ok`, or why the attempt failed: `unreachable`, `timeout`, `status-429`, `status-503`,
-    /// `status-5xx`, `status-4xx`, `broken`, `refused`.
+    /// `status-5xx`, `status-4xx`, `broken`, `refused`, `engine` (a local engine refused it).
     pub outcome: &'static str,
 }
 

@@ -81,14 +81,10 @@ impl crate::Pool {
         Some(self.count(decision, input, loads))
     }
 
-    /// Sends the request to the server a router policy chose, counting it in flight, unless
-    /// that server is no longer active or is at its bounded-load cap now: then the ring decides
-    /// (the cap is the host's invariant, whatever a policy answers). `None` with no servers.
-    pub fn assign(&self, chosen: &str, input: &RoutingInput) -> Option<(Decision, InFlight)> {
-        self.assign_on(&self.snapshot.load(), chosen, input)
-    }
-
-    /// [`Self::assign`] on `snapshot`, the one the policy decided on.
+    /// Sends the request to the server a router policy chose on `snapshot`, counting it in
+    /// flight, unless that server is no longer routable or is at its bounded-load cap now: then
+    /// the ring decides (the cap is the host's invariant, whatever a policy answers). `None`
+    /// with no servers.
     pub fn assign_on(
         &self,
         snapshot: &PoolSnapshot,
@@ -246,12 +242,8 @@ impl crate::Pool {
         )
     }
 
-    /// What [`Self::route`] would decide now, without counting anything.
-    pub fn explain(&self, input: &RoutingInput) -> Option<Decision> {
-        self.explain_on(&self.snapshot.load(), input)
-    }
-
-    /// [`Self::explain`] on `snapshot` (a model's pool).
+    /// What [`Self::route_on`] would decide on `snapshot` (a model's pool) now, without
+    /// counting anything.
     pub fn explain_on(&self, snapshot: &PoolSnapshot, input: &RoutingInput) -> Option<Decision> {
         if snapshot.servers.is_empty() {
             return None;

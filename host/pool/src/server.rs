@@ -157,6 +157,13 @@ impl Server {
             Backend::Local(_) => None,
         }
     }
+    /// Times a remote server was ejected after consecutive failures (0 for a local engine).
+    pub fn ejections_total(&self) -> u64 {
+        match &self.engine {
+            Backend::Remote(worker) => worker.health().ejections_total(),
+            Backend::Local(_) => 0,
+        }
+    }
     /// Whether new requests may go there: not draining, reachable and not ejected.
     pub fn is_routable(&self) -> bool {
         !self.is_draining() && self.engine.is_reachable()

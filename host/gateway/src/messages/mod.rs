@@ -40,10 +40,10 @@ pub(crate) async fn messages(
     let body = read_json_body(gateway, req).await?;
     // The request's one view of the pool: admission, the router, assignment and the metrics
     // all decide on it.
-    let snapshot = gateway.pool.snapshot();
-    let request = api::parse_messages_request(&body, gateway.limits(&snapshot))?;
+    let fleet = gateway.pool.snapshot();
+    let request = api::parse_messages_request(&body, gateway.limits(&fleet))?;
     drop(body);
-    let (served_model, model_pool) = resolve_model(&snapshot, &request.model)?;
+    let (served_model, model_pool) = resolve_model(&fleet, &request.model)?;
     let served_model = served_model.to_owned();
     if gateway.safety.slot.current().is_some() {
         gateway
@@ -52,7 +52,7 @@ pub(crate) async fn messages(
     }
     let mut input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
     let snapshot = model_pool;
-    if snapshot.servers.is_empty() && !gateway.pool.snapshot().servers.is_empty() {
+    if snapshot.servers.is_empty() && !fleet.servers.is_empty() {
         return Err(ApiError::new(
             ErrorKind::Unavailable,
             format!("no GPU server serves the model {served_model:?} now; retry shortly"),
@@ -144,7 +144,6 @@ pub(crate) async fn messages(
         &tracker,
         &decision,
         fault.as_ref(),
-        decision.preferred.as_ref().map(|s| s.id()),
         routing_started.elapsed(),
     );
     debug!(
@@ -349,13 +348,17 @@ fn record_decision(
     tracker: &Tracker,
     decision: &Decision,
     fault: Option<&PolicyFault>,
-    owner: Option<&str>,
     elapsed: Duration,
 ) {
     let reason = match (fault, decision.reason) {
         (Some(_), _) => "fallback",
         (None, DecisionReason::Policy) => {
-            if owner.is_some_and(|owner| owner == decision.server.id()) {
+            // `preferred` is the key's owner on the ring.
+            if decision
+                .preferred
+                .as_ref()
+                .is_some_and(|owner| owner.id() == decision.server.id())
+            {
                 "affinity"
             } else {
                 "policy-other"

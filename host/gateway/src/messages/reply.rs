@@ -272,19 +272,16 @@ pub(super) fn stream(
     let mut generation = generation;
     let mut out = Vec::new();
     let mut ended = None;
-    while ended.is_none() {
-        let Some(event) = generation.try_next() else {
-            break;
-        };
-        ended = machine.on(&tracker, Some(event), &mut out);
-    }
+    take_ready(
+        &tracker,
+        &mut machine,
+        &mut generation,
+        &mut ended,
+        &mut out,
+    );
     if !out.is_empty() {
-        let mut frame = Vec::with_capacity(256 * out.len());
-        for event in out.drain(..) {
-            event.write_sse(&mut frame);
-        }
         // A new channel has room: this cannot fail for want of space.
-        let _ = tx.try_send(Bytes::from(frame));
+        let _ = tx.try_send(frame(&mut out));
     }
     let task = produce(tracker, machine, generation, in_flight, tx, ended);
     tokio::spawn(task.in_current_span());
@@ -356,14 +353,7 @@ async fn gather(
     out: &mut Vec<StreamEvent>,
 ) -> Option<Ended> {
     for round in 0..GATHER_ROUNDS {
-        let mut took = false;
-        while ended.is_none() {
-            let Some(event) = generation.try_next() else {
-                break;
-            };
-            took = true;
-            ended = machine.on(tracker, Some(event), out);
-        }
+        let took = take_ready(tracker, machine, generation, &mut ended, out);
         if ended.is_some() || (round > 0 && !took) {
             break;
         }
@@ -372,16 +362,38 @@ async fn gather(
     ended
 }
 
-/// Sends `out` as one frame; `false` when the client is gone.
-async fn send_frame(tx: &tokio::sync::mpsc::Sender<Bytes>, out: &mut Vec<StreamEvent>) -> bool {
-    if out.is_empty() {
-        return true;
+/// Feeds `machine` what `generation` has ready now, until the reply ends; whether there was
+/// anything.
+fn take_ready(
+    tracker: &Tracker,
+    machine: &mut ReplyMachine,
+    generation: &mut GenerationStream,
+    ended: &mut Option<Ended>,
+    out: &mut Vec<StreamEvent>,
+) -> bool {
+    let mut took = false;
+    while ended.is_none() {
+        let Some(event) = generation.try_next() else {
+            break;
+        };
+        took = true;
+        *ended = machine.on(tracker, Some(event), out);
     }
+    took
+}
+
+/// `out`'s events as one SSE frame (emptying `out`).
+fn frame(out: &mut Vec<StreamEvent>) -> Bytes {
     let mut frame = Vec::with_capacity(256 * out.len());
     for event in out.drain(..) {
         event.write_sse(&mut frame);
     }
-    tx.send(Bytes::from(frame)).await.is_ok()
+    Bytes::from(frame)
+}
+
+/// Sends `out` as one frame; `false` when the client is gone.
+async fn send_frame(tx: &tokio::sync::mpsc::Sender<Bytes>, out: &mut Vec<StreamEvent>) -> bool {
+    out.is_empty() || tx.send(frame(out)).await.is_ok()
 }
 
 fn stop_of(reason: &FinishReason) -> (StopReason, Option<String>) {

@@ -268,13 +268,8 @@ pub struct RemoteWorker {
 }
 
 impl RemoteWorker {
-    /// A client of the server at `url` (`http://HOST:PORT`) with the default settings,
-    /// polling its load in the background while the client lives. Needs a tokio runtime.
-    pub fn start(url: &str) -> Arc<Self> {
-        Self::start_with(url, UpstreamSettings::default())
-    }
-
-    /// A client of the server at `url` with `settings`.
+    /// A client of the server at `url` (`http://HOST:PORT`) with `settings`, polling its load
+    /// in the background while the client lives. Needs a tokio runtime.
     pub fn start_with(url: &str, settings: UpstreamSettings) -> Arc<Self> {
         Self::start_in_pool(url, settings, None)
     }
@@ -452,7 +447,8 @@ impl RemoteWorker {
             })?;
         let status = response.status();
         if !status.is_success() {
-            let bytes = read_bounded(response.into_body(), &self.settings)
+            // An error body that cannot be read leaves the status as the message.
+            let bytes = read_body(response.into_body(), &self.settings)
                 .await
                 .unwrap_or_default();
             let message = error_message(&bytes).unwrap_or_else(|| status.to_string());
@@ -524,54 +520,41 @@ impl RemoteWorker {
     }
 }
 
-/// A whole JSON answer's events, its body read to the end (bounded by `max_event_bytes`).
+/// A whole JSON answer's events, its body read to the end.
 async fn read_whole(
     response: http::Response<Incoming>,
     settings: &UpstreamSettings,
 ) -> Vec<GenerateEvent> {
     let mut decoder = ReplyDecoder::default();
     let mut events = Vec::new();
-    let mut body = response.into_body();
+    match read_body(response.into_body(), settings).await {
+        Ok(bytes) => decoder.whole(&bytes, &mut events),
+        Err(why) => decoder.fail(why, &mut events),
+    }
+    events
+}
+
+/// A body read to its end, at most `max_event_bytes` of it, with `chunk_gap_timeout` between
+/// reads; else what went wrong.
+async fn read_body(mut body: Incoming, settings: &UpstreamSettings) -> Result<Vec<u8>, String> {
     let gap = settings.chunk_gap_timeout;
     let mut bytes = Vec::new();
     loop {
         match tokio::time::timeout(gap, next_data(&mut body)).await {
             Ok(Some(Ok(chunk))) => {
-                if bytes.is_empty() && chunk.len() <= settings.max_event_bytes {
-                    // The usual case: the whole answer in one read, parsed where it lies.
-                    bytes = chunk.to_vec();
-                } else {
-                    bytes.extend_from_slice(&chunk);
-                }
+                bytes.extend_from_slice(&chunk);
                 if bytes.len() > settings.max_event_bytes {
-                    decoder.fail(
-                        format!(
-                            "the server's answer is larger than {} bytes",
-                            settings.max_event_bytes
-                        ),
-                        &mut events,
-                    );
-                    break;
+                    return Err(format!(
+                        "the server's answer is larger than {} bytes",
+                        settings.max_event_bytes
+                    ));
                 }
             }
-            Ok(Some(Err(e))) => {
-                decoder.fail(
-                    format!("the reply broke off: {}", error_chain(&e)),
-                    &mut events,
-                );
-                break;
-            }
-            Ok(None) => {
-                decoder.whole(&bytes, &mut events);
-                break;
-            }
-            Err(_) => {
-                decoder.fail(format!("the server sent nothing for {gap:?}"), &mut events);
-                break;
-            }
+            Ok(Some(Err(e))) => return Err(format!("the reply broke off: {}", error_chain(&e))),
+            Ok(None) => return Ok(bytes),
+            Err(_) => return Err(format!("the server sent nothing for {gap:?}")),
         }
     }
-    events
 }
 
 /// The pooled client requests go through.
@@ -743,20 +726,6 @@ async fn next_data(body: &mut Incoming) -> Option<Result<bytes::Bytes, hyper::Er
             Err(e) => return Some(Err(e)),
         }
     }
-}
-
-/// An error answer's body, up to `max_event_bytes` (the rest is not read).
-async fn read_bounded(mut body: Incoming, settings: &UpstreamSettings) -> Option<Vec<u8>> {
-    let mut bytes = Vec::new();
-    while let Ok(Some(Ok(chunk))) =
-        tokio::time::timeout(settings.chunk_gap_timeout, next_data(&mut body)).await
-    {
-        bytes.extend_from_slice(&chunk);
-        if bytes.len() > settings.max_event_bytes {
-            return None;
-        }
-    }
-    Some(bytes)
 }
 
 /// The body of a request to a server, borrowing from the request.
