@@ -39,6 +39,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -152,8 +153,8 @@ pub struct EngineHandle {
 #[derive(Debug)]
 pub struct GenerationStream {
     events: Events,
-    /// An event already taken off the channel (a remote client looks at the first one before
-    /// it commits to a server), handed out first.
+    /// An event already taken off the stream and put back ([`GenerationStream::with_front`]),
+    /// handed out first.
     front: Option<GenerateEvent>,
     /// The local engine to wake when the stream is dropped early; `None` for a stream fed by
     /// something else (a remote worker's client).
@@ -161,17 +162,39 @@ pub struct GenerationStream {
     finished: bool,
 }
 
+/// Something that produces a stream's events when polled, in the consumer's own task: a
+/// remote server's reply read straight from its socket, with no task or channel in between.
+/// Backpressure is natural: nothing is read until the consumer asks.
+pub trait EventSource: Send + Unpin + 'static {
+    /// The next event, `Pending` (with the waker registered) until one is there, `None` once
+    /// the source has nothing more.
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>>;
+}
+
 impl GenerationStream {
-    /// A stream fed through a bounded channel, so that a slow consumer slows the producer down
-    /// (a remote server's reader stops reading its socket), with `first` handed out before
-    /// anything on the channel.
-    pub fn from_bounded_channel(
-        first: Option<GenerateEvent>,
-        events: mpsc::Receiver<GenerateEvent>,
-    ) -> Self {
+    /// A stream read from `source` by whoever consumes it.
+    pub fn from_source(source: Box<dyn EventSource>) -> Self {
         Self {
-            events: Events::Bounded(events),
-            front: first,
+            events: Events::Source(source),
+            front: None,
+            shared: None,
+            finished: false,
+        }
+    }
+
+    /// The stream with `event` put back in front (a remote client looks at the first event
+    /// before it commits to a server).
+    pub fn with_front(mut self, event: GenerateEvent) -> Self {
+        self.front = Some(event);
+        self.finished = false;
+        self
+    }
+
+    /// A stream of events that are all here already (a server's whole JSON answer).
+    pub fn from_events(events: Vec<GenerateEvent>) -> Self {
+        Self {
+            events: Events::Ready(events.into()),
+            front: None,
             shared: None,
             finished: false,
         }
@@ -182,12 +205,18 @@ impl GenerationStream {
     /// Cancel safety: this method is cancel-safe; an event is never lost if the future is
     /// dropped before it completes.
     pub async fn next(&mut self) -> Option<GenerateEvent> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// The next event, or `Pending` with `cx`'s waker registered; `None` after `Finished` (or
+    /// if the producer went away).
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>> {
         if self.finished {
-            return None;
+            return Poll::Ready(None);
         }
         let event = match self.front.take() {
             Some(event) => Some(event),
-            None => self.events.recv().await,
+            None => std::task::ready!(self.events.poll_recv(cx)),
         };
         if matches!(
             event,
@@ -195,60 +224,54 @@ impl GenerationStream {
         ) {
             self.finished = true;
         }
-        event
+        Poll::Ready(event)
+    }
+
+    /// The next event if one is ready now, without waiting: lets a consumer batch what a
+    /// producer sent together. `None` when nothing is ready (or the stream is over).
+    pub fn try_next(&mut self) -> Option<GenerateEvent> {
+        match self.poll_next(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(event) => event,
+            Poll::Pending => None,
+        }
     }
 }
 
 /// Where a stream's events come from.
-#[derive(Debug)]
 enum Events {
     /// A local engine's thread, which must never block on a send.
     Unbounded(mpsc::UnboundedReceiver<GenerateEvent>),
-    /// An async producer that waits when the consumer is behind.
-    Bounded(mpsc::Receiver<GenerateEvent>),
+    /// Read on demand by the consumer.
+    Source(Box<dyn EventSource>),
+    /// All here already.
+    Ready(std::collections::VecDeque<GenerateEvent>),
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unbounded(_) => f.write_str("Events::Unbounded"),
+            Self::Source(_) => f.write_str("Events::Source"),
+            Self::Ready(events) => write!(f, "Events::Ready({} left)", events.len()),
+        }
+    }
 }
 
 impl Events {
-    async fn recv(&mut self) -> Option<GenerateEvent> {
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>> {
         match self {
-            Self::Unbounded(rx) => rx.recv().await,
-            Self::Bounded(rx) => rx.recv().await,
-        }
-    }
-
-    fn try_recv(&mut self) -> Option<GenerateEvent> {
-        match self {
-            Self::Unbounded(rx) => rx.try_recv().ok(),
-            Self::Bounded(rx) => rx.try_recv().ok(),
+            Self::Unbounded(rx) => rx.poll_recv(cx),
+            Self::Source(source) => source.poll_event(cx),
+            Self::Ready(events) => Poll::Ready(events.pop_front()),
         }
     }
 
     fn close(&mut self) {
         match self {
             Self::Unbounded(rx) => rx.close(),
-            Self::Bounded(rx) => rx.close(),
+            // Dropping the source (with the stream) is what stops it.
+            Self::Source(_) | Self::Ready(_) => {}
         }
-    }
-}
-
-impl GenerationStream {
-    /// The next event if one is ready now, without waiting: lets a consumer batch what a
-    /// producer sent together. `None` when nothing is ready (or the stream is over).
-    pub fn try_next(&mut self) -> Option<GenerateEvent> {
-        if self.finished {
-            return None;
-        }
-        let event = match self.front.take() {
-            Some(event) => Some(event),
-            None => self.events.try_recv(),
-        };
-        if matches!(
-            event,
-            Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
-        ) {
-            self.finished = true;
-        }
-        event
     }
 }
 

@@ -28,8 +28,6 @@ pub struct RawUpstream {
     pub chunk_gap_timeout_ms: Option<f64>,
     /// `max_event_bytes`: largest SSE event or whole answer.
     pub max_event_bytes: Option<usize>,
-    /// `relay_events`: events buffered between a server and its client.
-    pub relay_events: Option<usize>,
     /// `pool_max_idle_per_server`: idle connections kept per server.
     pub pool_max_idle_per_server: Option<usize>,
     /// `pool_idle_timeout_ms`.
@@ -110,7 +108,6 @@ pub fn upstream_settings(raw: RawUpstream) -> Result<UpstreamSettings, ConfigErr
             d.chunk_gap_timeout,
         )?,
         max_event_bytes: raw.max_event_bytes.unwrap_or(d.max_event_bytes),
-        relay_events: raw.relay_events.unwrap_or(d.relay_events),
         pool_max_idle: raw.pool_max_idle_per_server.unwrap_or(d.pool_max_idle),
         pool_idle_timeout: positive_ms(
             "upstream.pool_idle_timeout_ms",
@@ -124,9 +121,6 @@ pub fn upstream_settings(raw: RawUpstream) -> Result<UpstreamSettings, ConfigErr
     };
     if settings.max_event_bytes < 1024 {
         return Err(invalid("upstream.max_event_bytes", "must be at least 1024"));
-    }
-    if settings.relay_events == 0 {
-        return Err(invalid("upstream.relay_events", "must be at least 1"));
     }
     if settings.eject_max < settings.eject_base {
         return Err(invalid(

@@ -6,24 +6,28 @@
 //! Cancel safety: dropping the generation (the client went away, or the filter refused)
 //! cancels it on the server; both drivers drop it as soon as nothing more is wanted.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http::Response;
 use http::header::{CONTENT_TYPE, HeaderValue};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent, GenerationStream};
 use ringmaster_pool::InFlight;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, info, warn};
 
 use super::Tracker;
 use crate::api::{
     MessageDeltaBody, MessageResponse, MessagesRequest, Role, StopReason, StreamEvent, TextBlock,
     Usage,
 };
-use crate::body::{ChannelBody, ResponseBody};
+use crate::body::ResponseBody;
 use crate::error::ApiError;
 use crate::safety::{Blocked, OutputFilter};
-
-/// Frames buffered between the stream producer and a slow client.
-const SSE_CHANNEL_FRAMES: usize = 64;
 
 /// How a reply ended.
 enum Ended {
@@ -256,7 +260,7 @@ pub(super) async fn collect(
     }
 }
 
-/// The reply as server-sent events, produced by a task as the generation goes.
+/// The reply as server-sent events, produced as the client's connection asks for them.
 pub(super) fn stream(
     tracker: Tracker,
     request: &MessagesRequest,
@@ -264,122 +268,153 @@ pub(super) fn stream(
     in_flight: InFlight,
     message_id: String,
 ) -> Response<ResponseBody> {
-    let (tx, body) = ChannelBody::channel(SSE_CHANNEL_FRAMES);
-    let mut machine = ReplyMachine::new(&tracker, request, message_id);
-    // What is already here (the event the server's client looked at first, and any that came
-    // with it) is the body's first frame before the response leaves, so that the headers and
-    // the first frame go out in one write.
-    let mut generation = generation;
-    let mut out = Vec::new();
-    let mut ended = None;
-    take_ready(
-        &tracker,
-        &mut machine,
-        &mut generation,
-        &mut ended,
-        &mut out,
-    );
-    if !out.is_empty() {
-        // A new channel has room: this cannot fail for want of space.
-        let _ = tx.try_send(frame(&mut out));
-    }
-    let task = produce(tracker, machine, generation, in_flight, tx, ended);
-    tokio::spawn(task.in_current_span());
-    let mut response = Response::new(body);
+    let machine = ReplyMachine::new(&tracker, request, message_id);
+    let body = SseReply {
+        tracker,
+        machine,
+        generation: Some(generation),
+        in_flight: Some(in_flight),
+        out: Vec::new(),
+        ended: None,
+        gather_rounds: 0,
+        idle_rounds: 0,
+        sent_first: false,
+        span: tracing::Span::current(),
+    };
+    let mut response = Response::new(body.boxed_unsync());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert("cache-control", HeaderValue::from_static("no-cache"));
     response
 }
 
-async fn produce(
+/// Most turns a frame waits for the server's reader to hand over more of what it read.
+const GATHER_ROUNDS: usize = 32;
+
+/// Turns in a row that brought nothing after which the frame goes out (the reader hands over
+/// one body frame every second turn).
+const IDLE_ROUNDS: usize = 2;
+
+/// A streamed reply as a response body: each poll takes every event the generation has
+/// ready (a remote server's reply is read right here, in the connection's task) and hands
+/// them out as one frame, so what the server sent together goes to the client in one write,
+/// with no task or channel between the two sockets. When the client goes away, hyper drops
+/// the body, and with it the generation, which cancels it on its server.
+struct SseReply {
     tracker: Tracker,
-    mut machine: ReplyMachine,
-    mut generation: GenerationStream,
-    in_flight: InFlight,
-    tx: tokio::sync::mpsc::Sender<Bytes>,
+    machine: ReplyMachine,
+    /// `None` once the reply ended (dropped at once: that frees the server's connection).
+    generation: Option<GenerationStream>,
+    in_flight: Option<InFlight>,
+    out: Vec<StreamEvent>,
     ended: Option<Ended>,
-) {
-    let started = tracker.started;
-    let server = in_flight.server().id().to_owned();
-    let mut out = Vec::new();
-    let ended = if ended.is_some() {
-        ended
-    } else {
-        loop {
-            let event = tokio::select! {
-                event = generation.next() => event,
-                () = tx.closed() => break None,
-            };
-            let mut ended = machine.on(&tracker, event, &mut out);
-            ended = gather(&tracker, &mut machine, &mut generation, ended, &mut out).await;
-            if !send_frame(&tx, &mut out).await {
-                break None;
-            }
-            if ended.is_some() {
-                break ended;
-            }
-        }
-    };
-    match ended {
-        Some(Ended::Finished { output_tokens }) => debug!(
-            server,
-            output_tokens,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "stream.done"
-        ),
-        Some(Ended::Blocked | Ended::Failed(_)) => {}
-        None => {
-            drop(generation);
-            tracker.gateway.metrics.client_disconnects.inc();
-            debug!(server, "stream.client_disconnected");
-        }
-    }
-    drop(in_flight);
+    /// Turns given to the server's reader for the frame being gathered.
+    gather_rounds: usize,
+    /// Of those, the last ones in a row that brought nothing.
+    idle_rounds: usize,
+    /// The first frame (the message's start and what came with it) is out.
+    sent_first: bool,
+    /// The request's span, entered on every poll: the body is polled by hyper, outside the
+    /// handler.
+    span: tracing::Span,
 }
 
-/// Most times a batch waits for the server's reader to hand over more of what it has read.
-const GATHER_ROUNDS: usize = 16;
-
-/// Adds to `out` what else the server sent together with the last event: what the stream
-/// has ready now, and what its reader hands over after a yield (a server's burst comes as
-/// several reads of one buffer). What the server sent together then goes to the client
-/// together: one frame, one write.
-async fn gather(
-    tracker: &Tracker,
-    machine: &mut ReplyMachine,
-    generation: &mut GenerationStream,
-    mut ended: Option<Ended>,
-    out: &mut Vec<StreamEvent>,
-) -> Option<Ended> {
-    for round in 0..GATHER_ROUNDS {
-        let took = take_ready(tracker, machine, generation, &mut ended, out);
-        if ended.is_some() || (round > 0 && !took) {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
-    ended
-}
-
-/// Feeds `machine` what `generation` has ready now, until the reply ends; whether there was
-/// anything.
-fn take_ready(
-    tracker: &Tracker,
-    machine: &mut ReplyMachine,
-    generation: &mut GenerationStream,
-    ended: &mut Option<Ended>,
-    out: &mut Vec<StreamEvent>,
-) -> bool {
-    let mut took = false;
-    while ended.is_none() {
-        let Some(event) = generation.try_next() else {
-            break;
+impl SseReply {
+    /// Feeds the machine what the generation has ready; `Pending` only when it had nothing,
+    /// else whether it had anything.
+    fn poll_events(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        let Some(generation) = self.generation.as_mut() else {
+            return Poll::Ready(false);
         };
-        took = true;
-        *ended = machine.on(tracker, Some(event), out);
+        let mut took = false;
+        while self.ended.is_none() {
+            match generation.poll_next(cx) {
+                Poll::Ready(event) => {
+                    took = true;
+                    self.ended = self.machine.on(&self.tracker, event, &mut self.out);
+                }
+                Poll::Pending if took => break,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        if let Some(ended) = &self.ended {
+            if let Ended::Finished { output_tokens } = ended {
+                debug!(
+                    server = self.in_flight.as_ref().map(|f| f.server().id()),
+                    output_tokens,
+                    elapsed_ms = self.tracker.started.elapsed().as_millis() as u64,
+                    "stream.done"
+                );
+            }
+            self.generation = None;
+            self.in_flight = None;
+        }
+        Poll::Ready(took)
     }
-    took
+}
+
+impl Body for SseReply {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        let _entered = this.span.clone().entered();
+        loop {
+            let took = match this.poll_events(cx) {
+                Poll::Ready(took) => took,
+                Poll::Pending if this.out.is_empty() => return Poll::Pending,
+                // Nothing new this turn.
+                Poll::Pending => false,
+            };
+            if !this.out.is_empty() {
+                // A server's burst reaches the stream one body frame per two turns of its
+                // connection's task: give that task turns while they bring more, so that what
+                // the server sent together goes to the client together (one frame, one write).
+                if took {
+                    this.idle_rounds = 0;
+                } else {
+                    this.idle_rounds += 1;
+                }
+                // The first frame goes at once, with the headers, in one write: the first
+                // token's latency is the one the client measures.
+                if this.sent_first
+                    && this.ended.is_none()
+                    && this.gather_rounds < GATHER_ROUNDS
+                    && this.idle_rounds < IDLE_ROUNDS
+                {
+                    this.gather_rounds += 1;
+                    // Tokio's yield: the wake is deferred until the tasks already woken (the
+                    // reader) have run; a plain self-wake would run this task first again.
+                    // The first poll of `yield_now` registers exactly that deferred wake.
+                    let _ = std::pin::pin!(tokio::task::yield_now()).poll(cx);
+                    return Poll::Pending;
+                }
+                (this.gather_rounds, this.idle_rounds) = (0, 0);
+                this.sent_first = true;
+                return Poll::Ready(Some(Ok(Frame::data(frame(&mut this.out)))));
+            }
+            if this.ended.is_some() {
+                return Poll::Ready(None);
+            }
+        }
+    }
+}
+
+impl Drop for SseReply {
+    fn drop(&mut self) {
+        if self.ended.is_none() {
+            let _entered = self.span.enter();
+            self.tracker.gateway.metrics.client_disconnects.inc();
+            debug!(
+                server = self.in_flight.as_ref().map(|f| f.server().id()),
+                "stream.client_disconnected"
+            );
+        }
+    }
 }
 
 /// `out`'s events as one SSE frame (emptying `out`).
@@ -389,11 +424,6 @@ fn frame(out: &mut Vec<StreamEvent>) -> Bytes {
         event.write_sse(&mut frame);
     }
     Bytes::from(frame)
-}
-
-/// Sends `out` as one frame; `false` when the client is gone.
-async fn send_frame(tx: &tokio::sync::mpsc::Sender<Bytes>, out: &mut Vec<StreamEvent>) -> bool {
-    out.is_empty() || tx.send(frame(out)).await.is_ok()
 }
 
 fn stop_of(reason: &FinishReason) -> (StopReason, Option<String>) {

@@ -17,8 +17,9 @@
 //! gap between two reads of the body. [`RemoteWorker::submit`] returns only once the reply's
 //! first event is in, so every failure before the first token (refused, reset, 5xx, 429, a
 //! stream that breaks or errs before it starts) is an `Err` the gateway can retry elsewhere.
-//! The relay to the gateway is a bounded channel: a slow client slows the reading of the
-//! server's socket instead of growing a buffer.
+//! The reply is read by whoever consumes its stream ([`reply`]), with no task or channel in
+//! between: a slow client slows the reading of the server's socket instead of growing a
+//! buffer.
 //!
 //! Health: the load poll (`/load` every [`LOAD_POLL_INTERVAL`]; a 404 there means an ordinary
 //! OpenAI server, which is up whenever it answers) is the active check; consecutive request
@@ -31,6 +32,7 @@
 
 mod chunks;
 mod follow;
+mod reply;
 mod sse;
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -41,11 +43,12 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use ringmaster_gpu_runtime::{GenerateEvent, GenerateRequest, GenerationStream, LoadReport};
 use serde::Serialize;
-use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::warn;
 
 pub use chunks::{DecodeError, ReplyDecoder, error_message};
 pub use sse::{SseDecoder, SseError};
+
+use reply::RemoteReply;
 
 use crate::kv_view::ReportedCache;
 
@@ -63,7 +66,7 @@ pub const LOAD_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Most bytes read from a reply after its last event, to hand its connection back to the
 /// pool; a server that sends more than this after finishing loses the connection instead.
-const DRAIN_LIMIT_BYTES: usize = 64 * 1024;
+pub(super) const DRAIN_LIMIT_BYTES: usize = 64 * 1024;
 
 /// How one server's client behaves: timeouts, limits, connection pooling and ejection.
 /// `[upstream]` in the config; every value has a default fit for loopback and LAN fleets.
@@ -84,8 +87,6 @@ pub struct UpstreamSettings {
     pub chunk_gap_timeout: Duration,
     /// Largest SSE line or event, and largest whole JSON answer (`max_event_bytes`, 4 MiB).
     pub max_event_bytes: usize,
-    /// Events buffered between a server's reader and the client's writer (`relay_events`, 64).
-    pub relay_events: usize,
     /// Idle connections kept per server (`pool_max_idle_per_server`, 1024).
     pub pool_max_idle: usize,
     /// How long an idle connection is kept (`pool_idle_timeout_ms`, 90 s).
@@ -110,7 +111,6 @@ impl Default for UpstreamSettings {
             whole_answer_timeout: Duration::from_secs(600),
             chunk_gap_timeout: Duration::from_secs(60),
             max_event_bytes: 4 * 1024 * 1024,
-            relay_events: 64,
             pool_max_idle: 1024,
             pool_idle_timeout: Duration::from_secs(90),
             http2_prior_knowledge: false,
@@ -470,24 +470,23 @@ impl RemoteWorker {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         if json_answer {
-            let mut events = read_whole(response, &self.settings).await.into_iter();
-            let first = events.next();
-            let (tx, rx) = mpsc::channel(events.len().max(1));
-            for event in events {
-                // Sized to fit: never full.
-                let _ = tx.try_send(event);
-            }
-            return self.started(first, rx);
+            let events = read_whole(response, &self.settings).await;
+            return self.started(GenerationStream::from_events(events)).await;
         }
-        let (tx, mut rx) = mpsc::channel(self.settings.relay_events.max(1));
-        let relay = Relay {
-            url: self.url.clone(),
-            request_id: request.request_id.clone(),
-            settings: self.settings.clone(),
-            tx,
-        };
-        tokio::spawn(relay.run(response));
-        let first = tokio::time::timeout(self.settings.first_token_timeout, rx.recv())
+        let reply = RemoteReply::new(
+            response.into_body(),
+            &self.settings,
+            self.url.clone(),
+            request.request_id.clone(),
+        );
+        self.started(GenerationStream::from_source(Box::new(reply)))
+            .await
+    }
+
+    /// The reply's stream once its first event is in (within `first_token_timeout`), or why
+    /// it never began.
+    async fn started(&self, mut stream: GenerationStream) -> Result<GenerationStream, RemoteError> {
+        let first = tokio::time::timeout(self.settings.first_token_timeout, stream.next())
             .await
             .map_err(|_| RemoteError::Unreachable {
                 url: self.url.clone(),
@@ -497,15 +496,6 @@ impl RemoteWorker {
                 ),
                 timeout: true,
             })?;
-        self.started(first, rx)
-    }
-
-    /// The reply's stream once its first event is in, or why it never began.
-    fn started(
-        &self,
-        first: Option<GenerateEvent>,
-        rx: mpsc::Receiver<GenerateEvent>,
-    ) -> Result<GenerationStream, RemoteError> {
         match first {
             Some(GenerateEvent::Failed { message }) => Err(RemoteError::Broken {
                 url: self.url.clone(),
@@ -515,7 +505,7 @@ impl RemoteWorker {
                 url: self.url.clone(),
                 why: "the reply ended with nothing in it".into(),
             }),
-            Some(first) => Ok(GenerationStream::from_bounded_channel(Some(first), rx)),
+            Some(first) => Ok(stream.with_front(first)),
         }
     }
 }
@@ -564,7 +554,7 @@ type RequestClient = hyper_util::client::legacy::Client<
 >;
 
 /// An error with its sources, which is where the client says what actually failed.
-fn error_chain(error: &dyn std::error::Error) -> String {
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
@@ -639,83 +629,10 @@ impl ReplyReader {
     }
 }
 
-/// Reads one reply from a server and relays its events.
-struct Relay {
-    url: String,
-    request_id: String,
-    settings: UpstreamSettings,
-    tx: mpsc::Sender<GenerateEvent>,
-}
-
-impl Relay {
-    async fn run(self, response: http::Response<Incoming>) {
-        let mut events = Vec::new();
-        let mut body = response.into_body();
-        let gap = self.settings.chunk_gap_timeout;
-        let mut reader = ReplyReader::new(self.settings.max_event_bytes);
-        loop {
-            let next = match tokio::time::timeout(gap, next_data(&mut body)).await {
-                Ok(next) => next,
-                Err(_) => {
-                    reader.fail(format!("the server sent nothing for {gap:?}"), &mut events);
-                    self.send_all(&mut events).await;
-                    return;
-                }
-            };
-            match next {
-                Some(Ok(bytes)) => reader.feed(&bytes, &mut events),
-                Some(Err(e)) => {
-                    reader.fail(
-                        format!("the reply broke off: {}", error_chain(&e)),
-                        &mut events,
-                    );
-                }
-                None => reader.end(&mut events),
-            }
-            let done = reader.is_done();
-            if !self.send_all(&mut events).await {
-                // The client went away: dropping the body closes the connection, which
-                // cancels the generation on the server.
-                debug!(request_id = %self.request_id, server = %self.url, "remote.cancelled");
-                return;
-            }
-            if done {
-                if reader.counted_output() {
-                    debug!(request_id = %self.request_id, server = %self.url, "remote.usage_counted");
-                }
-                drain(body, gap).await;
-                return;
-            }
-        }
-    }
-
-    /// Sends `events` in order; `false` when the receiver is gone.
-    async fn send_all(&self, events: &mut Vec<GenerateEvent>) -> bool {
-        for event in events.drain(..) {
-            if self.tx.send(event).await.is_err() {
-                return false;
-            }
-        }
-        true
-    }
-}
-
-/// Reads what is left of a finished reply (`[DONE]`, the chunked terminator) so that its
-/// connection goes back to the pool; gives up (closing it) past a few KiB or a gap.
-async fn drain(mut body: Incoming, gap: Duration) {
-    let mut read = 0;
-    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, next_data(&mut body)).await {
-        read += chunk.len();
-        if read > DRAIN_LIMIT_BYTES {
-            return;
-        }
-    }
-}
-
 /// The body's next data (trailers are skipped); `None` at its end.
 ///
 /// Cancel safety: cancel-safe; a frame is never lost if the future is dropped.
-async fn next_data(body: &mut Incoming) -> Option<Result<bytes::Bytes, hyper::Error>> {
+pub(super) async fn next_data(body: &mut Incoming) -> Option<Result<bytes::Bytes, hyper::Error>> {
     loop {
         match body.frame().await? {
             Ok(frame) => {

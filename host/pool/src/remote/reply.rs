@@ -1,0 +1,184 @@
+//! One streamed reply read from its server's socket by whoever consumes it: the response
+//! body, the [`ReplyReader`] and the events one read completed, with no task and no channel
+//! in between (the client's writer polls, this reads).
+//!
+//! Backpressure needs no buffer: nothing more is read until the consumer asks for the next
+//! event, so a slow client slows the reading of the server's socket, and what is held at any
+//! time is the events of one read. The gap between two reads is bounded by
+//! `chunk_gap_timeout`. Once the reply has finished, what is left of the body (`[DONE]`, the
+//! chunked terminator) is read so that the connection goes back to the pool; dropping the
+//! reply before it finished drops the body, which closes the connection, which is how the
+//! server learns to cancel the generation. This module must not decide anything about the
+//! events themselves (the reader does) nor about the server's health (the caller does).
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body, Incoming};
+use ringmaster_gpu_runtime::{EventSource, GenerateEvent};
+use tokio::time::{Instant, Sleep};
+use tracing::debug;
+
+use super::{DRAIN_LIMIT_BYTES, ReplyReader, UpstreamSettings, error_chain};
+
+/// A server's streamed reply, read on demand.
+pub(super) struct RemoteReply {
+    /// `None` once the body ended (or was handed to a drain).
+    body: Option<Incoming>,
+    reader: ReplyReader,
+    ready: VecDeque<GenerateEvent>,
+    scratch: Vec<GenerateEvent>,
+    gap: Duration,
+    /// Fires when the server has been silent for `gap`: armed when a read finds nothing (a
+    /// reply that is all there never arms a timer), re-armed after data came.
+    silence: Option<Pin<Box<Sleep>>>,
+    /// Data came since `silence` was armed.
+    heard: bool,
+    url: String,
+    request_id: String,
+}
+
+impl RemoteReply {
+    pub(super) fn new(
+        body: Incoming,
+        settings: &UpstreamSettings,
+        url: String,
+        request_id: String,
+    ) -> Self {
+        let gap = settings.chunk_gap_timeout;
+        Self {
+            body: Some(body),
+            reader: ReplyReader::new(settings.max_event_bytes),
+            ready: VecDeque::new(),
+            scratch: Vec::new(),
+            gap,
+            silence: None,
+            heard: false,
+            url,
+            request_id,
+        }
+    }
+
+    /// Reads until the events of one read are ready, the reply is done, or the body has
+    /// nothing more for now.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        while self.ready.is_empty() && !self.reader.is_done() {
+            let Some(body) = self.body.as_mut() else {
+                self.reader.end(&mut self.scratch);
+                break;
+            };
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.reader.feed(&data, &mut self.scratch);
+                        self.heard = true;
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.body = None;
+                    self.reader.fail(
+                        format!("the reply broke off: {}", error_chain(&e)),
+                        &mut self.scratch,
+                    );
+                }
+                Poll::Ready(None) => {
+                    self.body = None;
+                    self.reader.end(&mut self.scratch);
+                }
+                Poll::Pending => {
+                    if self.silent(cx) {
+                        self.body = None;
+                        self.reader.fail(
+                            format!("the server sent nothing for {:?}", self.gap),
+                            &mut self.scratch,
+                        );
+                    } else {
+                        return Poll::Pending;
+                    }
+                }
+            }
+            self.ready.extend(self.scratch.drain(..));
+        }
+        self.ready.extend(self.scratch.drain(..));
+        if self.reader.is_done() {
+            self.finish_body(cx);
+        }
+        Poll::Ready(())
+    }
+
+    /// Whether the server has now been silent for `gap` (else the timer is armed with `cx`).
+    fn silent(&mut self, cx: &mut Context<'_>) -> bool {
+        let gap = self.gap;
+        let silence = self
+            .silence
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(gap)));
+        if std::mem::take(&mut self.heard) {
+            silence.as_mut().reset(Instant::now() + gap);
+        }
+        silence.as_mut().poll(cx).is_ready()
+    }
+
+    /// Reads what is already there of a finished reply's rest, so that in the common case
+    /// (the whole rest came with the last event) the connection is back in the pool before
+    /// the last event is handed out.
+    fn finish_body(&mut self, cx: &mut Context<'_>) {
+        let mut read = 0;
+        while let Some(body) = self.body.as_mut() {
+            match Pin::new(body).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => {
+                    read += frame.data_ref().map_or(0, |d| d.len());
+                    if read > DRAIN_LIMIT_BYTES {
+                        self.body = None;
+                    }
+                }
+                Poll::Ready(Some(Err(_)) | None) => self.body = None,
+                Poll::Pending => return,
+            }
+        }
+    }
+}
+
+impl EventSource for RemoteReply {
+    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>> {
+        if self.ready.is_empty() {
+            std::task::ready!(self.poll_read(cx));
+        }
+        Poll::Ready(self.ready.pop_front())
+    }
+}
+
+impl Drop for RemoteReply {
+    fn drop(&mut self) {
+        if !self.reader.is_done() {
+            if self.body.is_some() {
+                // Dropping the body closes the connection, which cancels the generation.
+                debug!(request_id = %self.request_id, server = %self.url, "remote.cancelled");
+            }
+            return;
+        }
+        if self.reader.counted_output() {
+            debug!(request_id = %self.request_id, server = %self.url, "remote.usage_counted");
+        }
+        // The rest did not come with the last event: read it elsewhere, so that the
+        // connection still goes back to the pool.
+        if let Some(body) = self.body.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(drain(body, self.gap));
+        }
+    }
+}
+
+/// Reads what is left of a finished reply so that its connection goes back to the pool;
+/// gives up (closing it) past [`DRAIN_LIMIT_BYTES`] or a gap.
+async fn drain(mut body: Incoming, gap: Duration) {
+    let mut read = 0;
+    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, super::next_data(&mut body)).await {
+        read += chunk.len();
+        if read > DRAIN_LIMIT_BYTES {
+            return;
+        }
+    }
+}
