@@ -5,7 +5,8 @@
 
 use crate::EngineError;
 use crate::cost::{
-    DEFAULT_KV_BLOCKS, DEFAULT_MAX_RUNNING, DEFAULT_STEP_TOKEN_BUDGET, SimCostModel,
+    DEFAULT_KV_BLOCKS, DEFAULT_MAX_RUNNING, DEFAULT_PREFILL_TOKENS_WHILE_DECODING,
+    DEFAULT_STEP_TOKEN_BUDGET, SimCostModel,
 };
 
 /// Everything an engine needs to know before it starts.
@@ -20,6 +21,10 @@ pub struct EngineConfig {
     /// Most tokens computed per step ([`DEFAULT_STEP_TOKEN_BUDGET`]); at least `max_running`,
     /// so that every running sequence can decode in every step.
     pub step_token_budget: u32,
+    /// Most prompt tokens in a step that also decodes
+    /// ([`DEFAULT_PREFILL_TOKENS_WHILE_DECODING`]; at most `step_token_budget`): keeps
+    /// decoding moving while long prompts prefill.
+    pub prefill_tokens_while_decoding: u32,
     /// The simulated executor's cost model (also what the modelled clock runs on when the
     /// executor is simulated).
     pub cost: SimCostModel,
@@ -37,6 +42,7 @@ impl EngineConfig {
             kv_blocks: DEFAULT_KV_BLOCKS,
             max_running: DEFAULT_MAX_RUNNING,
             step_token_budget: DEFAULT_STEP_TOKEN_BUDGET,
+            prefill_tokens_while_decoding: DEFAULT_PREFILL_TOKENS_WHILE_DECODING,
             cost: SimCostModel::default(),
             time_scale: 1.0,
         }
@@ -59,6 +65,9 @@ impl EngineConfig {
                 "step_token_budget ({}) must be at least max_running ({}) so every running sequence can decode each step",
                 self.step_token_budget, self.max_running
             ));
+        }
+        if self.prefill_tokens_while_decoding == 0 {
+            return invalid("prefill_tokens_while_decoding must be at least 1".into());
         }
         if !(self.time_scale.is_finite() && self.time_scale >= 0.0) {
             return invalid(format!(

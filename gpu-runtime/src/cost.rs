@@ -52,6 +52,13 @@ pub const DEFAULT_MAX_RUNNING: u32 = 256;
 /// prefill efficient, small enough to keep decode steps from stalling behind a long prompt.
 pub const DEFAULT_STEP_TOKEN_BUDGET: u32 = 8192;
 
+/// Most prompt tokens a step computes while sequences are decoding in it (Sarathi-Serve's
+/// stall-free batching): a long prompt's prefill then takes more steps, but no step is long
+/// enough to stall the running replies. At the default cost model a step with 512 prefill
+/// tokens and 256 decodes takes 8 + 25.6 + 51.2 ≈ 85 ms, under the 100 ms a token may take.
+/// A step with no decode takes the whole `step_token_budget`.
+pub const DEFAULT_PREFILL_TOKENS_WHILE_DECODING: u32 = 512;
+
 /// How long a step takes on the modelled hardware.
 ///
 /// `duration = decode_step_base + decode_step_per_seq × decode_seqs + prefill_tokens /

@@ -339,6 +339,7 @@ impl EngineHandle {
                 kv_blocks: config.kv_blocks,
                 max_running: config.max_running,
                 step_token_budget: config.step_token_budget,
+                prefill_tokens_while_decoding: config.prefill_tokens_while_decoding,
             }),
             requests: HashMap::new(),
             submissions: rx,
@@ -550,6 +551,8 @@ struct Request {
     cached_tokens: u32,
     output_tokens: u32,
     max_tokens: u32,
+    /// The end-of-turn token does not end the reply (see [`SamplingParams::ignore_eos`]).
+    ignore_eos: bool,
     started: bool,
     output: OutputText,
 }
@@ -713,6 +716,7 @@ impl Engine {
         }
         let prompt_tokens = saturating_u32(s.prompt.len());
         debug!(engine = %self.name, request_id = %s.request_id, seq = %s.seq_id, prompt_tokens, "request.queued");
+        let ignore_eos = s.sampling.ignore_eos;
         self.scheduler.add(NewSequence {
             seq_id: s.seq_id,
             prompt: s.prompt,
@@ -729,6 +733,7 @@ impl Engine {
                 cached_tokens: 0,
                 output_tokens: 0,
                 max_tokens: s.max_tokens,
+                ignore_eos,
                 started: false,
                 output: OutputText::new(&s.stop_sequences),
             },
@@ -793,7 +798,7 @@ impl Engine {
                 cached_tokens: r.cached_tokens,
             });
         }
-        let reason = if self.tokenizer.is_end_of_turn(token.token_id) {
+        let reason = if !r.ignore_eos && self.tokenizer.is_end_of_turn(token.token_id) {
             send_text(&r.events, r.output.flush());
             Some(FinishReason::EndOfTurn)
         } else {

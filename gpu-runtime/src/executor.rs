@@ -191,6 +191,18 @@ impl SimExecutor {
     /// The token the simulated model produces at output position `output_index` (0 for the
     /// first generated token) for a prompt with this fingerprint and seed.
     pub fn token_at(&self, prompt_fingerprint: u64, seed: Option<u64>, output_index: u64) -> u32 {
+        self.sample(prompt_fingerprint, seed, output_index, false)
+    }
+
+    /// [`Self::token_at`], or with `ignore_eos` a word at every position: the reply then
+    /// runs to `max_tokens`.
+    fn sample(
+        &self,
+        prompt_fingerprint: u64,
+        seed: Option<u64>,
+        output_index: u64,
+        ignore_eos: bool,
+    ) -> u32 {
         let key = match seed {
             Some(seed) => xxh3_64_with_seed(&prompt_fingerprint.to_le_bytes(), seed),
             None => prompt_fingerprint,
@@ -198,7 +210,7 @@ impl SimExecutor {
         let len = SIM_MIN_REPLY_TOKENS
             + xxh3_64_with_seed(&key.to_le_bytes(), SIM_LENGTH_SEED)
                 % (SIM_MAX_REPLY_TOKENS - SIM_MIN_REPLY_TOKENS);
-        if output_index >= len {
+        if output_index >= len && !ignore_eos {
             return IM_END;
         }
         let word = xxh3_64_with_seed(&output_index.to_le_bytes(), key) % SIM_WORDS.len() as u64;
@@ -217,7 +229,12 @@ impl Executor for SimExecutor {
                 let output_index = position.saturating_sub(u64::from(s.prompt_len));
                 SampledToken {
                     seq_id: s.seq_id,
-                    token_id: self.token_at(s.prompt_fingerprint, s.sampling.seed, output_index),
+                    token_id: self.sample(
+                        s.prompt_fingerprint,
+                        s.sampling.seed,
+                        output_index,
+                        s.sampling.ignore_eos,
+                    ),
                 }
             })
             .collect();

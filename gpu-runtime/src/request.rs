@@ -46,6 +46,9 @@ pub struct SamplingParams {
     pub top_k: Option<u32>,
     /// Seed for reproducible sampling; `None` lets the executor choose.
     pub seed: Option<u64>,
+    /// Keep generating past the end-of-turn token until `max_tokens` (vLLM's `ignore_eos`):
+    /// a replay or a benchmark gets exactly the output length it asks for.
+    pub ignore_eos: bool,
 }
 
 /// One chat completion to run.

@@ -19,7 +19,10 @@
 //!    and output so far when readmitted (its registered blocks stay in the prefix cache, so the
 //!    recompute is often cheap). No request is lost.
 //! 3. **In-progress prefills** continue, oldest first, in chunks that fit the budget (chunked
-//!    prefill: a long prompt takes several steps and never stalls the decodes).
+//!    prefill: a long prompt takes several steps). In a step that decodes, prefill gets at
+//!    most `prefill_tokens_while_decoding` tokens (Sarathi-Serve's stall-free batching), so a
+//!    long prompt never stalls the running replies; a step with no decode uses the whole
+//!    budget.
 //! 4. **Admission** (skipped in a step that preempted): waiting sequences in arrival order
 //!    while fewer than `max_running` run, budget remains and the KV cache holds the uncached
 //!    part of the prompt plus [`ADMISSION_HEADROOM_BLOCKS`] (counting evictable cached
@@ -54,6 +57,8 @@ pub struct SchedulerConfig {
     pub max_running: u32,
     /// Most tokens computed per step; at least `max_running`.
     pub step_token_budget: u32,
+    /// Most prompt tokens computed in a step that also decodes.
+    pub prefill_tokens_while_decoding: u32,
 }
 
 /// A sequence to schedule.
@@ -274,6 +279,12 @@ impl Scheduler {
             i += 1;
         }
 
+        // Stall-free batching: with decodes in the step, prefill gets only a slice, so that a
+        // long prompt never makes a step (and with it every running reply's next token) slow.
+        if !planned.is_empty() {
+            budget = budget.min(self.config.prefill_tokens_while_decoding as usize);
+        }
+
         // (3) Prefills in progress, oldest first.
         for &id in &self.running {
             if budget == 0 {
@@ -448,11 +459,13 @@ mod tests {
     use crate::executor::{Executor, SimExecutor};
     use crate::tokenizer::IM_END;
 
+    /// A scheduler whose decoding steps may use the whole budget for prefill.
     fn config(kv_blocks: u32, max_running: u32, budget: u32) -> SchedulerConfig {
         SchedulerConfig {
             kv_blocks,
             max_running,
             step_token_budget: budget,
+            prefill_tokens_while_decoding: budget,
         }
     }
 
@@ -522,6 +535,40 @@ mod tests {
         assert!(second.sample);
         // Step 1 also starts seq 1 with the 28 tokens left in the budget.
         assert_eq!(schedules[1].plan.seqs[1].new_token_ids.len(), 28);
+    }
+
+    #[test]
+    fn a_long_prefill_gets_only_a_slice_of_a_step_that_decodes() {
+        let mut s = Scheduler::new(SchedulerConfig {
+            prefill_tokens_while_decoding: 32,
+            ..config(1000, 4, 512)
+        });
+        s.add(new_seq(0, prompt(0, 20)));
+        // Seq 0 prefills alone (a whole budget's worth would fit), then decodes.
+        let (outputs_before, _) = (s.schedule(), ());
+        assert_eq!(outputs_before.plan.num_tokens(), 20);
+        let mut ex = SimExecutor::new(SimCostModel::default());
+        let out = ex.execute(&outputs_before.plan);
+        s.apply(&outputs_before.plan, &out);
+        // A 2,000-token prompt arrives while seq 0 decodes: 32 of it per step, not 511.
+        s.add(new_seq(1, prompt(5000, 2000)));
+        for _ in 0..5 {
+            let step = s.schedule();
+            let prefill: usize = step
+                .plan
+                .seqs
+                .iter()
+                .filter(|p| p.seq_id == SeqId(1))
+                .map(|p| p.new_token_ids.len())
+                .sum();
+            assert!(step.plan.seqs.iter().any(|p| p.seq_id == SeqId(0)));
+            assert_eq!(prefill, 32);
+            let out = ex.execute(&step.plan);
+            s.apply(&step.plan, &out);
+        }
+        // Once nothing decodes, prefill takes the whole budget again.
+        s.finish(SeqId(0));
+        assert_eq!(s.schedule().plan.num_tokens(), 512);
     }
 
     #[test]

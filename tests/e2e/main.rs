@@ -9,7 +9,6 @@ mod errors;
 mod gates;
 mod model;
 mod policies;
-mod routing_quality;
 mod support;
 mod upstream;
 mod worker;

@@ -173,6 +173,28 @@ async fn max_tokens_ends_with_max_tokens() {
 }
 
 #[tokio::test]
+async fn ignore_eos_runs_to_max_tokens_past_the_end_of_the_turn() {
+    let engine = EngineHandle::spawn(fast("e")).unwrap();
+    // Past the longest reply the simulated model would give on its own.
+    let wanted = crate::executor::SIM_MAX_REPLY_TOKENS as u32 + 200;
+    let plain = generate(&engine, request(None, vec![user("Hi")], wanted)).await;
+    assert_eq!(plain.reason, FinishReason::EndOfTurn);
+    let mut long = request(None, vec![user("Hi")], wanted);
+    long.sampling.ignore_eos = true;
+    let long = generate(&engine, long).await;
+    assert_eq!(long.reason, FinishReason::MaxTokens);
+    assert_eq!(
+        (long.output_tokens, long.tokens.len() as u32),
+        (wanted, wanted)
+    );
+    assert!(
+        long.text().starts_with(&plain.text()),
+        "the same reply, carried on"
+    );
+    assert!(!long.text().contains("<|im_end|>"));
+}
+
+#[tokio::test]
 async fn stop_sequences_end_generation_and_are_never_streamed() {
     let engine = EngineHandle::spawn(fast("e")).unwrap();
     let req = request(None, vec![user("Write something.")], 1000);

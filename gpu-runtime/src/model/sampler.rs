@@ -84,6 +84,7 @@ mod tests {
             top_p,
             top_k,
             seed: None,
+            ignore_eos: false,
         }
     }
 

@@ -81,6 +81,9 @@ struct RawRequest {
     stream: bool,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    /// vLLM's extension: keep generating past the end of the turn, to `max_tokens`.
+    #[serde(default)]
+    ignore_eos: bool,
     /// Ringmaster's extension: the scheduling priority, 0 = lowest (preempted first).
     #[serde(default)]
     ringmaster_priority: Option<u8>,
@@ -173,6 +176,7 @@ impl Request {
                     top_p: raw.top_p,
                     top_k: raw.top_k,
                     seed: raw.seed,
+                    ignore_eos: raw.ignore_eos,
                 },
                 prompt,
                 priority: raw.ringmaster_priority.unwrap_or(0),

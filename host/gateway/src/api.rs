@@ -46,6 +46,9 @@ pub struct MessagesRequest {
     pub stop_sequences: Vec<String>,
     /// `metadata.user_id`, used as the session id for routing when present.
     pub user_id: Option<String>,
+    /// Ringmaster's extension (vLLM's `ignore_eos`): generate exactly `max_tokens`, for
+    /// replays and benchmarks that must carry a trace's output lengths.
+    pub ignore_eos: bool,
 }
 
 /// One message of a validated request.
@@ -77,6 +80,8 @@ struct RawRequest {
     stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     metadata: Option<RawMetadata>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 #[derive(Deserialize)]
@@ -233,6 +238,7 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
         top_k,
         stop_sequences,
         user_id: user_id.filter(|id| !id.is_empty()),
+        ignore_eos: raw.ignore_eos,
     })
 }
 

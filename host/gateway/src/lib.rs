@@ -20,7 +20,7 @@ pub mod builtin;
 mod collectors;
 pub mod config;
 pub mod error;
-mod messages;
+pub mod messages;
 pub mod metrics;
 pub mod policy;
 mod respond;
@@ -35,6 +35,7 @@ use std::sync::Arc;
 pub use ringmaster_pool as pool;
 pub use ringmaster_pool::{kv_view, prefix_index, remote};
 
+pub use body::ResponseBody;
 pub use config::{Config, RawConfig};
 pub use service::serve;
 

@@ -183,6 +183,7 @@ mod tests {
             top_k: None,
             stop_sequences: vec![],
             user_id: None,
+            ignore_eos: false,
         }
     }
 

@@ -41,6 +41,30 @@ enum Command {
     DefaultConfig,
     /// Serve one model engine over HTTP (OpenAI-compatible API, load, KV events).
     Worker(WorkerArgs),
+    /// Benchmarks that run in process.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Replay a trace through the routing code on the modelled clock, once per router, and
+    /// report hit ratios, TTFT, load balance and the gap to the cache oracles.
+    Replay(ReplayArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ReplayArgs {
+    /// The scenario file (TOML: trace, servers, kv_blocks, routers; see
+    /// `host/replay/scenarios/`).
+    scenarios: Vec<PathBuf>,
+    /// Where the JSON and Markdown results go.
+    #[arg(long, default_value = "target/replay")]
+    out: PathBuf,
+    /// Regenerate this file's routing section (between its `replay` markers) from the
+    /// results.
+    #[arg(long)]
+    benchmarks: Option<PathBuf>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -109,6 +133,7 @@ fn main() -> anyhow::Result<()> {
     init_logging(cli.log_format);
     match cli.command {
         Command::Serve(args) => serve(args),
+        Command::Bench(BenchCommand::Replay(args)) => bench_replay(args),
         Command::CheckConfig { config } => {
             let resolved = RawConfig::from_file(&config)?.validate()?;
             #[allow(clippy::print_stdout)]
@@ -429,4 +454,40 @@ fn init_logging(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// `ringmaster bench replay`: each scenario's table to stdout, its JSON and Markdown under
+/// `--out`, and the routing section of `--benchmarks` regenerated from all of them.
+fn bench_replay(args: ReplayArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        !args.scenarios.is_empty(),
+        "name at least one scenario file"
+    );
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut sections = Vec::new();
+    for path in &args.scenarios {
+        let scenario = ringmaster_replay::Scenario::from_file(path)?;
+        let name = path.file_stem().map_or_else(
+            || "scenario".to_owned(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        let runtime = ringmaster_replay::runtime()?;
+        let started = std::time::Instant::now();
+        let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
+            info!(scenario = %name, router, "replay.router");
+        }))?;
+        info!(scenario = %name, elapsed_s = started.elapsed().as_secs_f64(), "replay.done");
+        let section = ringmaster_replay::publish::write(&report, &name, &args.out)?;
+        #[allow(clippy::print_stdout)]
+        {
+            println!("{section}");
+        }
+        sections.push(section);
+    }
+    if let Some(doc) = &args.benchmarks {
+        ringmaster_replay::publish::splice(doc, &sections.join("\n"))?;
+        info!(file = %doc.display(), "replay.benchmarks_updated");
+    }
+    Ok(())
 }

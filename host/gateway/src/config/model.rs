@@ -82,6 +82,9 @@ pub(crate) fn simulator_config(raw: RawSimulator) -> Result<EngineConfig, Config
     if let Some(v) = raw.step_token_budget {
         engine.step_token_budget = v;
     }
+    if let Some(v) = raw.prefill_tokens_while_decoding {
+        engine.prefill_tokens_while_decoding = v;
+    }
     if let Some(v) = raw.prefill_tokens_per_s {
         cost.prefill_tokens_per_s = v;
     }

@@ -194,6 +194,8 @@ pub struct RawSimulator {
     pub max_running: Option<u32>,
     /// Tokens per engine step.
     pub step_token_budget: Option<u32>,
+    /// Prompt tokens per engine step while sequences decode (stall-free batching).
+    pub prefill_tokens_while_decoding: Option<u32>,
     /// Prefill speed, tokens per second.
     pub prefill_tokens_per_s: Option<f64>,
     /// Decode step at batch 1, milliseconds.

@@ -38,6 +38,44 @@ pub(crate) async fn messages(
     let session = session_header(req.headers())?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let body = read_json_body(gateway, req).await?;
+    let call = MessagesCall {
+        body,
+        session,
+        caller,
+        passed_headers,
+    };
+    handle(gateway, call, started, request_id).await
+}
+
+/// A Messages request as the handler's core takes it: the body as read, and what the HTTP
+/// layer took from the headers. In-process callers (the trace replay) build it directly.
+#[derive(Debug)]
+pub struct MessagesCall {
+    /// The JSON body.
+    pub body: bytes::Bytes,
+    /// The session id (`x-session-id`), if any.
+    pub session: Option<String>,
+    /// Who sent it.
+    pub caller: crate::auth::Caller,
+    /// The headers passed on to policies.
+    pub passed_headers: Vec<(String, String)>,
+}
+
+/// The Messages handler from a parsed call on: what `POST /v1/messages` does after the HTTP
+/// layer, with the same routing, admission, retries and reply. `started` is when the request
+/// arrived.
+pub async fn handle(
+    gateway: &Arc<Gateway>,
+    call: MessagesCall,
+    started: Instant,
+    request_id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let MessagesCall {
+        body,
+        session,
+        caller,
+        passed_headers,
+    } = call;
     // The request's one view of the pool: admission, the router, assignment and the metrics
     // all decide on it.
     let fleet = gateway.pool.snapshot();
@@ -491,6 +529,7 @@ fn generate_request(
             top_p: request.top_p,
             top_k: request.top_k,
             seed: None,
+            ignore_eos: request.ignore_eos,
         },
     }
 }

@@ -667,6 +667,9 @@ struct OpenAiBody<'a> {
     seed: Option<u64>,
     #[serde(skip_serializing_if = "<[String]>::is_empty")]
     stop: &'a [String],
+    /// vLLM's and SGLang's extension (and `ringmaster worker`'s): run to `max_tokens`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ignore_eos: bool,
     /// `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
     ringmaster_priority: u8,
 }
@@ -710,6 +713,7 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
         top_k: sampling.top_k,
         seed: sampling.seed,
         stop: &request.stop_sequences,
+        ignore_eos: sampling.ignore_eos,
         ringmaster_priority: request.priority,
     };
     if let Some(prompt) = &request.prompt {

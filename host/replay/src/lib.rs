@@ -1,0 +1,232 @@
+//! Trace replay on the modelled clock: routing quality measured through the real routing
+//! code, in process, deterministically, at whatever speed the machine allows.
+//!
+//! A [`Scenario`] names a trace, a fleet of simulated servers (how many, their KV capacity)
+//! and the routers to compare. [`run_scenario`] reads the trace ([`trace`]), reconstructs its
+//! conversations, renders each request as a Messages request ([`render`]), replays it once per
+//! router through a fresh gateway ([`run`]) on tokio's paused clock, computes the two oracles
+//! from the trace alone ([`oracle`]), and summarises ([`report`]). Nothing here listens on a
+//! socket or reads the wall clock; what a replay reports depends only on the scenario.
+//!
+//! This crate must not change how the gateway routes: it only calls it.
+
+pub mod oracle;
+pub mod publish;
+pub mod render;
+pub mod report;
+pub mod run;
+pub mod trace;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::oracle::Hits;
+use crate::report::PolicySummary;
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// The scenario file is unreadable or invalid.
+    #[error("scenario: {0}")]
+    Scenario(String),
+    /// The trace could not be read.
+    #[error(transparent)]
+    Trace(#[from] trace::TraceError),
+    /// The gateway configuration built for the replay is invalid.
+    #[error("the replay's gateway configuration is invalid: {0}")]
+    Config(String),
+    /// The gateway did not start (a policy failed to load, for instance).
+    #[error("the gateway did not start: {0}")]
+    Start(String),
+    /// The replay itself failed.
+    #[error("the replay failed: {0}")]
+    Run(String),
+}
+
+/// The simulated fleet a scenario runs on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Fleet {
+    /// Servers.
+    pub servers: usize,
+    /// KV blocks of 16 tokens per server (`None`: the simulator's default).
+    pub kv_blocks: Option<u32>,
+    /// The ring's bounded-load factor.
+    pub load_factor: f64,
+    /// Prefix hashes per request (of 256 prompt bytes each).
+    pub max_prefix_hashes: usize,
+}
+
+/// What to replay, as a TOML file says it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScenario {
+    /// The trace, relative to the scenario file.
+    trace: String,
+    /// Replay only the first N requests.
+    requests: Option<usize>,
+    /// Simulated servers (default 8).
+    servers: Option<usize>,
+    /// KV blocks per server (default: the simulator's).
+    kv_blocks: Option<u32>,
+    /// Bounded-load factor (default 1.25).
+    load_factor: Option<f64>,
+    /// Prefix hashes per request (default 512).
+    max_prefix_hashes: Option<usize>,
+    /// Routers to compare: `native`, `builtin:NAME`, or a component path (relative to the
+    /// scenario file).
+    routers: Vec<String>,
+}
+
+/// A replay to run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Scenario {
+    /// The trace file.
+    pub trace: PathBuf,
+    /// Replay only the first N requests.
+    pub requests: Option<usize>,
+    /// The fleet.
+    pub fleet: Fleet,
+    /// Routers to compare.
+    pub routers: Vec<String>,
+}
+
+impl Scenario {
+    /// Reads a scenario file.
+    pub fn from_file(path: &Path) -> Result<Self, ReplayError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ReplayError::Scenario(format!("cannot read {}: {e}", path.display())))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::from_toml(&text, base)
+            .map_err(|e| ReplayError::Scenario(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses a scenario; relative paths are taken from `base`.
+    pub fn from_toml(text: &str, base: &Path) -> Result<Self, String> {
+        let raw: RawScenario = toml::from_str(text).map_err(|e| e.to_string())?;
+        let servers = raw.servers.unwrap_or(8);
+        if servers == 0 {
+            return Err("servers: must be at least 1".into());
+        }
+        if raw.routers.is_empty() {
+            return Err("routers: name at least one (native, builtin:NAME or a path)".into());
+        }
+        let load_factor = raw.load_factor.unwrap_or(1.25);
+        if !(load_factor.is_finite() && load_factor >= 1.0) {
+            return Err("load_factor: must be at least 1.0".into());
+        }
+        let routers = raw
+            .routers
+            .into_iter()
+            .map(|r| {
+                if r == "native" || r.starts_with("builtin:") {
+                    r
+                } else {
+                    base.join(r).display().to_string()
+                }
+            })
+            .collect();
+        Ok(Self {
+            trace: base.join(raw.trace),
+            requests: raw.requests,
+            fleet: Fleet {
+                servers,
+                kv_blocks: raw.kv_blocks,
+                load_factor,
+                max_prefix_hashes: raw.max_prefix_hashes.unwrap_or(512),
+            },
+            routers,
+        })
+    }
+
+    /// The fleet's total KV capacity in trace blocks (of 512 tokens).
+    pub fn capacity_trace_blocks(&self) -> usize {
+        let per_server = self
+            .fleet
+            .kv_blocks
+            .unwrap_or(ringmaster_gpu_runtime::DEFAULT_KV_BLOCKS) as usize;
+        per_server * self.fleet.servers * ringmaster_gpu_runtime::BLOCK_SIZE
+            / trace::TRACE_BLOCK_TOKENS as usize
+    }
+}
+
+/// Everything a scenario's replay produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// What was replayed.
+    pub scenario: Scenario,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Of those, later turns of a conversation in the trace.
+    pub follow_ups: usize,
+    /// One shared LRU of the fleet's total capacity.
+    pub shared_lru: Hits,
+    /// One cache that never forgets.
+    pub unbounded: Hits,
+    /// Per router.
+    pub routers: Vec<PolicySummary>,
+    /// Per router, what each run measured (for the plots).
+    #[serde(skip)]
+    pub runs: Vec<run::RunData>,
+}
+
+impl Report {
+    /// The Markdown table of the routers and oracles.
+    pub fn table(&self) -> String {
+        report::table(&self.routers, self.shared_lru, self.unbounded)
+    }
+}
+
+/// The runtime a replay runs in: one thread, the clock paused (see [`run`]).
+pub fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+}
+
+/// Replays `scenario` once per router. `progress` hears each router's name as it starts.
+pub async fn run_scenario(
+    scenario: &Scenario,
+    mut progress: impl FnMut(&str),
+) -> Result<Report, ReplayError> {
+    let requests = trace::load_mooncake(&scenario.trace, scenario.requests)?;
+    let parents = trace::previous_turns(&requests);
+    let turns = earlier_turns(&requests, &parents);
+    let shared_lru = oracle::shared_lru(&requests, scenario.capacity_trace_blocks());
+    let unbounded = oracle::unbounded(&requests);
+    let mut routers = Vec::new();
+    let mut runs = Vec::new();
+    for router in &scenario.routers {
+        progress(router);
+        let data = run::replay(&scenario.fleet, router, &requests, &turns).await?;
+        routers.push(report::summarise(router, &data, shared_lru, unbounded));
+        runs.push(data);
+    }
+    Ok(Report {
+        scenario: scenario.clone(),
+        requests: requests.len(),
+        follow_ups: parents.iter().filter(|p| p.is_some()).count(),
+        shared_lru,
+        unbounded,
+        routers,
+        runs,
+    })
+}
+
+/// For each request, the complete-block counts of its earlier turns, oldest first.
+fn earlier_turns(requests: &[trace::TraceRequest], parents: &[Option<usize>]) -> Vec<Vec<usize>> {
+    let mut turns: Vec<Vec<usize>> = Vec::with_capacity(requests.len());
+    for parent in parents {
+        let chain = match parent {
+            Some(p) => {
+                let mut chain = turns[*p].clone();
+                chain.push(requests[*p].complete_blocks());
+                chain
+            }
+            None => Vec::new(),
+        };
+        turns.push(chain);
+    }
+    turns
+}

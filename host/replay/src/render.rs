@@ -1,0 +1,172 @@
+//! Trace requests as Messages requests: text that stands for a trace's prefix blocks, laid out
+//! as the conversation the trace implies.
+//!
+//! This module owns the rendering only; it must not parse traces ([`crate::trace`]) nor send
+//! anything. A block id becomes [`TRACE_BLOCK_TOKENS`] words that exist nowhere else (each a
+//! single token of the simulated tokenizer: a space and at most 7 characters), so two
+//! requests share rendered text exactly where the trace says they share a prefix. Block 0 of
+//! a prompt is the system prompt (in the conversation trace every request starts with one
+//! shared block). The rest is cut into messages at the turn boundaries: the complete-block
+//! counts of the request's earlier turns, and its own. Because a boundary is where an earlier
+//! turn's complete blocks end, every turn renders its earlier turns' messages byte for byte
+//! as they rendered them, and the first user message, which a session-less routing key is
+//! taken from, is the same on every turn of a conversation. Roles alternate by position
+//! (user, assistant, user, ...), never by how many messages a request has, for the same
+//! reason.
+
+use std::fmt::Write;
+
+use crate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
+
+/// The model name replayed requests ask for.
+pub const REPLAY_MODEL: &str = "replay";
+
+/// The text standing for block `id` cut to its first `tokens` tokens, appended to `out`.
+pub fn block_text(id: u64, tokens: u32, out: &mut String) {
+    for position in 0..tokens {
+        let word = id * u64::from(TRACE_BLOCK_TOKENS) + u64::from(position);
+        out.push(' ');
+        push_base36(word, out);
+    }
+}
+
+fn push_base36(mut value: u64, out: &mut String) {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut buf = [0u8; 13];
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = DIGITS[(value % 36) as usize];
+        value /= 36;
+        if value == 0 {
+            break;
+        }
+    }
+    // The simulated tokenizer cuts pieces at 8 characters (the space included): 7 base-36
+    // digits reach 78 billion words, far past any trace's ids × 512.
+    debug_assert!(buf.len() - at <= 7, "a word of more than 7 digits");
+    out.push_str(std::str::from_utf8(&buf[at..]).unwrap_or_default());
+}
+
+/// The messages of `request`, given the complete-block counts of its earlier turns, oldest
+/// first: `(system, [(is_user, text)])`.
+pub fn conversation(
+    request: &TraceRequest,
+    earlier_turns: &[usize],
+) -> (String, Vec<(bool, String)>) {
+    let blocks = request.blocks.len();
+    let mut system = String::new();
+    if blocks <= 1 {
+        // A one-block prompt is its own user message.
+        let mut text = String::new();
+        if let Some(&id) = request.blocks.first() {
+            block_text(id, request.block_tokens(0), &mut text);
+        }
+        return (system, vec![(true, text)]);
+    }
+    block_text(request.blocks[0], request.block_tokens(0), &mut system);
+    let mut cuts: Vec<usize> = earlier_turns
+        .iter()
+        .copied()
+        .chain(std::iter::once(request.complete_blocks()))
+        .filter(|&cut| cut > 1 && cut < blocks)
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut messages = Vec::with_capacity(cuts.len() + 1);
+    let mut start = 1;
+    for end in cuts.into_iter().chain(std::iter::once(blocks)) {
+        let mut text = String::new();
+        for index in start..end {
+            block_text(
+                request.blocks[index],
+                request.block_tokens(index),
+                &mut text,
+            );
+        }
+        messages.push((messages.len() % 2 == 0, text));
+        start = end;
+    }
+    (system, messages)
+}
+
+/// The JSON body of `request` as a streamed Messages request for exactly its output length.
+pub fn messages_body(request: &TraceRequest, earlier_turns: &[usize]) -> Vec<u8> {
+    let (system, messages) = conversation(request, earlier_turns);
+    let mut body = String::with_capacity(
+        system.len() + messages.iter().map(|(_, t)| t.len() + 40).sum::<usize>() + 200,
+    );
+    let _ = write!(
+        body,
+        r#"{{"model":"{REPLAY_MODEL}","max_tokens":{},"stream":true,"ignore_eos":true,"#,
+        request.output_tokens.max(1)
+    );
+    if !system.is_empty() {
+        let _ = write!(body, r#""system":"{system}","#);
+    }
+    body.push_str(r#""messages":["#);
+    for (index, (is_user, text)) in messages.iter().enumerate() {
+        if index > 0 {
+            body.push(',');
+        }
+        let role = if *is_user { "user" } else { "assistant" };
+        // The words are spaces and base-36 digits: nothing to escape.
+        let _ = write!(body, r#"{{"role":"{role}","content":"{text}"}}"#);
+    }
+    body.push_str("]}");
+    body.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn request(input: u32, blocks: &[u64]) -> TraceRequest {
+        TraceRequest {
+            arrival: Duration::ZERO,
+            input_tokens: input,
+            output_tokens: 7,
+            blocks: blocks.to_vec(),
+        }
+    }
+
+    #[test]
+    fn words_are_single_tokens_and_distinct() {
+        let mut a = String::new();
+        block_text(3, 512, &mut a);
+        let words: Vec<&str> = a.split(' ').skip(1).collect();
+        assert_eq!(words.len(), 512);
+        assert!(words.iter().all(|w| !w.is_empty() && w.len() <= 7));
+        let mut b = String::new();
+        block_text(4, 512, &mut b);
+        assert!(b.split(' ').skip(1).all(|w| !words.contains(&w)));
+    }
+
+    #[test]
+    fn a_later_turn_starts_with_its_earlier_turns_text() {
+        // Turn 1: blocks [0, 1, 2] with 2 partial; turn 2 carries [0, 1] and goes on.
+        let first = request(1100, &[0, 1, 2]);
+        let second = request(2100, &[0, 1, 5, 6, 7]);
+        let (s1, m1) = conversation(&first, &[]);
+        let (s2, m2) = conversation(&second, &[first.complete_blocks()]);
+        assert_eq!(s1, s2);
+        // The first user message (the session-less routing key) is the same.
+        assert_eq!(m1[0], m2[0]);
+        assert_eq!(m1.len(), 2);
+        assert!(m1[0].0 && !m1[1].0 && m2[0].0 && !m2[1].0);
+        let body: serde_json::Value =
+            serde_json::from_slice(&messages_body(&second, &[2])).unwrap();
+        assert_eq!(body["max_tokens"], 7);
+        assert_eq!(body["messages"].as_array().unwrap().len(), 3);
+        let words = |s: &str| s.split(' ').filter(|w| !w.is_empty()).count();
+        let total = words(body["system"].as_str().unwrap())
+            + body["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| words(m["content"].as_str().unwrap()))
+                .sum::<usize>();
+        assert_eq!(total, 2100);
+    }
+}

@@ -1,0 +1,342 @@
+//! One policy's replay: a gateway with simulated servers, built from the scenario, fed the
+//! trace's requests at their arrival times through the Messages handler's core (the same
+//! parsing, routing key, prefix hashes, admission, router policy, bounded loads and reply as
+//! over HTTP, without sockets), on tokio's paused clock.
+//!
+//! This module owns driving one run and measuring what each request saw; it must not
+//! summarise ([`crate::report`]) nor read files other than the policy's component. It must
+//! run inside a current-thread runtime whose clock starts paused ([`crate::runtime`]): the
+//! simulated servers sleep their modelled step times, and with the clock paused tokio jumps
+//! straight to the next timer whenever nothing is runnable. A replay is then as fast as the
+//! machine allows and its timings are the model's, the same on any machine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use ringmaster_gateway::auth::Caller;
+use ringmaster_gateway::messages::{MessagesCall, handle};
+use ringmaster_gateway::{Gateway, RawConfig};
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::render::{REPLAY_MODEL, messages_body};
+use crate::trace::TraceRequest;
+use crate::{Fleet, ReplayError};
+
+/// The policies' call deadline in a replay. Deadlines are wall-clock time: at the gateway's
+/// default (5 ms) a slow machine would fault calls a fast one completes, and a replay's
+/// figures would depend on the machine. Policy faults are still counted and reported.
+pub const POLICY_CALL_DEADLINE_MS: u64 = 1000;
+
+/// How often each server's queue is sampled for the load-over-time plot.
+pub const LOAD_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+
+/// What one request saw.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Outcome {
+    /// Index in the trace.
+    pub index: usize,
+    /// Modelled seconds from the replay's start to its arrival.
+    pub arrival_s: f64,
+    /// The server that served it.
+    pub server: Option<String>,
+    /// Arrival to the first token, seconds (`None` if it failed first).
+    pub ttft_s: Option<f64>,
+    /// Arrival to the last event, seconds.
+    pub e2e_s: f64,
+    /// Prompt tokens as the server counted them.
+    pub prompt_tokens: u32,
+    /// Of those, reused from the server's prefix cache.
+    pub cached_tokens: u32,
+    /// Tokens generated.
+    pub output_tokens: u32,
+    /// Why it failed, if it did.
+    pub error: Option<String>,
+}
+
+/// One sample of every server's queue.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadSample {
+    /// Modelled seconds from the start.
+    pub at_s: f64,
+    /// Per server (in fleet order): sequences running plus waiting.
+    pub queued: Vec<u32>,
+}
+
+/// A server at the end of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerTotals {
+    /// Its id.
+    pub id: String,
+    /// Requests it finished.
+    pub requests: u64,
+    /// Modelled seconds its steps took.
+    pub busy_s: f64,
+    /// Preemptions for lack of KV blocks.
+    pub preemptions: u64,
+}
+
+/// Everything one run measured, before it is summarised.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunData {
+    /// Per request, in trace order.
+    pub outcomes: Vec<Outcome>,
+    /// The servers' queues over time.
+    pub load: Vec<LoadSample>,
+    /// Per server.
+    pub servers: Vec<ServerTotals>,
+    /// Routing decisions by reason (from the gateway's own metric).
+    pub decisions: Vec<(String, u64)>,
+    /// Policy faults that fell back to the native ring.
+    pub policy_faults: u64,
+    /// Assignments that left the chosen server over its bounded-load cap (the host enforces
+    /// the cap, so this stays 0).
+    pub over_cap: u64,
+    /// Modelled seconds from the first arrival to the last reply.
+    pub makespan_s: f64,
+}
+
+/// The gateway configuration for a replay of `fleet` routed by `router` (`native`: the ring
+/// without a policy; `builtin:NAME`; or a path to a component).
+pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
+    let mut toml = format!(
+        "listen = \"127.0.0.1:0\"\nmodels = [\"{REPLAY_MODEL}\"]\n\
+         [limits]\nmax_body_bytes = {}\nmax_output_tokens = 1000000\nmax_waiting_per_server = 1000000000\n\
+         [routing]\nload_factor = {}\nmax_prefix_hashes = {}\n\
+         [policies]\ncall_deadline_ms = {POLICY_CALL_DEADLINE_MS}\n\
+         [simulator]\ntime_scale = 1.0\n",
+        256 * 1024 * 1024,
+        fleet.load_factor,
+        fleet.max_prefix_hashes,
+    );
+    if let Some(blocks) = fleet.kv_blocks {
+        toml.push_str(&format!("kv_blocks = {blocks}\n"));
+    }
+    for i in 0..fleet.servers {
+        toml.push_str(&format!("[[servers]]\naddress = \"sim://replay-{i}\"\n"));
+    }
+    if router != "native" {
+        let source = toml::Value::String(router.to_owned());
+        toml.push_str(&format!(
+            "[[policies.router]]\nname = \"replayed\"\nsource = {source}\n"
+        ));
+    }
+    toml
+}
+
+/// Replays `requests` (with `turns[i]`, the complete-block counts of request `i`'s earlier
+/// turns) through a fresh gateway routed by `router`.
+pub async fn replay(
+    fleet: &Fleet,
+    router: &str,
+    requests: &[TraceRequest],
+    turns: &[Vec<usize>],
+) -> Result<RunData, ReplayError> {
+    let config = RawConfig::from_toml(&gateway_config(fleet, router))
+        .and_then(RawConfig::validate)
+        .map_err(|e| ReplayError::Config(e.to_string()))?;
+    let gateway =
+        Gateway::start(config).map_err(|e| ReplayError::Start(format!("{router}: {e}")))?;
+    let start = Instant::now();
+    let first_arrival = requests.first().map_or(Duration::ZERO, |r| r.arrival);
+    let (stop_sampler, stopped) = tokio::sync::oneshot::channel();
+    let sampler = tokio::spawn(sample_loads(gateway.clone(), start, stopped));
+    let mut running = JoinSet::new();
+    for (index, request) in requests.iter().enumerate() {
+        tokio::time::sleep_until(start + (request.arrival - first_arrival)).await;
+        let body = Bytes::from(messages_body(request, &turns[index]));
+        running.spawn(one_request(gateway.clone(), index, body, start));
+    }
+    let mut outcomes = vec![Outcome::default(); requests.len()];
+    while let Some(done) = running.join_next().await {
+        let outcome = done.map_err(|e| ReplayError::Run(format!("a request task failed: {e}")))?;
+        let index = outcome.index;
+        outcomes[index] = outcome;
+    }
+    let makespan_s = start.elapsed().as_secs_f64();
+    let _ = stop_sampler.send(());
+    let load = sampler.await.unwrap_or_default();
+    let snapshot = gateway.pool().snapshot();
+    let servers = snapshot
+        .servers
+        .iter()
+        .map(|server| {
+            let load = server.engine().load();
+            ServerTotals {
+                id: server.id().to_owned(),
+                requests: load.requests_finished,
+                busy_s: load.busy_seconds_total,
+                preemptions: load.preemptions,
+            }
+        })
+        .collect();
+    let metrics = gateway.metrics().encode();
+    Ok(RunData {
+        outcomes,
+        load,
+        servers,
+        decisions: metric_by_label(&metrics, "ringmaster_routing_decisions_total", "reason"),
+        policy_faults: metric_by_label(&metrics, "ringmaster_policy_faults_total", "kind")
+            .iter()
+            .map(|(_, n)| n)
+            .sum(),
+        over_cap: metric_sum(&metrics, "ringmaster_routing_load_to_cap_ratio_count", "")
+            - metric_sum(
+                &metrics,
+                "ringmaster_routing_load_to_cap_ratio_bucket",
+                "le=\"1.0\"",
+            ),
+        makespan_s,
+    })
+}
+
+async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: Instant) -> Outcome {
+    let arrived = Instant::now();
+    let mut outcome = Outcome {
+        index,
+        arrival_s: (arrived - start).as_secs_f64(),
+        ..Outcome::default()
+    };
+    let call = MessagesCall {
+        body,
+        session: None,
+        caller: Caller {
+            tier: "replay".to_owned(),
+            key_label: "replay".to_owned(),
+        },
+        passed_headers: Vec::new(),
+    };
+    let request_id = format!("replay-{index}");
+    let response = match handle(&gateway, call, std::time::Instant::now(), &request_id).await {
+        Ok(response) => response,
+        Err(error) => {
+            outcome.e2e_s = arrived.elapsed().as_secs_f64();
+            outcome.error = Some(error.to_string());
+            return outcome;
+        }
+    };
+    outcome.server = response
+        .headers()
+        .get("x-ringmaster-server")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut body = response.into_body();
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if outcome.ttft_s.is_none() {
+            outcome.ttft_s = Some(arrived.elapsed().as_secs_f64());
+        }
+        read_events(&data, &mut outcome);
+    }
+    outcome.e2e_s = arrived.elapsed().as_secs_f64();
+    if outcome.error.is_none() && outcome.prompt_tokens == 0 {
+        outcome.error = Some("the reply ended without its usage".to_owned());
+    }
+    outcome
+}
+
+/// Takes the usage (from `message_delta`) and any error event from one SSE frame.
+fn read_events(frame: &[u8], outcome: &mut Outcome) {
+    let text = String::from_utf8_lossy(frame);
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if !(data.contains("\"message_delta\"") || data.contains("\"error\"")) {
+            continue;
+        }
+        let Ok(event) = serde_json::from_str::<serde_json::Value>(data) else {
+            continue;
+        };
+        match event["type"].as_str() {
+            Some("message_delta") => {
+                let usage = &event["usage"];
+                let count = |field: &str| usage[field].as_u64().unwrap_or(0) as u32;
+                outcome.cached_tokens = count("cache_read_input_tokens");
+                outcome.prompt_tokens = count("input_tokens") + outcome.cached_tokens;
+                outcome.output_tokens = count("output_tokens");
+            }
+            Some("error") => {
+                outcome.error = Some(event["error"]["message"].to_string());
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Samples every server's queue each [`LOAD_SAMPLE_INTERVAL`] until `stop` fires.
+async fn sample_loads(
+    gateway: Arc<Gateway>,
+    start: Instant,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Vec<LoadSample> {
+    let mut samples = Vec::new();
+    let mut tick = tokio::time::interval(LOAD_SAMPLE_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = &mut stop => return samples,
+        }
+        let snapshot = gateway.pool().snapshot();
+        samples.push(LoadSample {
+            at_s: start.elapsed().as_secs_f64(),
+            queued: snapshot
+                .servers
+                .iter()
+                .map(|s| {
+                    let load = s.engine().load();
+                    load.running + load.waiting
+                })
+                .collect(),
+        });
+    }
+}
+
+/// Sums the samples of `name` whose labels contain `labels`, from the metrics text.
+fn metric_sum(text: &str, name: &str, labels: &str) -> u64 {
+    text.lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(name)?;
+            if !(rest.starts_with('{') || rest.starts_with(' ')) || !rest.contains(labels) {
+                return None;
+            }
+            let value = rest.rsplit_once(' ')?.1;
+            value.parse::<f64>().ok()
+        })
+        .sum::<f64>() as u64
+}
+
+/// Sums the samples of the counter `name` by the value of `label`, from the metrics text.
+fn metric_by_label(text: &str, name: &str, label: &str) -> Vec<(String, u64)> {
+    let mut sums: Vec<(String, u64)> = Vec::new();
+    let needle = format!("{label}=\"");
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !rest.starts_with('{') {
+            continue;
+        }
+        let Some((labels, value)) = rest.rsplit_once(' ') else {
+            continue;
+        };
+        let Some(at) = labels.find(&needle) else {
+            continue;
+        };
+        let after = &labels[at + needle.len()..];
+        let key = after.split('"').next().unwrap_or_default().to_owned();
+        let value = value.parse::<f64>().unwrap_or(0.0) as u64;
+        match sums.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, sum)) => *sum += value,
+            None => sums.push((key, value)),
+        }
+    }
+    sums.sort();
+    sums
+}

@@ -1,0 +1,120 @@
+//! Routing quality on the trace fixture (the first 1,000 requests of Mooncake's conversation
+//! trace), replayed through the real routing code on the modelled clock.
+//!
+//! A replay's figures depend only on the scenario, never on the machine's speed, so these
+//! tests can assert them: a run repeats exactly; the ring reuses more cache than round-robin
+//! and so leaves the servers less prefill; the bounded-load cap holds at every assignment;
+//! cache-aware routing on the servers' reported caches reuses at least as much as the ring;
+//! and no router reuses more than the unbounded oracle allows.
+
+use std::path::Path;
+use std::sync::OnceLock;
+
+use ringmaster_replay::report::PolicySummary;
+use ringmaster_replay::{Report, Scenario, run_scenario, runtime};
+
+const REQUESTS: usize = 600;
+
+fn scenario(routers: &[&str]) -> Scenario {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let routers = routers
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let text = format!(
+        "trace = \"mooncake_conversation_head.jsonl\"\nrequests = {REQUESTS}\nservers = 8\n\
+         routers = [{routers}]\n"
+    );
+    Scenario::from_toml(&text, &base).unwrap()
+}
+
+fn replay(scenario: &Scenario) -> Report {
+    runtime()
+        .unwrap()
+        .block_on(run_scenario(scenario, |_| {}))
+        .unwrap()
+}
+
+/// One replay of the fixture by the three built-in routers the tests compare, shared.
+fn compared() -> &'static Report {
+    static REPORT: OnceLock<Report> = OnceLock::new();
+    REPORT.get_or_init(|| {
+        let report = replay(&scenario(&[
+            "builtin:consistent-hash",
+            "builtin:round-robin",
+            "builtin:cache-aware",
+        ]));
+        eprintln!("{}", report.table());
+        report
+    })
+}
+
+fn router<'a>(report: &'a Report, name: &str) -> &'a PolicySummary {
+    report
+        .routers
+        .iter()
+        .find(|r| r.policy == name)
+        .unwrap_or_else(|| panic!("no {name} in the report"))
+}
+
+#[test]
+fn a_replay_repeats_exactly() {
+    let scenario = scenario(&["builtin:consistent-hash"]);
+    let first = serde_json::to_value(&replay(&scenario).routers).unwrap();
+    let second = serde_json::to_value(&replay(&scenario).routers).unwrap();
+    assert_eq!(first, second);
+}
+
+#[test]
+fn every_request_is_answered_and_the_cap_holds() {
+    let report = compared();
+    assert_eq!(report.requests, REQUESTS);
+    assert!(report.follow_ups > 50, "{} later turns", report.follow_ups);
+    for r in &report.routers {
+        assert_eq!(r.failed, 0, "{r:?}");
+        assert_eq!(r.over_cap, 0, "{}: the host's cap held", r.policy);
+        assert_eq!(r.policy_faults, 0, "{r:?}");
+        // A prefix cache cannot reuse what the trace never repeated (the servers count in
+        // blocks of 16 tokens, the oracle in 512, hence the small allowance).
+        assert!(
+            r.token_hit_ratio <= report.unbounded.ratio() + 0.01,
+            "{}: {} over the unbounded oracle's {}",
+            r.policy,
+            r.token_hit_ratio,
+            report.unbounded.ratio()
+        );
+    }
+}
+
+#[test]
+fn the_ring_leaves_less_prefill_than_round_robin() {
+    let report = compared();
+    let ring = router(report, "builtin:consistent-hash");
+    let round_robin = router(report, "builtin:round-robin");
+    assert!(
+        ring.token_hit_ratio > 1.2 * round_robin.token_hit_ratio,
+        "ring {} against round-robin {}",
+        ring.token_hit_ratio,
+        round_robin.token_hit_ratio
+    );
+    assert!(ring.uncached_tokens < round_robin.uncached_tokens);
+    assert!(
+        ring.load_max_mean_requests <= 1.25,
+        "{}",
+        ring.load_max_mean_requests
+    );
+}
+
+#[test]
+fn cache_aware_routing_reuses_at_least_what_the_ring_does() {
+    let report = compared();
+    let ring = router(report, "builtin:consistent-hash");
+    let aware = router(report, "builtin:cache-aware");
+    assert!(
+        aware.token_hit_ratio >= ring.token_hit_ratio,
+        "cache-aware {} against the ring {}",
+        aware.token_hit_ratio,
+        ring.token_hit_ratio
+    );
+}
