@@ -486,6 +486,9 @@ pub(crate) struct PoolView<'a> {
     snapshot: &'a PoolSnapshot,
     prefixes: &'a PrefixIndex,
     input: &'a RoutingInput,
+    /// The request's prefix matches, computed once (on the first ask) for every variant and
+    /// every call that asks (the shadow's included).
+    matches: std::sync::OnceLock<Vec<(String, u32)>>,
 }
 
 impl<'a> PoolView<'a> {
@@ -495,6 +498,7 @@ impl<'a> PoolView<'a> {
             snapshot,
             prefixes: pool.prefixes(),
             input,
+            matches: std::sync::OnceLock::new(),
         }
     }
 
@@ -556,11 +560,15 @@ impl RouterHost for PoolView<'_> {
     }
 
     fn prefix_matches(&self) -> Vec<(String, u32)> {
-        prefix_matches(self.snapshot, self.prefixes, self.input)
-            .into_iter()
-            .filter(|m| m.hashes > 0)
-            .map(|m| (m.server, m.hashes))
-            .collect()
+        self.matches
+            .get_or_init(|| {
+                prefix_matches(self.snapshot, self.prefixes, self.input)
+                    .into_iter()
+                    .filter(|m| m.hashes > 0)
+                    .map(|m| (m.server, m.hashes))
+                    .collect()
+            })
+            .clone()
     }
 }
 

@@ -567,6 +567,12 @@ impl<W: World> Core<W> {
 
     fn arm(&self, store: &mut Store<StoreData>, budget: Budget) {
         store.data_mut().limiter.denied = false;
+        store.data_mut().prefix_matches_given = false;
+        store.data_mut().call_ticks = match (self.engine.config.fuel, budget) {
+            (Some(_), _) => None,
+            (None, Budget::Call) => Some(self.engine.call_ticks),
+            (None, _) => Some(self.engine.instantiate_ticks),
+        };
         match self.engine.config.fuel {
             Some(fuel) => {
                 // Fuel does not depend on load, so a probe call gets an ordinary call's fuel.

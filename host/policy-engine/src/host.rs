@@ -81,6 +81,11 @@ pub(crate) struct StoreData {
     table: ResourceTable,
     pub limiter: MemoryLimiter,
     pub policy: Arc<PolicyShared>,
+    /// The epoch deadline the current call was armed with (`None` in fuel mode, where host
+    /// work burns no fuel anyway).
+    pub call_ticks: Option<u64>,
+    /// Whether this call's one expensive host answer (`cluster.prefix-matches`) was given.
+    pub prefix_matches_given: bool,
 }
 
 impl StoreData {
@@ -97,6 +102,8 @@ impl StoreData {
             table: ResourceTable::new(),
             limiter: MemoryLimiter::new(memory_limit),
             policy,
+            call_ticks: None,
+            prefix_matches_given: false,
         }
     }
 }
@@ -391,8 +398,19 @@ pub(crate) fn define_imports(linker: &mut Linker<StoreData>) -> wasmtime::Result
         let id = id.to_str(&cx)?;
         Ok((ask::<Option<ServerView>>(|h| h.server(&id)),))
     })?;
-    cluster.func_wrap("prefix-matches", |_: Cx<'_>, (): ()| {
-        Ok((ask(|h| h.prefix_matches()),))
+    // Matching the prompt against every server's cache is the host's work (it tokenizes the
+    // prompt per server scheme, milliseconds for a long one): it must not count against the
+    // policy's deadline. The first answer of a call re-arms the deadline; later ones (the
+    // host memoizes) do not, so a loop of calls cannot extend it.
+    cluster.func_wrap("prefix-matches", |mut cx: Cx<'_>, (): ()| {
+        let matches = ask(|h| h.prefix_matches());
+        let data = cx.data_mut();
+        if !std::mem::replace(&mut data.prefix_matches_given, true)
+            && let Some(ticks) = data.call_ticks
+        {
+            cx.set_epoch_deadline(ticks);
+        }
+        Ok((matches,))
     })?;
 
     let mut log = linker.instance(names::LOG)?;

@@ -46,6 +46,8 @@ fn no_config() -> BTreeMap<String, String> {
 struct FakeHost {
     servers: Vec<ServerView>,
     prefix_matches: Vec<(String, u32)>,
+    /// How long answering `prefix-matches` takes (the host's matching of a long prompt).
+    prefix_delay: Duration,
 }
 
 impl FakeHost {
@@ -62,6 +64,7 @@ impl FakeHost {
                 })
                 .collect(),
             prefix_matches: Vec::new(),
+            prefix_delay: Duration::ZERO,
         }
     }
 
@@ -93,6 +96,7 @@ impl RouterHost for FakeHost {
         self.servers.iter().find(|s| s.id == id).cloned()
     }
     fn prefix_matches(&self) -> Vec<(String, u32)> {
+        std::thread::sleep(self.prefix_delay);
         self.prefix_matches.clone()
     }
 }
@@ -785,6 +789,29 @@ fn fixture_cache_aware_prefers_the_longest_cached_prefix() {
     let bad = BTreeMap::from([("cache_threshold".to_owned(), "banana".to_owned())]);
     let err = engine.load_router("cache-aware", &bytes, bad).unwrap_err();
     assert!(matches!(err, PolicyError::ProbeFailed(_)), "{err:?}");
+}
+
+#[test]
+fn the_hosts_prefix_matching_does_not_count_against_the_deadline() {
+    let Some(bytes) = dist("cache-aware.wasm") else {
+        return;
+    };
+    let engine = PolicyEngine::new(EngineConfig {
+        call_deadline: TEST_DEADLINE,
+        ..config()
+    })
+    .unwrap();
+    let policy = engine
+        .load_router("cache-aware", &bytes, no_config())
+        .unwrap();
+    let mut host = FakeHost::eight();
+    host.prefix_matches = vec![("s5".into(), 3)];
+    // Three call deadlines of host work inside one call: the policy's own time is what counts.
+    host.prefix_delay = 3 * TEST_DEADLINE;
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route("s5".into())
+    );
 }
 
 #[test]
