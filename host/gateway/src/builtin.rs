@@ -16,6 +16,10 @@ pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
         include_bytes!("../../../policies/dist/cache-aware.wasm"),
     ),
     (
+        "prefix-affinity",
+        include_bytes!("../../../policies/dist/prefix-affinity.wasm"),
+    ),
+    (
         "least-loaded",
         include_bytes!("../../../policies/dist/least-loaded.wasm"),
     ),

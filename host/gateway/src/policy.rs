@@ -31,7 +31,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use crate::routing::RoutingInput;
 use ringmaster_pool::kv_view::{PromptBlocks, in_prefix_units};
 use ringmaster_pool::prefix_index::PrefixIndex;
-use ringmaster_pool::{Decision, InFlight, Pool, PoolSnapshot};
+use ringmaster_pool::{CapGuard, Decision, InFlight, Pool, PoolSnapshot};
 
 /// Faults in a row after which a variant rolls back to its previous version.
 pub const DEFAULT_ROLLBACK_AFTER_FAULTS: u32 = 5;
@@ -211,7 +211,15 @@ pub struct RouterSlot {
     set: ArcSwap<RouterSet>,
     update: Mutex<()>,
     rollback_after_faults: u32,
+    guard: CapGuard,
+    ring_load_factor: f64,
 }
+
+/// Keys the host adds to every router policy's configuration, so that a policy knows the
+/// bounded-load contract it runs under: `host.bounded_load` (`host`: the host spills a choice
+/// at its cap; `policy`: the policy decides alone) and `host.load_factor` (the cap's factor
+/// `c` in `ceil(c × (total + 1) × weight / total-weight)`, when the host guards).
+pub const HOST_CONFIG_KEYS: [&str; 2] = ["host.bounded_load", "host.load_factor"];
 
 impl RouterSlot {
     /// An empty slot (the native ring routes until a variant is added).
@@ -221,7 +229,38 @@ impl RouterSlot {
             set: ArcSwap::from_pointee(RouterSet::default()),
             update: Mutex::new(()),
             rollback_after_faults: DEFAULT_ROLLBACK_AFTER_FAULTS,
+            guard: CapGuard::default(),
+            ring_load_factor: ringmaster_ring::DEFAULT_LOAD_FACTOR,
         }
+    }
+
+    /// The slot with `guard` over its policies' choices, on a ring whose own factor is
+    /// `ring_load_factor` (set before any policy is installed: each policy is told the guard
+    /// in its configuration, see [`HOST_CONFIG_KEYS`]).
+    pub fn with_guard(mut self, guard: CapGuard, ring_load_factor: f64) -> Self {
+        self.guard = guard;
+        self.ring_load_factor = ring_load_factor;
+        self
+    }
+
+    /// How the host guards this slot's choices with the bounded-load cap.
+    pub fn guard(&self) -> CapGuard {
+        self.guard
+    }
+
+    /// A variant's configuration as its policy sees it: the operator's keys and the host's
+    /// ([`HOST_CONFIG_KEYS`]; the host's win).
+    fn policy_config(&self, config: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut seen = config.clone();
+        seen.insert(
+            HOST_CONFIG_KEYS[0].to_owned(),
+            self.guard.as_str().to_owned(),
+        );
+        if let CapGuard::Host { load_factor } = self.guard {
+            let factor = load_factor.unwrap_or(self.ring_load_factor);
+            seen.insert(HOST_CONFIG_KEYS[1].to_owned(), factor.to_string());
+        }
+        seen
     }
 
     /// The policy engine.
@@ -273,7 +312,9 @@ impl RouterSlot {
             return Ok(false);
         }
         let started = Instant::now();
-        let policy = self.engine.load_router(name, bytes, config.clone())?;
+        let policy = self
+            .engine
+            .load_router(name, bytes, self.policy_config(&config))?;
         let mut next = RouterSet {
             variants: current.variants.clone(),
             shadow: current.shadow.clone(),
@@ -405,7 +446,7 @@ impl RouterSlot {
             Some(variant) => match variant.policy.route(&view, request) {
                 Ok(RouteDecision::Route(id)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
-                    pool.assign_on(snapshot, &id, input)
+                    pool.assign_on(snapshot, &id, input, self.guard)
                 }
                 Ok(RouteDecision::Reject(reason)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);

@@ -29,7 +29,7 @@ pub mod spec;
 
 pub use input::{KeySource, RoutingInput};
 pub use pool::Pool;
-pub use selection::{Decision, DecisionReason};
+pub use selection::{CapGuard, Decision, DecisionReason};
 pub use server::{
     Backend, BackendError, InFlight, MODEL_MAX_RUNNING, MODEL_STEP_TOKEN_BUDGET,
     ModelCatalogueSpec, PoolError, Server, ServerTemplates,

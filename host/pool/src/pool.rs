@@ -269,6 +269,48 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_cap_guard_spills_at_its_own_factor_or_lets_the_policy_decide() {
+        use crate::selection::CapGuard;
+        let pool = Pool::start(
+            &specs(2),
+            Strategy::ConsistentHash,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let snapshot = pool.snapshot();
+        let host = CapGuard::default();
+        let wide = CapGuard::Host {
+            load_factor: Some(2.0),
+        };
+        let mut held = Vec::new();
+        // 1.25: cap = ceil(1.25 × (total + 1) / 2); gpu-0 takes 1, 2, then the 3rd spills.
+        for expected in ["gpu-0", "gpu-0"] {
+            let (d, g) = pool.assign_on(&snapshot, "gpu-0", &input(1), host).unwrap();
+            assert_eq!(
+                (d.server.id(), d.reason),
+                (expected, DecisionReason::Policy)
+            );
+            held.push(g);
+        }
+        let (d, _) = pool.assign_on(&snapshot, "gpu-0", &input(1), host).unwrap();
+        assert_eq!(d.reason, DecisionReason::PolicyOverCap);
+        // With factor 2 the same choice fits: ceil(2 × 3 / 2) = 3 > 2.
+        let (d, g) = pool.assign_on(&snapshot, "gpu-0", &input(1), wide).unwrap();
+        assert_eq!((d.server.id(), d.reason), ("gpu-0", DecisionReason::Policy));
+        held.push(g);
+        // The policy alone: no cap at all.
+        for _ in 0..10 {
+            let (d, g) = pool
+                .assign_on(&snapshot, "gpu-0", &input(1), CapGuard::Policy)
+                .unwrap();
+            assert_eq!((d.server.id(), d.capacity), ("gpu-0", None));
+            held.push(g);
+        }
+        assert_eq!(snapshot.servers[0].in_flight(), 13);
+    }
+
+    #[tokio::test]
     async fn in_flight_prompts_count_as_pending_until_they_finish() {
         let pool = Pool::start(
             &specs(2),

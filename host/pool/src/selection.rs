@@ -11,6 +11,36 @@ use crate::server::{InFlight, Server};
 use crate::snapshot::PoolSnapshot;
 use crate::spec::Strategy;
 
+/// How the host guards a router policy's choices with the bounded-load cap: an explicit part
+/// of the router slot's contract (`[policies] router_bounded_load`, `router_load_factor`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CapGuard {
+    /// A choice at its cap `ceil(c × (total + 1) × weight / total-weight)` is spilled onward
+    /// on the ring, with `c` the slot's factor (`None`: the ring's `load_factor`).
+    Host {
+        /// The slot's own factor.
+        load_factor: Option<f64>,
+    },
+    /// The policy decides alone: any routable server it names gets the request.
+    Policy,
+}
+
+impl Default for CapGuard {
+    fn default() -> Self {
+        Self::Host { load_factor: None }
+    }
+}
+
+impl CapGuard {
+    /// A stable name for config, logs and the explain endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host { .. } => "host",
+            Self::Policy => "policy",
+        }
+    }
+}
+
 /// Why a server was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecisionReason {
@@ -82,14 +112,14 @@ impl crate::Pool {
     }
 
     /// Sends the request to the server a router policy chose on `snapshot`, counting it in
-    /// flight, unless that server is no longer routable or is at its bounded-load cap now: then
-    /// the ring decides (the cap is the host's invariant, whatever a policy answers). `None`
-    /// with no servers.
+    /// flight, unless that server is no longer routable or (under [`CapGuard::Host`]) is at
+    /// its bounded-load cap now: then the ring decides. `None` with no servers.
     pub fn assign_on(
         &self,
         snapshot: &PoolSnapshot,
         chosen: &str,
         input: &RoutingInput,
+        guard: CapGuard,
     ) -> Option<(Decision, InFlight)> {
         if snapshot.servers.is_empty() {
             return None;
@@ -107,7 +137,13 @@ impl crate::Pool {
                 loads.clear();
                 loads.extend(snapshot.servers.iter().map(|s| s.in_flight()));
                 let total: u64 = loads.iter().sum();
-                let capacity = snapshot.ring.capacity(i, total);
+                let capacity = match guard {
+                    CapGuard::Host { load_factor: None } => snapshot.ring.capacity(i, total),
+                    CapGuard::Host {
+                        load_factor: Some(factor),
+                    } => snapshot.ring.capacity_with(i, total, factor),
+                    CapGuard::Policy => u64::MAX,
+                };
                 if loads[i] < capacity {
                     Decision {
                         server: snapshot.servers[i].clone(),
@@ -118,7 +154,7 @@ impl crate::Pool {
                             .lookup(input.key)
                             .map(|owner| snapshot.servers[owner].clone()),
                         skipped: Vec::new(),
-                        capacity: Some(capacity),
+                        capacity: (guard != CapGuard::Policy).then_some(capacity),
                         load_after: loads[i] + 1,
                     }
                 } else {

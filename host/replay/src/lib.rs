@@ -55,6 +55,10 @@ pub struct Fleet {
     pub load_factor: f64,
     /// Prefix hashes per request (of 256 prompt bytes each).
     pub max_prefix_hashes: usize,
+    /// `[policies] router_bounded_load`: `host` (the default) or `policy`.
+    pub router_bounded_load: Option<String>,
+    /// `[policies] router_load_factor`.
+    pub router_load_factor: Option<f64>,
 }
 
 /// What to replay, as a TOML file says it.
@@ -73,6 +77,10 @@ struct RawScenario {
     load_factor: Option<f64>,
     /// Prefix hashes per request (default 512).
     max_prefix_hashes: Option<usize>,
+    /// How the host guards the routers' choices: `host` (default) or `policy`.
+    router_bounded_load: Option<String>,
+    /// The router slot's own bounded-load factor.
+    router_load_factor: Option<f64>,
     /// Routers to compare: `native`, `builtin:NAME`, or a component path (relative to the
     /// scenario file).
     routers: Vec<String>,
@@ -134,6 +142,8 @@ impl Scenario {
                 kv_blocks: raw.kv_blocks,
                 load_factor,
                 max_prefix_hashes: raw.max_prefix_hashes.unwrap_or(512),
+                router_bounded_load: raw.router_bounded_load,
+                router_load_factor: raw.router_load_factor,
             },
             routers,
         })

@@ -106,12 +106,21 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
         "listen = \"127.0.0.1:0\"\nmodels = [\"{REPLAY_MODEL}\"]\n\
          [limits]\nmax_body_bytes = {}\nmax_output_tokens = 1000000\nmax_waiting_per_server = 1000000000\n\
          [routing]\nload_factor = {}\nmax_prefix_hashes = {}\n\
-         [policies]\ncall_deadline_ms = {POLICY_CALL_DEADLINE_MS}\n\
-         [simulator]\ntime_scale = 1.0\n",
+         [policies]\ncall_deadline_ms = {POLICY_CALL_DEADLINE_MS}\n",
         256 * 1024 * 1024,
         fleet.load_factor,
         fleet.max_prefix_hashes,
     );
+    if let Some(guard) = &fleet.router_bounded_load {
+        toml.push_str(&format!(
+            "router_bounded_load = {}\n",
+            toml::Value::String(guard.clone())
+        ));
+    }
+    if let Some(factor) = fleet.router_load_factor {
+        toml.push_str(&format!("router_load_factor = {factor}\n"));
+    }
+    toml.push_str("[simulator]\ntime_scale = 1.0\n");
     if let Some(blocks) = fleet.kv_blocks {
         toml.push_str(&format!("kv_blocks = {blocks}\n"));
     }

@@ -449,6 +449,24 @@ impl Ring {
         saturate(self.capacity_wide(member, u128::from(total_load)))
     }
 
+    /// [`Ring::capacity`] with the factor `load_factor` instead of the ring's own (a router
+    /// slot may set its own; see the gateway's `[policies] router_load_factor`). A factor
+    /// below 1 or not finite is taken as 1.
+    #[must_use]
+    pub fn capacity_with(&self, member: usize, total_load: u64, load_factor: f64) -> u64 {
+        let factor = if load_factor.is_finite() {
+            load_factor.max(1.0)
+        } else {
+            1.0
+        };
+        let weight = self.members[member].weight;
+        let placed = u128::from(total_load) + 1;
+        let exact_floor = (placed * u128::from(weight)).div_ceil(u128::from(self.total_weight));
+        let scaled =
+            (factor * placed as f64 * f64::from(weight) / self.total_weight as f64).ceil() as u128;
+        saturate(scaled.max(exact_floor))
+    }
+
     /// Consistent hashing with bounded loads: walking clockwise from `key` over distinct members,
     /// the first member `i` with `loads[i] + 1 <= capacity(i, Σ loads)`.
     ///

@@ -406,6 +406,35 @@ mod tests {
     }
 
     #[test]
+    fn the_router_slots_bounded_load_guard_is_explicit() {
+        use ringmaster_pool::CapGuard;
+        let guard = |policies: &str| {
+            RawConfig::from_toml(&format!("[policies]\n{policies}"))
+                .unwrap()
+                .validate_with_env(no_env)
+                .map(|c| c.policies.router_guard)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(guard(""), Ok(CapGuard::Host { load_factor: None }));
+        assert_eq!(
+            guard("router_load_factor = 2.0"),
+            Ok(CapGuard::Host {
+                load_factor: Some(2.0)
+            })
+        );
+        assert_eq!(
+            guard("router_bounded_load = \"policy\""),
+            Ok(CapGuard::Policy)
+        );
+        let err = guard("router_bounded_load = \"nobody\"").unwrap_err();
+        assert!(err.contains("router_bounded_load"), "{err}");
+        let err = guard("router_load_factor = 0.5").unwrap_err();
+        assert!(err.contains("at least 1.0"), "{err}");
+        let err = guard("router_bounded_load = \"policy\"\nrouter_load_factor = 2.0").unwrap_err();
+        assert!(err.contains("no effect"), "{err}");
+    }
+
+    #[test]
     fn refuses_public_listen_without_keys() {
         let raw = RawConfig::from_toml("listen = \"0.0.0.0:8080\"").unwrap();
         let err = raw.validate_with_env(no_env).unwrap_err().to_string();

@@ -58,6 +58,8 @@ pub struct PoliciesConfig {
     pub engine: ringmaster_policy_engine::EngineConfig,
     /// Router variants (empty: the native strategy routes).
     pub router: Vec<RouterVariantSpec>,
+    /// How the host guards the router's choices with the bounded-load cap.
+    pub router_guard: ringmaster_pool::CapGuard,
     /// The admission policy (none: every request is admitted).
     pub admission: Option<SlotPolicySpec>,
     /// Requests that may wait in the gateway's queue.
@@ -149,6 +151,34 @@ pub(crate) fn policies_config(
             config: policy_config(variant.config),
         });
     }
+    let router_guard = match (raw.router_bounded_load.as_deref(), raw.router_load_factor) {
+        (None | Some("host"), factor) => {
+            if let Some(f) = factor
+                && !(f.is_finite() && f >= 1.0)
+            {
+                return Err(invalid(
+                    "policies.router_load_factor",
+                    "must be a number of at least 1.0",
+                ));
+            }
+            ringmaster_pool::CapGuard::Host {
+                load_factor: factor,
+            }
+        }
+        (Some("policy"), None) => ringmaster_pool::CapGuard::Policy,
+        (Some("policy"), Some(_)) => {
+            return Err(invalid(
+                "policies.router_load_factor",
+                "has no effect with router_bounded_load = \"policy\" (the policy decides alone)",
+            ));
+        }
+        (Some(other), _) => {
+            return Err(invalid(
+                "policies.router_bounded_load",
+                format!("{other:?} is not \"host\" or \"policy\""),
+            ));
+        }
+    };
     let mut queue_capacity = crate::admission::DEFAULT_QUEUE_CAPACITY;
     let mut queue_timeout = crate::admission::DEFAULT_QUEUE_TIMEOUT;
     let admission = match raw.admission {
@@ -223,6 +253,7 @@ pub(crate) fn policies_config(
     Ok(PoliciesConfig {
         engine,
         router,
+        router_guard,
         admission,
         queue_capacity,
         queue_timeout,

@@ -69,6 +69,12 @@ pub struct RawPolicies {
     pub cache_dir: Option<String>,
     /// `[[policies.router]]`: router variants and the shadow.
     pub router: Option<Vec<RawRouterVariant>>,
+    /// How the host guards the router policies' choices: `"host"` (a choice at its
+    /// bounded-load cap is spilled on the ring; the default) or `"policy"` (the policy
+    /// decides alone).
+    pub router_bounded_load: Option<String>,
+    /// The router slot's own bounded-load factor (default: `[routing] load_factor`).
+    pub router_load_factor: Option<f64>,
     /// `[policies.admission]`: the admission policy and the gateway's queue.
     pub admission: Option<RawAdmission>,
     /// `[policies.safety]`: the safety filter.

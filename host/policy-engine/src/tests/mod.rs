@@ -792,6 +792,35 @@ fn fixture_cache_aware_prefers_the_longest_cached_prefix() {
 }
 
 #[test]
+fn fixture_prefix_affinity_looks_past_what_every_server_holds() {
+    let Some(bytes) = dist("prefix-affinity.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let policy = engine
+        .load_router("prefix-affinity", &bytes, no_config())
+        .unwrap();
+    let mut host = FakeHost::eight();
+    // Nothing cached: the key's first server on the ring.
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route(host.owner(10).to_owned())
+    );
+    // Every server holds a 10-hash system prompt: that decides nothing...
+    host.prefix_matches = host.servers.iter().map(|s| (s.id.clone(), 10)).collect();
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route(host.owner(10).to_owned())
+    );
+    // ...but s3 holding 10 more does.
+    host.prefix_matches[3].1 = 20;
+    assert_eq!(
+        policy.route(&host, &request(10)).unwrap(),
+        RouteDecision::Route("s3".into())
+    );
+}
+
+#[test]
 fn the_hosts_prefix_matching_does_not_count_against_the_deadline() {
     let Some(bytes) = dist("cache-aware.wasm") else {
         return;
@@ -821,6 +850,7 @@ fn fixture_every_built_router_loads() {
     for name in [
         "consistent-hash",
         "cache-aware",
+        "prefix-affinity",
         "least-loaded",
         "round-robin",
     ] {
