@@ -84,6 +84,38 @@ struct RawScenario {
     /// Routers to compare: `native`, `builtin:NAME`, or a component path (relative to the
     /// scenario file).
     routers: Vec<String>,
+    /// `[[scale]]`: servers added or removed during the replay.
+    #[serde(default)]
+    scale: Vec<RawScaleEvent>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawScaleEvent {
+    /// Modelled seconds from the start.
+    at_s: f64,
+    /// A server to add (a name: it becomes `sim://NAME`).
+    add: Option<String>,
+    /// A server to remove (its id: `replay-N` for the scenario's own).
+    remove: Option<String>,
+}
+
+/// A server added or taken off during a replay.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScaleEvent {
+    /// Modelled seconds from the start.
+    pub at_s: f64,
+    /// What changes.
+    pub change: ScaleChange,
+}
+
+/// One change of the fleet.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum ScaleChange {
+    /// A simulated server of this name joins.
+    Add(String),
+    /// The server of this id leaves (it drains).
+    Remove(String),
 }
 
 /// A replay to run.
@@ -97,6 +129,8 @@ pub struct Scenario {
     pub fleet: Fleet,
     /// Routers to compare.
     pub routers: Vec<String>,
+    /// Servers added or removed during the replay, in time order.
+    pub scale: Vec<ScaleEvent>,
 }
 
 impl Scenario {
@@ -134,7 +168,24 @@ impl Scenario {
                 }
             })
             .collect();
+        let mut scale = Vec::with_capacity(raw.scale.len());
+        for (i, event) in raw.scale.into_iter().enumerate() {
+            if !(event.at_s.is_finite() && event.at_s >= 0.0) {
+                return Err(format!("scale[{i}].at_s: must be a time of at least 0"));
+            }
+            let change = match (event.add, event.remove) {
+                (Some(name), None) => ScaleChange::Add(name),
+                (None, Some(id)) => ScaleChange::Remove(id),
+                _ => return Err(format!("scale[{i}]: name exactly one of add and remove")),
+            };
+            scale.push(ScaleEvent {
+                at_s: event.at_s,
+                change,
+            });
+        }
+        scale.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
         Ok(Self {
+            scale,
             trace: base.join(raw.trace),
             requests: raw.requests,
             fleet: Fleet {
@@ -209,7 +260,7 @@ pub async fn run_scenario(
     let mut runs = Vec::new();
     for router in &scenario.routers {
         progress(router);
-        let data = run::replay(&scenario.fleet, router, &requests, &turns).await?;
+        let data = run::replay(&scenario.fleet, router, &requests, &turns, &scenario.scale).await?;
         routers.push(report::summarise(router, &data, shared_lru, unbounded));
         runs.push(data);
     }

@@ -77,6 +77,24 @@ fn section(
             summary.policy, summary.policy_faults
         ));
     }
+    if let Some(run) = report.runs.first()
+        && !run.scale.is_empty()
+    {
+        text.push_str(&format!(
+            "\nScale events (ring keys that changed owner, of {} sampled):\n",
+            crate::run::SCALE_SAMPLE_KEYS
+        ));
+        for event in &run.scale {
+            text.push_str(&format!(
+                "- at {:.0} s, {}: {} keys moved, {} of them between servers that did not change{}\n",
+                event.at_s,
+                event.change,
+                event.keys_moved,
+                event.moved_elsewhere,
+                event.error.as_ref().map_or_else(String::new, |e| format!(" (failed: {e})")),
+            ));
+        }
+    }
     text.push_str(&format!(
         "\nTTFT distribution: ![TTFT CDF]({}). Per-server queues over time: {}. Data: `{}`.\n",
         ttft_plot.display(),
@@ -227,7 +245,7 @@ fn load_over_time(router: &str, run: &crate::run::RunData, path: &Path) -> Resul
         .y_desc("running + waiting")
         .draw()
         .map_err(|e| plot_error(path, e))?;
-    let servers = run.load.first().map_or(0, |s| s.queued.len());
+    let servers = run.load.iter().map(|s| s.queued.len()).max().unwrap_or(0);
     for server in 0..servers {
         let colour = COLOURS[server % COLOURS.len()];
         let label = run
@@ -236,7 +254,9 @@ fn load_over_time(router: &str, run: &crate::run::RunData, path: &Path) -> Resul
             .map_or_else(|| format!("server {server}"), |s| s.id.clone());
         chart
             .draw_series(LineSeries::new(
-                run.load.iter().map(|s| (s.at_s, s.queued[server])),
+                run.load
+                    .iter()
+                    .map(|s| (s.at_s, s.queued.get(server).copied().unwrap_or(0))),
                 colour.stroke_width(1),
             ))
             .map_err(|e| plot_error(path, e))?

@@ -10,7 +10,7 @@
 //! straight to the next timer whenever nothing is runnable. A replay is then as fast as the
 //! machine allows and its timings are the model's, the same on any machine.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::render::{REPLAY_MODEL, messages_body};
 use crate::trace::TraceRequest;
-use crate::{Fleet, ReplayError};
+use crate::{Fleet, ReplayError, ScaleChange, ScaleEvent};
 
 /// The policies' call deadline in a replay. Deadlines are wall-clock time: at the gateway's
 /// default (5 ms) a slow machine would fault calls a fast one completes, and a replay's
@@ -62,7 +62,7 @@ pub struct Outcome {
 pub struct LoadSample {
     /// Modelled seconds from the start.
     pub at_s: f64,
-    /// Per server (in fleet order): sequences running plus waiting.
+    /// Per server (in the order they joined the fleet): sequences running plus waiting.
     pub queued: Vec<u32>,
 }
 
@@ -77,6 +77,25 @@ pub struct ServerTotals {
     pub busy_s: f64,
     /// Preemptions for lack of KV blocks.
     pub preemptions: u64,
+}
+
+/// Keys sampled to measure how a scale event moves the ring's keys.
+pub const SCALE_SAMPLE_KEYS: u64 = 10_000;
+
+/// What one scale event did to the ring.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScaleOutcome {
+    /// Modelled seconds from the start.
+    pub at_s: f64,
+    /// `add NAME` or `remove ID`.
+    pub change: String,
+    /// Of [`SCALE_SAMPLE_KEYS`] sampled keys, how many changed owner.
+    pub keys_moved: u64,
+    /// Of those, how many moved between two servers that did not change (0 for a
+    /// consistent-hash ring: only the added or removed server's keys move).
+    pub moved_elsewhere: u64,
+    /// Why the change failed, if it did.
+    pub error: Option<String>,
 }
 
 /// Everything one run measured, before it is summarised.
@@ -97,6 +116,8 @@ pub struct RunData {
     pub over_cap: u64,
     /// Modelled seconds from the first arrival to the last reply.
     pub makespan_s: f64,
+    /// Per scale event.
+    pub scale: Vec<ScaleOutcome>,
 }
 
 /// The gateway configuration for a replay of `fleet` routed by `router` (`native`: the ring
@@ -143,6 +164,7 @@ pub async fn replay(
     router: &str,
     requests: &[TraceRequest],
     turns: &[Vec<usize>],
+    scale: &[ScaleEvent],
 ) -> Result<RunData, ReplayError> {
     let config = RawConfig::from_toml(&gateway_config(fleet, router))
         .and_then(RawConfig::validate)
@@ -151,13 +173,26 @@ pub async fn replay(
         Gateway::start(config).map_err(|e| ReplayError::Start(format!("{router}: {e}")))?;
     let start = Instant::now();
     let first_arrival = requests.first().map_or(Duration::ZERO, |r| r.arrival);
+    let known = Arc::new(Mutex::new(gateway.pool().snapshot().servers.clone()));
     let (stop_sampler, stopped) = tokio::sync::oneshot::channel();
-    let sampler = tokio::spawn(sample_loads(gateway.clone(), start, stopped));
+    let sampler = tokio::spawn(sample_loads(known.clone(), start, stopped));
     let mut running = JoinSet::new();
+    let mut events = scale.iter().peekable();
+    let mut scaled = Vec::new();
     for (index, request) in requests.iter().enumerate() {
-        tokio::time::sleep_until(start + (request.arrival - first_arrival)).await;
+        let arrival = request.arrival - first_arrival;
+        while let Some(event) = events.next_if(|e| Duration::from_secs_f64(e.at_s) <= arrival) {
+            tokio::time::sleep_until(start + Duration::from_secs_f64(event.at_s)).await;
+            scaled.push(apply_scale(&gateway, event, &known));
+        }
+        tokio::time::sleep_until(start + arrival).await;
         let body = Bytes::from(messages_body(request, &turns[index]));
         running.spawn(one_request(gateway.clone(), index, body, start));
+    }
+    // Events after the last arrival still happen, while the last replies run.
+    for event in events {
+        tokio::time::sleep_until(start + Duration::from_secs_f64(event.at_s)).await;
+        scaled.push(apply_scale(&gateway, event, &known));
     }
     let mut outcomes = vec![Outcome::default(); requests.len()];
     while let Some(done) = running.join_next().await {
@@ -168,9 +203,7 @@ pub async fn replay(
     let makespan_s = start.elapsed().as_secs_f64();
     let _ = stop_sampler.send(());
     let load = sampler.await.unwrap_or_default();
-    let snapshot = gateway.pool().snapshot();
-    let servers = snapshot
-        .servers
+    let servers = lock(&known)
         .iter()
         .map(|server| {
             let load = server.engine().load();
@@ -199,7 +232,78 @@ pub async fn replay(
                 "le=\"1.0\"",
             ),
         makespan_s,
+        scale: scaled,
     })
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Applies one scale event and measures which of [`SCALE_SAMPLE_KEYS`] sampled keys changed
+/// owner on the ring.
+fn apply_scale(
+    gateway: &Gateway,
+    event: &ScaleEvent,
+    known: &Mutex<Vec<Arc<ringmaster_gateway::pool::Server>>>,
+) -> ScaleOutcome {
+    let pool = gateway.pool();
+    let owners = |snapshot: &ringmaster_gateway::pool::PoolSnapshot| -> Vec<Option<String>> {
+        (0..SCALE_SAMPLE_KEYS)
+            .map(|i| {
+                let key = xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes());
+                snapshot
+                    .ring
+                    .lookup(key)
+                    .map(|m| snapshot.servers[m].id().to_owned())
+            })
+            .collect()
+    };
+    let before = owners(&pool.snapshot());
+    let (change, changed_id, result) = match &event.change {
+        ScaleChange::Add(name) => {
+            let added =
+                ringmaster_gateway::config::server_spec(&ringmaster_gateway::config::RawServer {
+                    address: format!("sim://{name}"),
+                    id: None,
+                    weight: None,
+                    models: None,
+                })
+                .and_then(|spec| pool.add(&spec).map_err(|e| e.to_string()));
+            let id = added
+                .as_ref()
+                .map_or_else(|_| name.clone(), |s| s.id().to_owned());
+            if let Ok(server) = &added {
+                lock(known).push(server.clone());
+            }
+            (format!("add {name}"), id, added.map(drop))
+        }
+        ScaleChange::Remove(id) => (
+            format!("remove {id}"),
+            id.clone(),
+            pool.remove(id).map(drop).map_err(|e| e.to_string()),
+        ),
+    };
+    let after = owners(&pool.snapshot());
+    let mut outcome = ScaleOutcome {
+        at_s: event.at_s,
+        change,
+        keys_moved: 0,
+        moved_elsewhere: 0,
+        error: result.err(),
+    };
+    for (old, new) in before.iter().zip(&after) {
+        if old != new {
+            outcome.keys_moved += 1;
+            let touches = |owner: &Option<String>| owner.as_deref() == Some(changed_id.as_str());
+            if !touches(old) && !touches(new) {
+                outcome.moved_elsewhere += 1;
+            }
+        }
+    }
+    outcome
 }
 
 async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: Instant) -> Outcome {
@@ -279,9 +383,10 @@ fn read_events(frame: &[u8], outcome: &mut Outcome) {
     }
 }
 
-/// Samples every server's queue each [`LOAD_SAMPLE_INTERVAL`] until `stop` fires.
+/// Samples every server's queue (every server the run has had, in the order they joined)
+/// each [`LOAD_SAMPLE_INTERVAL`] until `stop` fires.
 async fn sample_loads(
-    gateway: Arc<Gateway>,
+    known: Arc<Mutex<Vec<Arc<ringmaster_gateway::pool::Server>>>>,
     start: Instant,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Vec<LoadSample> {
@@ -292,17 +397,16 @@ async fn sample_loads(
             _ = tick.tick() => {}
             _ = &mut stop => return samples,
         }
-        let snapshot = gateway.pool().snapshot();
+        let queued = lock(&known)
+            .iter()
+            .map(|s| {
+                let load = s.engine().load();
+                load.running + load.waiting
+            })
+            .collect();
         samples.push(LoadSample {
             at_s: start.elapsed().as_secs_f64(),
-            queued: snapshot
-                .servers
-                .iter()
-                .map(|s| {
-                    let load = s.engine().load();
-                    load.running + load.waiting
-                })
-                .collect(),
+            queued,
         });
     }
 }

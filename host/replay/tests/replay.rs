@@ -118,3 +118,39 @@ fn cache_aware_routing_reuses_at_least_what_the_ring_does() {
         ring.token_hit_ratio
     );
 }
+
+#[test]
+fn on_a_scale_event_only_the_changed_servers_keys_move() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = "trace = \"mooncake_conversation_head.jsonl\"\nrequests = 300\nservers = 8\n\
+                routers = [\"builtin:consistent-hash\"]\n\
+                [[scale]]\nat_s = 60\nremove = \"replay-3\"\n\
+                [[scale]]\nat_s = 30\nadd = \"replay-8\"\n";
+    let scenario = Scenario::from_toml(text, &base).unwrap();
+    let report = replay(&scenario);
+    let run = &report.runs[0];
+    assert_eq!(report.routers[0].failed, 0, "a removed server drains");
+    let changes: Vec<&str> = run.scale.iter().map(|e| e.change.as_str()).collect();
+    assert_eq!(
+        changes,
+        ["add replay-8", "remove replay-3"],
+        "in time order"
+    );
+    for event in &run.scale {
+        assert_eq!(event.error, None);
+        assert_eq!(event.moved_elsewhere, 0, "{event:?}");
+        // About a ninth of the keys go to the new server, and a ninth leave the removed one.
+        assert!((600..=1800).contains(&event.keys_moved), "{event:?}");
+    }
+    // The added server served requests after it joined.
+    let added = run.servers.iter().find(|s| s.id == "replay-8").unwrap();
+    assert!(added.requests > 0);
+    assert!(
+        Scenario::from_toml(
+            "trace = \"t\"\nrouters = [\"native\"]\n[[scale]]\nat_s = 1\n",
+            &base
+        )
+        .unwrap_err()
+        .contains("exactly one of add and remove")
+    );
+}
