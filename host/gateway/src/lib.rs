@@ -23,6 +23,7 @@ pub mod error;
 pub mod messages;
 pub mod metrics;
 pub mod policy;
+pub mod record;
 mod respond;
 pub mod routing;
 pub mod safety;
@@ -79,6 +80,9 @@ pub enum StartError {
         /// Why it was refused.
         error: SlotError,
     },
+    /// The traffic recording (`[record]`) could not start.
+    #[error(transparent)]
+    Record(#[from] record::RecordError),
 }
 
 /// A running gateway's shared state.
@@ -91,6 +95,7 @@ pub struct Gateway {
     safety: Arc<SafetyGate>,
     auth: Authenticator,
     metrics: Metrics,
+    recorder: Option<record::TraceRecorder>,
 }
 
 impl Gateway {
@@ -148,7 +153,13 @@ impl Gateway {
             policies.safety_window_bytes,
             policies.safety_fail_closed,
         ));
+        let recorder = config
+            .record_path
+            .as_deref()
+            .map(record::TraceRecorder::open)
+            .transpose()?;
         Ok(Arc::new(Self {
+            recorder,
             auth: Authenticator::new(&config.api_keys),
             metrics: {
                 let mut metrics = Metrics::new();
@@ -167,6 +178,11 @@ impl Gateway {
             safety,
             config,
         }))
+    }
+
+    /// Where the traffic is recorded as a trace, when `[record]` is set.
+    pub fn recorder(&self) -> Option<&record::TraceRecorder> {
+        self.recorder.as_ref()
     }
 
     /// The admission gate.

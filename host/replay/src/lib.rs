@@ -59,6 +59,8 @@ pub struct Fleet {
     pub router_bounded_load: Option<String>,
     /// `[policies] router_load_factor`.
     pub router_load_factor: Option<f64>,
+    /// `[record] path`: the gateway records the replayed traffic as a trace there.
+    pub record: Option<PathBuf>,
 }
 
 /// What to replay, as a TOML file says it.
@@ -81,6 +83,8 @@ struct RawScenario {
     router_bounded_load: Option<String>,
     /// The router slot's own bounded-load factor.
     router_load_factor: Option<f64>,
+    /// Record the replayed traffic as a trace (relative to the scenario file).
+    record: Option<String>,
     /// Routers to compare: `native`, `builtin:NAME`, or a component path (relative to the
     /// scenario file).
     routers: Vec<String>,
@@ -195,6 +199,7 @@ impl Scenario {
                 max_prefix_hashes: raw.max_prefix_hashes.unwrap_or(512),
                 router_bounded_load: raw.router_bounded_load,
                 router_load_factor: raw.router_load_factor,
+                record: raw.record.map(|r| base.join(r)),
             },
             routers,
         })

@@ -141,6 +141,10 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
     if let Some(factor) = fleet.router_load_factor {
         toml.push_str(&format!("router_load_factor = {factor}\n"));
     }
+    if let Some(path) = &fleet.record {
+        let path = toml::Value::String(path.display().to_string());
+        toml.push_str(&format!("[record]\npath = {path}\n"));
+    }
     toml.push_str("[simulator]\ntime_scale = 1.0\n");
     if let Some(blocks) = fleet.kv_blocks {
         toml.push_str(&format!("kv_blocks = {blocks}\n"));

@@ -154,3 +154,33 @@ fn on_a_scale_event_only_the_changed_servers_keys_move() {
         .contains("exactly one of add and remove")
     );
 }
+
+#[test]
+fn recorded_traffic_replays_as_a_trace() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let dir = std::env::temp_dir().join(format!("ringmaster-replay-record-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let recorded = dir.join("recorded.jsonl");
+    let text = format!(
+        "trace = \"mooncake_conversation_head.jsonl\"\nrequests = 200\nservers = 8\n\
+         routers = [\"builtin:consistent-hash\"]\nrecord = {:?}\n",
+        recorded.display().to_string()
+    );
+    let report = replay(&Scenario::from_toml(&text, &base).unwrap());
+    let run = &report.runs[0];
+    let again = ringmaster_replay::trace::load_mooncake(&recorded, None).unwrap();
+    assert_eq!(again.len(), 200, "one line per finished request");
+    // The lines carry the servers' token counts, never text, and the recording's own
+    // conversations: later turns share leading blocks with earlier ones.
+    let mut prompts: Vec<u32> = run.outcomes.iter().map(|o| o.prompt_tokens).collect();
+    let mut recorded_prompts: Vec<u32> = again.iter().map(|r| r.input_tokens).collect();
+    prompts.sort_unstable();
+    recorded_prompts.sort_unstable();
+    assert_eq!(prompts, recorded_prompts);
+    let turns = ringmaster_replay::trace::previous_turns(&again);
+    assert!(
+        turns.iter().any(Option::is_some),
+        "conversations survive the recording"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -55,8 +55,8 @@ mod raw;
 pub use error::ConfigError;
 pub use policies::{PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
-    RawAdmission, RawApiKey, RawConfig, RawLimits, RawModel, RawPolicies, RawRouterVariant,
-    RawRouting, RawSafety, RawServer, RawSimulator,
+    RawAdmission, RawApiKey, RawConfig, RawLimits, RawModel, RawPolicies, RawRecord,
+    RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator,
 };
 
 use error::invalid;
@@ -127,6 +127,8 @@ pub struct Config {
     pub upstream: ringmaster_pool::remote::UpstreamSettings,
     /// When a failed request is tried on another server.
     pub retry: RetryPolicy,
+    /// Where the gateway records its traffic as a trace (`[record] path`), if anywhere.
+    pub record_path: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -333,6 +335,13 @@ impl RawConfig {
         let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
         let upstream = upstream::upstream_settings(self.upstream.unwrap_or_default())?;
         let retry = upstream::retry_policy(self.retry.unwrap_or_default())?;
+        let record_path = match self.record {
+            None => None,
+            Some(record) if record.path.trim().is_empty() => {
+                return Err(invalid("record.path", "must name a file"));
+            }
+            Some(record) => Some(std::path::PathBuf::from(record.path)),
+        };
 
         Ok(Config {
             listen,
@@ -355,6 +364,7 @@ impl RawConfig {
             policies,
             upstream,
             retry,
+            record_path,
         })
     }
 }

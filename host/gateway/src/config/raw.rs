@@ -30,6 +30,8 @@ pub struct RawConfig {
     pub servers: Option<Vec<RawServer>>,
     /// `[simulator]`.
     pub simulator: Option<RawSimulator>,
+    /// `[record]`: the gateway's own traffic as a trace.
+    pub record: Option<RawRecord>,
     /// `[policies]`.
     pub policies: Option<RawPolicies>,
     /// `[model]`.
@@ -186,6 +188,15 @@ pub struct RawServer {
     /// The models it serves; default: what a remote server's `/v1/models` lists, and until
     /// that is known (or for a server in this process) any model the gateway accepts.
     pub models: Option<Vec<String>>,
+}
+
+/// `[record]`: write every finished Messages request to a Mooncake-format trace (token counts
+/// and prefix-block hashes, never text) for `ringmaster bench replay`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRecord {
+    /// The trace file (appended to).
+    pub path: String,
 }
 
 /// `[simulator]`: overrides of the simulated servers' model (see `SimCostModel`).

@@ -176,6 +176,13 @@ pub async fn handle(
         },
         variant,
         started,
+        record: gateway.recorder().map(|r| {
+            r.start(
+                started,
+                &input.prefix_hashes,
+                gateway.config.prefix_hashing.chunk_bytes,
+            )
+        }),
     };
     record_decision(
         gateway,
@@ -470,6 +477,8 @@ struct Tracker {
     variant: Option<Arc<Variant>>,
     label: VariantLabel,
     started: Instant,
+    /// The request's start as the traffic recording has it, when recording.
+    record: Option<crate::record::RecordStart>,
 }
 
 impl Tracker {
@@ -485,7 +494,10 @@ impl Tracker {
         }
     }
 
-    fn finished(&self, prompt_tokens: u32, cached_tokens: u32) {
+    fn finished(&self, prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) {
+        if let (Some(recorder), Some(start)) = (self.gateway.recorder(), &self.record) {
+            recorder.finish(start, prompt_tokens, output_tokens);
+        }
         self.gateway
             .metrics
             .request_duration_seconds

@@ -115,7 +115,7 @@ impl ReplyMachine {
                         Err(why) => return Some(self.refuse(tracker, why, out)),
                     }
                 }
-                tracker.finished(prompt_tokens, cached_tokens);
+                tracker.finished(prompt_tokens, cached_tokens, output_tokens);
                 let (stop_reason, stop_sequence) = stop_of(&reason);
                 out.push(StreamEvent::ContentBlockStop { index: 0 });
                 out.push(StreamEvent::MessageDelta {
@@ -150,7 +150,7 @@ impl ReplyMachine {
     /// Ends the reply at a block: the held-back window is dropped.
     fn refuse(&self, tracker: &Tracker, why: Blocked, out: &mut Vec<StreamEvent>) -> Ended {
         info!(reason = %why.reason, "reply.output_blocked");
-        tracker.finished(self.prompt, self.cached);
+        tracker.finished(self.prompt, self.cached, self.generated);
         out.push(StreamEvent::ContentBlockStop { index: 0 });
         out.push(StreamEvent::MessageDelta {
             delta: MessageDeltaBody {
