@@ -20,6 +20,14 @@ pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
         include_bytes!("../../../policies/dist/prefix-affinity.wasm"),
     ),
     (
+        "kv-cost",
+        include_bytes!("../../../policies/dist/kv-cost.wasm"),
+    ),
+    (
+        "weighted-scorers",
+        include_bytes!("../../../policies/dist/weighted-scorers.wasm"),
+    ),
+    (
         "least-loaded",
         include_bytes!("../../../policies/dist/least-loaded.wasm"),
     ),

@@ -121,7 +121,8 @@ pub struct RunData {
 }
 
 /// The gateway configuration for a replay of `fleet` routed by `router` (`native`: the ring
-/// without a policy; `builtin:NAME`; or a path to a component).
+/// without a policy; `builtin:NAME`; or a path to a component; either followed by
+/// `?key=value&...` for the policy's own configuration).
 pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
     let mut toml = format!(
         "listen = \"127.0.0.1:0\"\nmodels = [\"{REPLAY_MODEL}\"]\n\
@@ -153,10 +154,26 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
         toml.push_str(&format!("[[servers]]\naddress = \"sim://replay-{i}\"\n"));
     }
     if router != "native" {
-        let source = toml::Value::String(router.to_owned());
+        // `SOURCE?key=value&key=value`: the policy's own configuration.
+        let (source, query) = router.split_once('?').unwrap_or((router, ""));
+        let source = toml::Value::String(source.to_owned());
         toml.push_str(&format!(
             "[[policies.router]]\nname = \"replayed\"\nsource = {source}\n"
         ));
+        let pairs: Vec<String> = query
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .map(|(k, v)| {
+                format!(
+                    "{} = {}",
+                    toml::Value::String(k.to_owned()),
+                    toml::Value::String(v.to_owned())
+                )
+            })
+            .collect();
+        if !pairs.is_empty() {
+            toml.push_str(&format!("config = {{ {} }}\n", pairs.join(", ")));
+        }
     }
     toml
 }

@@ -851,6 +851,8 @@ fn fixture_every_built_router_loads() {
         "consistent-hash",
         "cache-aware",
         "prefix-affinity",
+        "kv-cost",
+        "weighted-scorers",
         "least-loaded",
         "round-robin",
     ] {
