@@ -210,3 +210,55 @@ async fn explain_shows_key_candidates_and_choice() {
         .unwrap();
     assert_eq!(bad.status(), 400);
 }
+
+#[tokio::test]
+async fn traffic_is_recorded_as_a_trace_and_switched_from_the_admin_api() {
+    let dir = std::env::temp_dir().join(format!("ringmaster-e2e-record-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("traffic.jsonl");
+    let extra = format!(
+        "[record]\npath = {:?}\nenabled = false\n",
+        path.display().to_string()
+    );
+    let gw = TestGateway::simulated(2, 0.0, &extra).await;
+    let lines = || {
+        std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(gw.post_messages(&hello(8)).await.status(), 200);
+    assert!(lines().is_empty(), "switched off in the config");
+    let on = gw.admin_json(Method::PUT, "/admin/record").await;
+    assert_eq!(on["recording"], true);
+    assert_eq!(gw.post_messages(&hello(8)).await.status(), 200);
+    let recorded = lines();
+    assert_eq!(recorded.len(), 1);
+    let line = &recorded[0];
+    assert!(line["input_length"].as_u64().unwrap() > 0);
+    assert_eq!(line["output_length"], 8);
+    assert_eq!(
+        line["hash_ids"].as_array().unwrap().len() as u64,
+        line["input_length"].as_u64().unwrap().div_ceil(512)
+    );
+    assert!(
+        !std::fs::read_to_string(&path).unwrap().contains("Hello"),
+        "never text"
+    );
+    let off = gw.admin_json(Method::DELETE, "/admin/record").await;
+    assert_eq!(off["recording"], false);
+    assert_eq!(gw.post_messages(&hello(8)).await.status(), 200);
+    assert_eq!(lines().len(), 1);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Without a configured file the admin API cannot start one.
+    let plain = TestGateway::simulated(1, 0.0, "").await;
+    assert_eq!(
+        plain
+            .admin_call(Method::PUT, "/admin/record")
+            .await
+            .status(),
+        409
+    );
+}

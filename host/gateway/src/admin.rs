@@ -49,6 +49,9 @@ pub(crate) async fn handle(
             remove_server(gateway, &p["/admin/servers/".len()..])
         }
         (Method::POST, "/admin/route/explain") => explain(gateway, req).await,
+        (Method::GET, "/admin/record") => record_json(gateway, None),
+        (Method::PUT, "/admin/record") => record_json(gateway, Some(true)),
+        (Method::DELETE, "/admin/record") => record_json(gateway, Some(false)),
         (Method::GET, "/admin/policies") => {
             Ok(json_response(StatusCode::OK, &policies_json(gateway)))
         }
@@ -116,7 +119,11 @@ pub(crate) async fn handle(
         ))),
         (
             _,
-            "/admin/servers" | "/admin/route/explain" | "/admin/policies" | "/admin/experiments",
+            "/admin/servers"
+            | "/admin/route/explain"
+            | "/admin/policies"
+            | "/admin/experiments"
+            | "/admin/record",
         ) => Err(ApiError::new(
             ErrorKind::MethodNotAllowed,
             format!("method {method} is not allowed on {path}"),
@@ -125,6 +132,32 @@ pub(crate) async fn handle(
             "no admin route for {method} {path}"
         ))),
     }
+}
+
+/// `/admin/record`: the traffic recording's state, after switching it on or off when asked.
+/// Only the file named in the config (`[record] path`) is ever written: the admin API cannot
+/// choose where the gateway writes.
+fn record_json(
+    gateway: &Gateway,
+    switch: Option<bool>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let Some(recorder) = gateway.recorder() else {
+        return Err(ApiError::new(
+            ErrorKind::Conflict,
+            "no trace file is configured: set [record] path (and enabled = false to start \
+             switched off) in the config",
+        ));
+    };
+    if let Some(on) = switch {
+        recorder.set_enabled(on);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "recording": recorder.is_recording(),
+            "path": recorder.path().display().to_string(),
+        }),
+    ))
 }
 
 fn presented_token_matches(headers: &http::HeaderMap, token: &str) -> bool {

@@ -28,6 +28,10 @@ pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
         include_bytes!("../../../policies/dist/weighted-scorers.wasm"),
     ),
     (
+        "prefix-cache",
+        include_bytes!("../../../policies/dist/prefix-cache.wasm"),
+    ),
+    (
         "least-loaded",
         include_bytes!("../../../policies/dist/least-loaded.wasm"),
     ),

@@ -154,9 +154,9 @@ impl Gateway {
             policies.safety_fail_closed,
         ));
         let recorder = config
-            .record_path
-            .as_deref()
-            .map(record::TraceRecorder::open)
+            .record
+            .as_ref()
+            .map(|(path, enabled)| record::TraceRecorder::open(path, *enabled))
             .transpose()?;
         Ok(Arc::new(Self {
             recorder,

@@ -44,6 +44,8 @@ pub struct TraceRecorder {
     started: Instant,
     out: Mutex<std::io::BufWriter<std::fs::File>>,
     broken: AtomicBool,
+    /// Switched by the config (`[record] enabled`) and the admin API (`/admin/record`).
+    enabled: AtomicBool,
 }
 
 /// What a request contributes to the trace before it finishes.
@@ -63,8 +65,8 @@ struct Line<'a> {
 }
 
 impl TraceRecorder {
-    /// Appends to `path` (created when missing).
-    pub fn open(path: &Path) -> Result<Self, RecordError> {
+    /// Appends to `path` (created when missing), recording at once when `enabled`.
+    pub fn open(path: &Path, enabled: bool) -> Result<Self, RecordError> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -73,13 +75,33 @@ impl TraceRecorder {
                 path: path.to_owned(),
                 source,
             })?;
-        info!(path = %path.display(), "record.started");
+        info!(path = %path.display(), enabled, "record.opened");
         Ok(Self {
             path: path.to_owned(),
             started: Instant::now(),
             out: Mutex::new(std::io::BufWriter::new(file)),
             broken: AtomicBool::new(false),
+            enabled: AtomicBool::new(enabled),
         })
+    }
+
+    /// Starts or stops recording; whether it was recording before.
+    pub fn set_enabled(&self, enabled: bool) -> bool {
+        let was = self.enabled.swap(enabled, Ordering::Relaxed);
+        if was != enabled {
+            info!(path = %self.path.display(), enabled, "record.switched");
+        }
+        was
+    }
+
+    /// Whether finished requests are being written (switched on, and no write has failed).
+    pub fn is_recording(&self) -> bool {
+        self.enabled.load(Ordering::Relaxed) && !self.broken.load(Ordering::Relaxed)
+    }
+
+    /// The trace file.
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// A request arriving at `arrived`, with the prefix hashes routing computed for it.
@@ -98,7 +120,7 @@ impl TraceRecorder {
 
     /// The request finished with these token counts: its line goes out.
     pub fn finish(&self, start: &RecordStart, prompt_tokens: u32, output_tokens: u32) {
-        if self.broken.load(Ordering::Relaxed) || prompt_tokens == 0 {
+        if !self.is_recording() || prompt_tokens == 0 {
             return;
         }
         let ids = block_ids(start, prompt_tokens);
@@ -180,8 +202,15 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ringmaster-record-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("trace.jsonl");
-        let recorder = TraceRecorder::open(&path).unwrap();
+        let recorder = TraceRecorder::open(&path, false).unwrap();
         let s = recorder.start(Instant::now(), &[5, 6, 7, 8, 9, 10, 11, 12], 256);
+        recorder.finish(&s, 600, 41);
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "",
+            "off: nothing written"
+        );
+        assert!(!recorder.set_enabled(true));
         recorder.finish(&s, 600, 42);
         let text = std::fs::read_to_string(&path).unwrap();
         let line: serde_json::Value = serde_json::from_str(text.trim()).unwrap();

@@ -127,8 +127,9 @@ pub struct Config {
     pub upstream: ringmaster_pool::remote::UpstreamSettings,
     /// When a failed request is tried on another server.
     pub retry: RetryPolicy,
-    /// Where the gateway records its traffic as a trace (`[record] path`), if anywhere.
-    pub record_path: Option<std::path::PathBuf>,
+    /// Where the gateway records its traffic as a trace (`[record] path`), if anywhere, and
+    /// whether it records from the start (`[record] enabled`).
+    pub record: Option<(std::path::PathBuf, bool)>,
 }
 
 impl Config {
@@ -335,12 +336,15 @@ impl RawConfig {
         let policies = policies_config(self.policies.unwrap_or_default(), strategy)?;
         let upstream = upstream::upstream_settings(self.upstream.unwrap_or_default())?;
         let retry = upstream::retry_policy(self.retry.unwrap_or_default())?;
-        let record_path = match self.record {
+        let record = match self.record {
             None => None,
             Some(record) if record.path.trim().is_empty() => {
                 return Err(invalid("record.path", "must name a file"));
             }
-            Some(record) => Some(std::path::PathBuf::from(record.path)),
+            Some(record) => Some((
+                std::path::PathBuf::from(record.path),
+                record.enabled.unwrap_or(true),
+            )),
         };
 
         Ok(Config {
@@ -364,7 +368,7 @@ impl RawConfig {
             policies,
             upstream,
             retry,
-            record_path,
+            record,
         })
     }
 }

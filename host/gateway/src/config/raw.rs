@@ -197,6 +197,8 @@ pub struct RawServer {
 pub struct RawRecord {
     /// The trace file (appended to).
     pub path: String,
+    /// Record from the start (default true); else only once the admin API switches it on.
+    pub enabled: Option<bool>,
 }
 
 /// `[simulator]`: overrides of the simulated servers' model (see `SimCostModel`).

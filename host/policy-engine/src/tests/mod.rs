@@ -853,6 +853,7 @@ fn fixture_every_built_router_loads() {
         "prefix-affinity",
         "kv-cost",
         "weighted-scorers",
+        "prefix-cache",
         "least-loaded",
         "round-robin",
     ] {
