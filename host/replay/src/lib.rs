@@ -69,6 +69,11 @@ pub struct Fleet {
 struct RawScenario {
     /// The trace, relative to the scenario file.
     trace: String,
+    /// `mooncake` (JSONL with prefix hashes; the default) or `azure` (CSV of arrivals and
+    /// token counts, prefixes from `[synthetic]`).
+    format: Option<String>,
+    /// `[synthetic]`: the prefix model for a trace without prefixes.
+    synthetic: Option<RawSynthetic>,
     /// Replay only the first N requests.
     requests: Option<usize>,
     /// Simulated servers (default 8).
@@ -91,6 +96,23 @@ struct RawScenario {
     /// `[[scale]]`: servers added or removed during the replay.
     #[serde(default)]
     scale: Vec<RawScaleEvent>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSynthetic {
+    groups: Option<u32>,
+    shared_fraction: Option<f64>,
+    seed: Option<u64>,
+}
+
+/// How a scenario's trace file is read.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum TraceFormat {
+    /// Mooncake's JSONL, prefixes included.
+    Mooncake,
+    /// Azure's CSV, with made-up prefixes.
+    Azure(trace::SyntheticPrefixes),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -127,6 +149,8 @@ pub enum ScaleChange {
 pub struct Scenario {
     /// The trace file.
     pub trace: PathBuf,
+    /// How it is read.
+    pub format: TraceFormat,
     /// Replay only the first N requests.
     pub requests: Option<usize>,
     /// The fleet.
@@ -188,7 +212,36 @@ impl Scenario {
             });
         }
         scale.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
+        let format = match raw.format.as_deref() {
+            None | Some("mooncake") => {
+                if raw.synthetic.is_some() {
+                    return Err("synthetic: only for format = \"azure\"".into());
+                }
+                TraceFormat::Mooncake
+            }
+            Some("azure") => {
+                let d = trace::SyntheticPrefixes::default();
+                let raw = raw.synthetic.unwrap_or(RawSynthetic {
+                    groups: None,
+                    shared_fraction: None,
+                    seed: None,
+                });
+                let shared_fraction = raw.shared_fraction.unwrap_or(d.shared_fraction);
+                if !(0.0..=1.0).contains(&shared_fraction) {
+                    return Err("synthetic.shared_fraction: must be from 0 to 1".into());
+                }
+                TraceFormat::Azure(trace::SyntheticPrefixes {
+                    groups: raw.groups.unwrap_or(d.groups).max(1),
+                    shared_fraction,
+                    seed: raw.seed.unwrap_or(d.seed),
+                })
+            }
+            Some(other) => {
+                return Err(format!("format: {other:?} is not mooncake or azure"));
+            }
+        };
         Ok(Self {
+            format,
             scale,
             trace: base.join(raw.trace),
             requests: raw.requests,
@@ -256,7 +309,12 @@ pub async fn run_scenario(
     scenario: &Scenario,
     mut progress: impl FnMut(&str),
 ) -> Result<Report, ReplayError> {
-    let requests = trace::load_mooncake(&scenario.trace, scenario.requests)?;
+    let requests = match scenario.format {
+        TraceFormat::Mooncake => trace::load_mooncake(&scenario.trace, scenario.requests)?,
+        TraceFormat::Azure(prefixes) => {
+            trace::load_azure(&scenario.trace, scenario.requests, prefixes)?
+        }
+    };
     let parents = trace::previous_turns(&requests);
     let turns = earlier_turns(&requests, &parents);
     let shared_lru = oracle::shared_lru(&requests, scenario.capacity_trace_blocks());

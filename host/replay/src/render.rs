@@ -21,10 +21,23 @@ use crate::trace::{TRACE_BLOCK_TOKENS, TraceRequest};
 /// The model name replayed requests ask for.
 pub const REPLAY_MODEL: &str = "replay";
 
+/// Distinct words of at most 7 base-36 digits (what the simulated tokenizer keeps as one
+/// piece).
+const WORDS: u64 = 36u64.pow(7);
+
 /// The text standing for block `id` cut to its first `tokens` tokens, appended to `out`.
+///
+/// A small id (Mooncake's ids count up from 0) gets words no other block has; a large one (a
+/// synthetic prefix model's hashes) gets hashed words, which another block repeats only by a
+/// one-in-78-billion chance per word.
 pub fn block_text(id: u64, tokens: u32, out: &mut String) {
+    let per_block = u64::from(TRACE_BLOCK_TOKENS);
     for position in 0..tokens {
-        let word = id * u64::from(TRACE_BLOCK_TOKENS) + u64::from(position);
+        let position = u64::from(position);
+        let word = match id.checked_mul(per_block).map(|w| w + position) {
+            Some(word) if word < WORDS => word,
+            _ => xxhash_rust::xxh3::xxh3_64_with_seed(&position.to_le_bytes(), id) % WORDS,
+        };
         out.push(' ');
         push_base36(word, out);
     }
@@ -141,6 +154,18 @@ mod tests {
         let mut b = String::new();
         block_text(4, 512, &mut b);
         assert!(b.split(' ').skip(1).all(|w| !words.contains(&w)));
+    }
+
+    #[test]
+    fn large_ids_still_make_single_token_words() {
+        let mut text = String::new();
+        block_text(u64::MAX - 3, 512, &mut text);
+        let words: Vec<&str> = text.split(' ').skip(1).collect();
+        assert_eq!(words.len(), 512);
+        assert!(words.iter().all(|w| !w.is_empty() && w.len() <= 7));
+        let mut again = String::new();
+        block_text(u64::MAX - 3, 512, &mut again);
+        assert_eq!(text, again);
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Request traces as the replay reads them: Mooncake's JSONL format (arrival, token counts,
 //! prefix-block hashes) and the conversations it implies.
 //!
-//! This module owns parsing a trace and reconstructing its turns. It must not render prompts
+//! This module owns parsing a trace and reconstructing its turns, and the synthetic prefix
+//! model for traces that carry no prefixes (Azure's). It must not render prompts
 //! ([`crate::render`]) nor know about servers. A Mooncake line is
 //! `{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [..]}`, one id per
 //! [`TRACE_BLOCK_TOKENS`]-token block of the prompt, where an id depends on the whole prefix
@@ -140,6 +141,159 @@ pub fn parse_mooncake(
 /// prompt), which makes no conversation.
 pub const MIN_TURN_BLOCKS: usize = 2;
 
+/// How prefixes are made up for a trace that has none (Azure's LLM inference traces give
+/// arrival times and token counts only): each request belongs to one of `groups` shared
+/// prefixes (a system prompt or a document), drawn with a skew toward the first ones, and the
+/// first `shared_fraction` of its prompt is that group's; the rest is its own. Deterministic
+/// for a given `seed`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct SyntheticPrefixes {
+    /// Shared prefixes to draw from.
+    pub groups: u32,
+    /// Fraction of each prompt (0 to 1) taken from its group's prefix.
+    pub shared_fraction: f64,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
+impl Default for SyntheticPrefixes {
+    fn default() -> Self {
+        Self {
+            groups: 64,
+            shared_fraction: 0.5,
+            seed: 1,
+        }
+    }
+}
+
+impl SyntheticPrefixes {
+    /// The block ids of request `index` with `input_tokens` prompt tokens.
+    fn blocks(&self, index: usize, input_tokens: u32) -> Vec<u64> {
+        let draw = xxhash_rust::xxh3::xxh3_64_with_seed(&(index as u64).to_le_bytes(), self.seed);
+        // u² skews the draw toward the low groups: a few popular prefixes, a long tail.
+        let u = (draw >> 11) as f64 / (1u64 << 53) as f64;
+        let group = ((u * u) * f64::from(self.groups.max(1))) as u64;
+        let blocks = input_tokens.div_ceil(TRACE_BLOCK_TOKENS) as usize;
+        let shared =
+            ((f64::from(input_tokens) * self.shared_fraction) as u32 / TRACE_BLOCK_TOKENS) as usize;
+        (0..blocks)
+            .map(|i| {
+                let (owner, salt) = if i < shared {
+                    (group, 0x5348_4152_4544u64) // "SHARED"
+                } else {
+                    (index as u64, 0x004f_574e_u64) // "OWN"
+                };
+                xxhash_rust::xxh3::xxh3_64_with_seed(
+                    &[owner.to_le_bytes(), (i as u64).to_le_bytes()].concat(),
+                    self.seed ^ salt,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Reads an Azure LLM inference trace (`TIMESTAMP,ContextTokens,GeneratedTokens`, timestamps
+/// like `2023-11-16 18:15:46.6805900`): arrivals from the first request's, block ids from
+/// `prefixes`. At most `limit` requests.
+pub fn load_azure(
+    path: &Path,
+    limit: Option<usize>,
+    prefixes: SyntheticPrefixes,
+) -> Result<Vec<TraceRequest>, TraceError> {
+    let shown = path.display().to_string();
+    let file = std::fs::File::open(path).map_err(|source| TraceError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    parse_azure(std::io::BufReader::new(file), &shown, limit, prefixes)
+}
+
+/// Parses an Azure trace from `reader` (`name` names it in errors).
+pub fn parse_azure(
+    reader: impl BufRead,
+    name: &str,
+    limit: Option<usize>,
+    prefixes: SyntheticPrefixes,
+) -> Result<Vec<TraceRequest>, TraceError> {
+    let mut requests = Vec::new();
+    let mut first: Option<f64> = None;
+    for (index, line) in reader.lines().enumerate() {
+        let bad = |why: String| TraceError::Line {
+            path: name.to_owned(),
+            line: index + 1,
+            why,
+        };
+        let line = line.map_err(|e| bad(e.to_string()))?;
+        if index == 0 && line.starts_with("TIMESTAMP") {
+            continue;
+        }
+        if line.trim().is_empty() {
+            continue;
+        }
+        if limit.is_some_and(|n| requests.len() >= n) {
+            break;
+        }
+        let mut fields = line.split(',');
+        let (Some(time), Some(context), Some(generated), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(bad(
+                "expected TIMESTAMP,ContextTokens,GeneratedTokens".into()
+            ));
+        };
+        let at = seconds_of(time.trim()).ok_or_else(|| {
+            bad(format!(
+                "{time:?} is not a time like 2023-11-16 18:15:46.68"
+            ))
+        })?;
+        let input: u32 = context
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("ContextTokens {context:?} is not a count")))?;
+        let output: u32 = generated
+            .trim()
+            .parse()
+            .map_err(|_| bad(format!("GeneratedTokens {generated:?} is not a count")))?;
+        if input == 0 {
+            return Err(bad("ContextTokens must be at least 1".into()));
+        }
+        let start = *first.get_or_insert(at);
+        requests.push(TraceRequest {
+            arrival: Duration::from_secs_f64((at - start).max(0.0)),
+            input_tokens: input,
+            output_tokens: output,
+            blocks: prefixes.blocks(requests.len(), input),
+        });
+    }
+    requests.sort_by_key(|r| r.arrival);
+    Ok(requests)
+}
+
+/// Seconds since 1970 of `YYYY-MM-DD HH:MM:SS[.fraction]` (UTC; the trace has no zone).
+fn seconds_of(text: &str) -> Option<f64> {
+    let (date, time) = text.split_once(' ')?;
+    let mut d = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (d.next()??, d.next()??, d.next()??);
+    let mut t = time.split(':');
+    let (hour, minute, second) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<f64>().ok()?,
+    );
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some((days * 86_400 + hour * 3_600 + minute * 60) as f64 + second)
+}
+
 /// Each request's previous turn (an index into the same slice), if it has one: the latest
 /// earlier request whose complete blocks (at least [`MIN_TURN_BLOCKS`]) are the longest run
 /// this request's ids begin with.
@@ -208,6 +362,37 @@ mod tests {
             previous_turns(&requests),
             vec![None, None, Some(0), Some(2), None]
         );
+    }
+
+    #[test]
+    fn azure_lines_get_arrivals_and_synthetic_prefixes() {
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+                    2023-11-16 18:17:03.9799600,4808,10\n\
+                    2023-11-16 18:17:04.0319600,3180,8\n\
+                    2023-11-16 19:14:19.9280160,549,173\n";
+        let prefixes = SyntheticPrefixes {
+            groups: 1,
+            shared_fraction: 0.5,
+            seed: 7,
+        };
+        let requests = parse_azure(text.as_bytes(), "a.csv", None, prefixes).unwrap();
+        assert_eq!(requests.len(), 3);
+        assert_eq!(requests[0].arrival, Duration::ZERO);
+        assert_eq!(requests[1].arrival.as_millis(), 52);
+        assert_eq!(requests[2].arrival.as_secs(), 57 * 60 + 15);
+        assert_eq!(requests[0].blocks.len(), 10);
+        // One group: the first half of every prompt is the same prefix.
+        assert_eq!(requests[0].blocks[..3], requests[1].blocks[..3]);
+        assert_ne!(requests[0].blocks[5], requests[1].blocks[5]);
+        let again = parse_azure(text.as_bytes(), "a.csv", None, prefixes).unwrap();
+        assert_eq!(requests, again, "deterministic for a seed");
+        let text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03,x,1\n";
+        let err = parse_azure(text.as_bytes(), "a.csv", None, prefixes).unwrap_err();
+        assert!(
+            err.to_string().starts_with("a.csv:2: ContextTokens"),
+            "{err}"
+        );
+        assert_eq!(seconds_of("1970-01-02 00:00:01.5"), Some(86_401.5));
     }
 
     #[test]

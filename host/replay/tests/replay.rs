@@ -184,3 +184,26 @@ fn recorded_traffic_replays_as_a_trace() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn shared_prefixes_without_conversations_need_more_than_a_key() {
+    // Azure's arrivals and lengths with made-up shared prefixes: the routing key (system
+    // prompt plus first message) is unique per request, so the ring spreads like round-robin,
+    // while a router that looks at the servers' caches finds the shared part.
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = "trace = \"azure_code_head.csv\"\nformat = \"azure\"\nservers = 4\n\
+                routers = [\"builtin:consistent-hash\", \"builtin:prefix-affinity\"]\n\
+                [synthetic]\ngroups = 8\nshared_fraction = 0.5\nseed = 3\n";
+    let report = replay(&Scenario::from_toml(text, &base).unwrap());
+    assert_eq!(report.requests, 400);
+    assert_eq!(report.follow_ups, 0, "no conversations in this trace");
+    let ring = router(&report, "builtin:consistent-hash");
+    let affinity = router(&report, "builtin:prefix-affinity");
+    assert_eq!(ring.failed + affinity.failed, 0);
+    assert!(
+        affinity.token_hit_ratio > ring.token_hit_ratio,
+        "prefix-affinity {} against the ring {}",
+        affinity.token_hit_ratio,
+        ring.token_hit_ratio
+    );
+}
