@@ -39,7 +39,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -225,15 +225,6 @@ impl GenerationStream {
             self.finished = true;
         }
         Poll::Ready(event)
-    }
-
-    /// The next event if one is ready now, without waiting: lets a consumer batch what a
-    /// producer sent together. `None` when nothing is ready (or the stream is over).
-    pub fn try_next(&mut self) -> Option<GenerateEvent> {
-        match self.poll_next(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(event) => event,
-            Poll::Pending => None,
-        }
     }
 }
 

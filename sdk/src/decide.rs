@@ -59,6 +59,21 @@ pub fn first_in_order<'a>(tied: &[&'a Server], order: &[String]) -> Option<&'a S
         .or_else(|| tied.iter().min_by(|a, b| a.id.cmp(&b.id)).copied())
 }
 
+/// How many of the request's leading prefix hashes server `id` holds, by `matches` (what
+/// the host's `cluster.prefix-matches` returns; a server it leaves out holds none).
+pub fn matched(matches: &[(String, u32)], id: &str) -> u32 {
+    matches
+        .iter()
+        .find(|(server, _)| server == id)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// Where server `id` stands in `order` (for instance the ring's candidates for the request's
+/// key), for breaking ties; `usize::MAX` when it is not there.
+pub fn ring_rank(order: &[String], id: &str) -> usize {
+    order.iter().position(|s| s == id).unwrap_or(usize::MAX)
+}
+
 /// The healthy server estimated to hold the longest prefix of the request, with the number
 /// of leading prefix hashes it holds; ties go to fewer in-flight requests, then to the lower
 /// id. `None` when no healthy server holds any.
@@ -212,6 +227,16 @@ mod tests {
         assert_eq!(pick(&[("zz", 9), ("c", 1)]), Some(("c".into(), 1)));
         assert_eq!(pick(&[("a", 0)]), None);
         assert_eq!(pick(&[]), None);
+    }
+
+    #[test]
+    fn matched_and_ring_rank_look_servers_up() {
+        let matches = vec![("a".to_owned(), 3), ("b".to_owned(), 7)];
+        assert_eq!(matched(&matches, "b"), 7);
+        assert_eq!(matched(&matches, "c"), 0);
+        let order = vec!["c".to_owned(), "a".to_owned()];
+        assert_eq!(ring_rank(&order, "a"), 1);
+        assert_eq!(ring_rank(&order, "b"), usize::MAX);
     }
 
     #[test]

@@ -177,4 +177,14 @@ pub mod host {
     pub fn count(name: &str) {
         metrics::counter_add(name, 1);
     }
+
+    /// `cluster.prefix-matches` for `req`, without the host call when the request has no
+    /// prefix hashes (nothing of it can be cached).
+    pub fn prefix_matches_for(req: &crate::types::Request) -> Vec<(String, u32)> {
+        if req.prefix_hashes.is_empty() {
+            Vec::new()
+        } else {
+            cluster::prefix_matches()
+        }
+    }
 }

@@ -127,12 +127,7 @@ impl Guest for CacheAware {
     fn route(req: Request) -> Decision {
         let settings = Settings::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        // A request without prefix hashes has nothing cached: skip the host call.
-        let matches = if req.prefix_hashes.is_empty() {
-            Vec::new()
-        } else {
-            cluster::prefix_matches()
-        };
+        let matches = host::prefix_matches_for(&req);
         match choose(&settings, req.prefix_hashes.len(), &servers, &matches) {
             Choice::Balance(id) => {
                 host::count("decision_balance");

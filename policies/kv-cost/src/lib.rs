@@ -22,7 +22,7 @@
 
 use ringmaster_policy_sdk::ConfigError;
 use ringmaster_policy_sdk::config::{ConfigSource, HostConfig, OrTrap, get_f64_in};
-use ringmaster_policy_sdk::decide::coverage;
+use ringmaster_policy_sdk::decide::{coverage, matched, ring_rank};
 use ringmaster_policy_sdk::host::{self, cluster, ring};
 use ringmaster_policy_sdk::router::{Decision, Guest};
 use ringmaster_policy_sdk::types::{Request, Server};
@@ -69,24 +69,14 @@ pub fn choose<'a>(
     prefix_len: usize,
     ring_order: &[String],
 ) -> Option<(&'a Server, bool)> {
-    let matched = |s: &Server| {
-        matches
-            .iter()
-            .find(|(id, _)| *id == s.id)
-            .map_or(0, |(_, n)| *n)
-    };
-    let rank = |s: &Server| {
-        ring_order
-            .iter()
-            .position(|id| *id == s.id)
-            .unwrap_or(usize::MAX)
-    };
+    let held = |s: &Server| matched(matches, &s.id);
+    let rank = |s: &Server| ring_rank(ring_order, &s.id);
     servers
         .iter()
         .filter(|s| s.healthy)
-        .map(|s| (s, cost(weight, s, prompt_tokens, matched(s), prefix_len)))
+        .map(|s| (s, cost(weight, s, prompt_tokens, held(s), prefix_len)))
         .min_by(|(a, ca), (b, cb)| ca.total_cmp(cb).then(rank(a).cmp(&rank(b))))
-        .map(|(s, _)| (s, matched(s) > 0))
+        .map(|(s, _)| (s, held(s) > 0))
 }
 
 /// The component's export.
@@ -97,11 +87,7 @@ impl Guest for KvCost {
     fn route(req: Request) -> Decision {
         let weight = overlap_weight(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = if req.prefix_hashes.is_empty() {
-            Vec::new()
-        } else {
-            cluster::prefix_matches()
-        };
+        let matches = host::prefix_matches_for(&req);
         let order = ring::candidates(req.routing_key, servers.len() as u32);
         match choose(
             weight,

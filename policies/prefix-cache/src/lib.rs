@@ -16,7 +16,7 @@
 
 use ringmaster_policy_sdk::ConfigError;
 use ringmaster_policy_sdk::config::{ConfigSource, HostConfig, OrTrap, get_f64_in, get_u32};
-use ringmaster_policy_sdk::decide::{coverage, in_flight_range};
+use ringmaster_policy_sdk::decide::{coverage, in_flight_range, matched, ring_rank};
 use ringmaster_policy_sdk::host::{self, cluster, ring};
 use ringmaster_policy_sdk::router::{Decision, Guest};
 use ringmaster_policy_sdk::types::{Request, Server};
@@ -72,12 +72,7 @@ pub fn choose<'a>(
     prefix_len: usize,
     ring_order: &[String],
 ) -> Option<(&'a Server, Branch)> {
-    let rank = |s: &Server| {
-        ring_order
-            .iter()
-            .position(|id| *id == s.id)
-            .unwrap_or(usize::MAX)
-    };
+    let rank = |s: &Server| ring_rank(ring_order, &s.id);
     let least = |pool: &mut dyn Iterator<Item = &'a Server>| {
         pool.min_by(|a, b| a.in_flight.cmp(&b.in_flight).then(rank(a).cmp(&rank(b))))
     };
@@ -87,10 +82,7 @@ pub fn choose<'a>(
         return least(&mut healthy()).map(|s| (s, Branch::Imbalance));
     }
     let fraction = |s: &Server| {
-        let matched = matches
-            .iter()
-            .find(|(id, _)| *id == s.id)
-            .map_or(0, |(_, n)| *n);
+        let matched = matched(matches, &s.id);
         coverage(matched, prefix_len)
     };
     let best = healthy().map(fraction).fold(0.0, f64::max);
@@ -111,11 +103,7 @@ impl Guest for PrefixCache {
     fn route(req: Request) -> Decision {
         let settings = Settings::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = if req.prefix_hashes.is_empty() {
-            Vec::new()
-        } else {
-            cluster::prefix_matches()
-        };
+        let matches = host::prefix_matches_for(&req);
         let order = ring::candidates(req.routing_key, servers.len() as u32);
         match choose(
             &settings,

@@ -19,8 +19,8 @@
 
 use ringmaster_policy_sdk::ConfigError;
 use ringmaster_policy_sdk::config::{ConfigSource, HostConfig, OrTrap, get_f64_in};
-use ringmaster_policy_sdk::decide::coverage;
-use ringmaster_policy_sdk::host::{cluster, ring};
+use ringmaster_policy_sdk::decide::{coverage, matched, ring_rank};
+use ringmaster_policy_sdk::host::{self, cluster, ring};
 use ringmaster_policy_sdk::router::{Decision, Guest};
 use ringmaster_policy_sdk::types::{Request, Server};
 
@@ -85,10 +85,7 @@ pub fn scores<'a>(
                 1.0 - f64::from(s.kv_blocks_used.min(s.kv_blocks_total))
                     / f64::from(s.kv_blocks_total)
             };
-            let matched = matches
-                .iter()
-                .find(|(id, _)| *id == s.id)
-                .map_or(0, |(_, n)| *n);
+            let matched = matched(matches, &s.id);
             let prefix = coverage(matched, prefix_len);
             (
                 s,
@@ -106,12 +103,7 @@ pub fn choose<'a>(
     prefix_len: usize,
     ring_order: &[String],
 ) -> Option<&'a Server> {
-    let rank = |s: &Server| {
-        ring_order
-            .iter()
-            .position(|id| *id == s.id)
-            .unwrap_or(usize::MAX)
-    };
+    let rank = |s: &Server| ring_rank(ring_order, &s.id);
     scores(weights, servers, matches, prefix_len)
         .into_iter()
         .max_by(|(a, sa), (b, sb)| sa.total_cmp(sb).then(rank(b).cmp(&rank(a))))
@@ -126,11 +118,7 @@ impl Guest for WeightedScorers {
     fn route(req: Request) -> Decision {
         let weights = Weights::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = if req.prefix_hashes.is_empty() {
-            Vec::new()
-        } else {
-            cluster::prefix_matches()
-        };
+        let matches = host::prefix_matches_for(&req);
         let order = ring::candidates(req.routing_key, servers.len() as u32);
         match choose(
             &weights,
