@@ -68,6 +68,22 @@ pub fn matched(matches: &[(String, u32)], id: &str) -> u32 {
         .map_or(0, |(_, n)| *n)
 }
 
+/// Server `id`'s prefill backlog in prompt tokens, by `backlogs` (what the host's
+/// `cluster.prefill-backlog` returns; a server it leaves out has none).
+pub fn backlog(backlogs: &[(String, u64)], id: &str) -> u64 {
+    backlogs
+        .iter()
+        .find(|(server, _)| server == id)
+        .map_or(0, |(_, n)| *n)
+}
+
+/// The prompt tokens a server holding `matched` of a request's `total` leading prefix hashes
+/// still has to compute, of its `prompt_tokens` (all of them when `total` is 0).
+pub fn uncached_tokens(prompt_tokens: u32, matched: u32, total: usize) -> u64 {
+    let tokens = f64::from(prompt_tokens) * (1.0 - coverage(matched, total));
+    tokens.round() as u64
+}
+
 /// Where server `id` stands in `order` (for instance the ring's candidates for the request's
 /// key), for breaking ties; `usize::MAX` when it is not there.
 pub fn ring_rank(order: &[String], id: &str) -> usize {
@@ -155,6 +171,21 @@ mod tests {
         assert_eq!(in_flight_range(&servers), Some((9, 9)));
         let matches = [("a".to_owned(), 8), ("b".to_owned(), 1)];
         assert_eq!(best_prefix_match(&servers, &matches).unwrap().0.id, "b");
+    }
+
+    #[test]
+    fn backlog_and_uncached_tokens() {
+        let backlogs = [("a".to_owned(), 900)];
+        assert_eq!(backlog(&backlogs, "a"), 900);
+        assert_eq!(backlog(&backlogs, "b"), 0, "left out: none");
+        assert_eq!(uncached_tokens(1000, 0, 10), 1000);
+        assert_eq!(uncached_tokens(1000, 4, 10), 600);
+        assert_eq!(uncached_tokens(1000, 12, 10), 0, "never below zero");
+        assert_eq!(
+            uncached_tokens(1000, 0, 0),
+            1000,
+            "no hashes: nothing cached"
+        );
     }
 
     #[test]

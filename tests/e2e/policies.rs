@@ -34,12 +34,18 @@ async fn policies(gw: &TestGateway) -> Value {
 }
 
 #[tokio::test]
-async fn the_default_router_is_the_consistent_hash_component() {
+async fn the_default_router_is_the_prefix_affinity_component() {
     let gw = TestGateway::simulated(4, 0.0, "").await;
     let listed = policies(&gw).await;
     let variants = listed["router"]["variants"].as_array().unwrap();
     assert_eq!(variants.len(), 1);
     assert_eq!(variants[0]["name"], "default");
+    let same: Value = put_router(&gw, "variant=default", component("prefix-affinity"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(same["changed"], false, "it runs builtin:prefix-affinity");
     let response = gw.post_messages(&hello(4)).await;
     assert_eq!(response.status(), 200);
     assert_eq!(response.headers()["x-ringmaster-variant"], "default");
@@ -72,7 +78,7 @@ async fn the_default_router_is_the_consistent_hash_component() {
 #[tokio::test]
 async fn swapping_the_same_bytes_is_a_no_op_and_a_new_version_keeps_history() {
     let gw = TestGateway::simulated(2, 0.0, "").await;
-    let same: Value = put_router(&gw, "variant=default", component("consistent-hash"))
+    let same: Value = put_router(&gw, "variant=default", component("prefix-affinity"))
         .await
         .json()
         .await

@@ -462,9 +462,10 @@ impl RouterSlot {
                 }
             },
         };
-        let Some((decision, in_flight)) = routed else {
+        let Some((decision, mut in_flight)) = routed else {
             return RouteOutcome::NoServers;
         };
+        in_flight.charge_prefill(view.uncached_tokens(decision.server.id(), request.prompt_tokens));
         if let Some(variant) = &variant {
             variant.stats.requests.fetch_add(1, Ordering::Relaxed);
         }
@@ -611,6 +612,42 @@ impl RouterHost for PoolView<'_> {
             })
             .clone()
     }
+
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        self.snapshot
+            .servers
+            .iter()
+            .filter_map(|s| {
+                let tokens = s.prefill_backlog();
+                (tokens > 0).then(|| (s.id().to_owned(), tokens))
+            })
+            .collect()
+    }
+}
+
+impl PoolView<'_> {
+    /// The prompt tokens of the request that `server` is expected to compute: all of them,
+    /// less the share of its prefix hashes the server was found to hold when some call
+    /// asked for the prefix matches (the ring alone never does; then no credit is given).
+    fn uncached_tokens(&self, server: &str, prompt_tokens: u32) -> u64 {
+        let held = self
+            .matches
+            .get()
+            .map_or(0, |matches| matched_hashes(matches, server));
+        let chunks = self.input.prompt_chunks.max(self.input.prefix_hashes.len());
+        if chunks == 0 || held == 0 {
+            return u64::from(prompt_tokens);
+        }
+        let held = (held as usize).min(chunks);
+        u64::from(prompt_tokens) * (chunks - held) as u64 / chunks as u64
+    }
+}
+
+fn matched_hashes(matches: &[(String, u32)], server: &str) -> u32 {
+    matches
+        .iter()
+        .find(|(id, _)| id == server)
+        .map_or(0, |(_, n)| *n)
 }
 
 /// Where a server's prefix match came from.

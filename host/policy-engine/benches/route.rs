@@ -38,7 +38,7 @@ mod bare {
 
 use bare::ringmaster::policy as wit;
 
-const POLICIES: [&str; 2] = ["consistent-hash", "cache-aware"];
+const POLICIES: [&str; 3] = ["consistent-hash", "cache-aware", "prefix-affinity"];
 const SERVER_COUNTS: [usize; 2] = [8, 64];
 const PREFIX_HASHES: u64 = 32;
 /// Requests cycled through, so keys (and answers) vary between iterations.
@@ -91,6 +91,16 @@ impl Cluster {
             .map(|(s, n)| (s.id.clone(), n))
             .collect()
     }
+
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        self.servers
+            .iter()
+            .skip(1)
+            .take(4)
+            .zip([8_000u64, 500, 30_000, 2_000])
+            .map(|(s, n)| (s.id.clone(), n))
+            .collect()
+    }
 }
 
 impl RouterHost for Cluster {
@@ -113,6 +123,9 @@ impl RouterHost for Cluster {
     }
     fn prefix_matches(&self) -> Vec<(String, u32)> {
         Cluster::prefix_matches(self)
+    }
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        Cluster::prefill_backlog(self)
     }
     fn routable(&self, id: &str) -> bool {
         self.healthy.contains(id)
@@ -204,6 +217,9 @@ impl wit::cluster::Host for Bare {
     }
     fn prefix_matches(&mut self) -> Vec<(String, u32)> {
         self.cluster.prefix_matches()
+    }
+    fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
+        self.cluster.prefill_backlog()
     }
 }
 

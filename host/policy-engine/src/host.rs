@@ -413,6 +413,10 @@ pub(crate) fn define_imports(linker: &mut Linker<StoreData>) -> wasmtime::Result
         Ok((matches,))
     })?;
 
+    cluster.func_wrap("prefill-backlog", |_: Cx<'_>, (): ()| {
+        Ok((ask(|h| h.prefill_backlog()),))
+    })?;
+
     let mut log = linker.instance(names::LOG)?;
     log.func_wrap("write", |cx: Cx<'_>, (level, message): (Level, WasmStr)| {
         let message = message.to_str(&cx)?;

@@ -86,6 +86,11 @@ pub trait RouterHost: Send + Sync {
     /// `cluster.prefix-matches`: for the request being decided, how many of its leading prefix
     /// hashes each server is estimated to hold (servers with none left out).
     fn prefix_matches(&self) -> Vec<(String, u32)>;
+    /// `cluster.prefill-backlog`: each server's estimated prompt tokens routed to it and not
+    /// yet begun (servers with none left out).
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
     /// Whether a router may send a request to `id`: a server in the pool that is healthy.
     ///
     /// The engine checks every `route(id)` answer with it. The default asks

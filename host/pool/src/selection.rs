@@ -274,6 +274,7 @@ impl crate::Pool {
             InFlight {
                 server,
                 hashes: input.prefix_hashes.clone(),
+                prefill: 0,
             },
         )
     }

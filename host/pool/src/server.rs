@@ -105,6 +105,9 @@ pub struct Server {
     /// Prefix hashes of the requests in flight here, counted: what the server will hold once
     /// it has prefilled them, before its cache reports them.
     pub(crate) pending: Mutex<HashMap<u64, u32>>,
+    /// Estimated prompt tokens of the requests routed here that it has not begun to answer,
+    /// less what its cache was estimated to hold (see [`InFlight::charge_prefill`]).
+    pub(crate) prefill_backlog: AtomicU64,
     /// The models the config says it serves.
     pub(crate) configured_models: Option<Vec<String>>,
 }
@@ -133,6 +136,12 @@ impl Server {
     /// Requests the gateway has routed here that have not finished.
     pub fn in_flight(&self) -> u64 {
         self.in_flight.load(Ordering::Acquire)
+    }
+    /// Estimated prompt tokens routed here that it has not begun to answer, after the cache
+    /// credit each was given when it was routed: the prefill work queued ahead of the next
+    /// request, which the request count cannot tell from a queue of short prompts.
+    pub fn prefill_backlog(&self) -> u64 {
+        self.prefill_backlog.load(Ordering::Acquire)
     }
     /// Highest `in_flight` seen at any assignment.
     pub fn peak_in_flight(&self) -> u64 {
@@ -223,6 +232,8 @@ pub struct InFlight {
     pub(crate) server: Arc<Server>,
     /// The request's prefix hashes, counted in the server's `pending` until the drop.
     pub(crate) hashes: Vec<u64>,
+    /// Its share of the server's `prefill_backlog` until the server begins to answer.
+    pub(crate) prefill: u64,
 }
 
 impl InFlight {
@@ -230,10 +241,30 @@ impl InFlight {
     pub fn server(&self) -> &Arc<Server> {
         &self.server
     }
+
+    /// Counts `tokens` (the request's prompt tokens the server is expected to compute) in
+    /// the server's [`Server::prefill_backlog`] until [`Self::prefilled`] or the drop.
+    pub fn charge_prefill(&mut self, tokens: u64) {
+        self.server
+            .prefill_backlog
+            .fetch_add(tokens, Ordering::AcqRel);
+        self.prefill += tokens;
+    }
+
+    /// The server began to answer: the request's prompt leaves its backlog (once).
+    pub fn prefilled(&mut self) {
+        let tokens = std::mem::take(&mut self.prefill);
+        if tokens > 0 {
+            self.server
+                .prefill_backlog
+                .fetch_sub(tokens, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
+        self.prefilled();
         if !self.hashes.is_empty() {
             let mut pending = self
                 .server
@@ -377,6 +408,7 @@ pub(crate) fn start_server(
         model_load,
         local_scheme,
         pending: Mutex::new(HashMap::new()),
+        prefill_backlog: AtomicU64::new(0),
         configured_models: spec.models.clone(),
     }))
 }

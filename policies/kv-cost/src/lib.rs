@@ -8,9 +8,11 @@
 //! worker's active blocks; the lowest cost wins, and with a temperature of 0 the choice is
 //! deterministic). No Dynamo code was used. Here, per healthy server:
 //!
-//! - `prefill_blocks` = the request's estimated prompt tokens not covered by the server's
-//!   cached prefix (the host's `cluster.prefix-matches`, as a fraction of the request's
-//!   prefix hashes), in blocks of 16 tokens;
+//! - `prefill_blocks` = the prefill the server has queued (Dynamo's router counts the prompt
+//!   tokens of the requests it routed that have not started; here the host's
+//!   `cluster.prefill-backlog`, which counts the same) plus the request's estimated prompt
+//!   tokens not covered by the server's cached prefix (the host's `cluster.prefix-matches`,
+//!   as a fraction of the request's prefix hashes), in blocks of 16 tokens;
 //! - `decode_blocks` = the server's KV blocks in use (`kv-blocks-used`);
 //! - `cost = overlap_weight × prefill_blocks + decode_blocks`.
 //!
@@ -22,7 +24,7 @@
 
 use ringmaster_policy_sdk::ConfigError;
 use ringmaster_policy_sdk::config::{ConfigSource, HostConfig, OrTrap, get_f64_in};
-use ringmaster_policy_sdk::decide::{coverage, matched, ring_rank};
+use ringmaster_policy_sdk::decide::{backlog, coverage, matched, ring_rank};
 use ringmaster_policy_sdk::host::{self, cluster, ring};
 use ringmaster_policy_sdk::router::{Decision, Guest};
 use ringmaster_policy_sdk::types::{Request, Server};
@@ -47,16 +49,18 @@ pub fn overlap_weight(source: &(impl ConfigSource + ?Sized)) -> Result<f64, Conf
     )
 }
 
-/// What the request costs on `server`.
+/// What the request costs on `server`, which has `queued` prefill tokens ahead of it.
 pub fn cost(
     weight: f64,
     server: &Server,
+    queued: u64,
     prompt_tokens: u32,
     matched: u32,
     prefix_len: usize,
 ) -> f64 {
     let cached = coverage(matched, prefix_len) * f64::from(prompt_tokens);
-    let prefill_blocks = ((f64::from(prompt_tokens) - cached).max(0.0) / BLOCK_TOKENS).ceil();
+    let uncached = (f64::from(prompt_tokens) - cached).max(0.0);
+    let prefill_blocks = ((queued as f64 + uncached) / BLOCK_TOKENS).ceil();
     weight * prefill_blocks + f64::from(server.kv_blocks_used)
 }
 
@@ -65,6 +69,7 @@ pub fn choose<'a>(
     weight: f64,
     servers: &'a [Server],
     matches: &[(String, u32)],
+    backlogs: &[(String, u64)],
     prompt_tokens: u32,
     prefix_len: usize,
     ring_order: &[String],
@@ -74,7 +79,13 @@ pub fn choose<'a>(
     servers
         .iter()
         .filter(|s| s.healthy)
-        .map(|s| (s, cost(weight, s, prompt_tokens, held(s), prefix_len)))
+        .map(|s| {
+            let queued = backlog(backlogs, &s.id);
+            (
+                s,
+                cost(weight, s, queued, prompt_tokens, held(s), prefix_len),
+            )
+        })
         .min_by(|(a, ca), (b, cb)| ca.total_cmp(cb).then(rank(a).cmp(&rank(b))))
         .map(|(s, _)| (s, held(s) > 0))
 }
@@ -93,6 +104,7 @@ impl Guest for KvCost {
             weight,
             &servers,
             &matches,
+            &cluster::prefill_backlog(),
             req.prompt_tokens,
             req.prefix_hashes.len(),
             &order,
@@ -130,9 +142,11 @@ mod tests {
     #[test]
     fn the_cost_is_uncached_prefill_plus_active_blocks() {
         // 1,600 tokens, half cached: 50 prefill blocks, plus 30 in use.
-        assert_eq!(cost(1.0, &used("a", 30), 1600, 5, 10), 80.0);
-        assert_eq!(cost(2.0, &used("a", 30), 1600, 5, 10), 130.0);
-        assert_eq!(cost(1.0, &used("a", 0), 1600, 0, 0), 100.0);
+        assert_eq!(cost(1.0, &used("a", 30), 0, 1600, 5, 10), 80.0);
+        assert_eq!(cost(2.0, &used("a", 30), 0, 1600, 5, 10), 130.0);
+        assert_eq!(cost(1.0, &used("a", 0), 0, 1600, 0, 0), 100.0);
+        // 320 queued prefill tokens add 20 blocks.
+        assert_eq!(cost(1.0, &used("a", 30), 320, 1600, 5, 10), 100.0);
     }
 
     #[test]
@@ -140,13 +154,27 @@ mod tests {
         let servers = [used("a", 10), used("b", 10)];
         let matches = vec![("b".to_owned(), 8)];
         let (pick, cached) =
-            choose(1.0, &servers, &matches, 1600, 10, &order(&["a", "b"])).unwrap();
+            choose(1.0, &servers, &matches, &[], 1600, 10, &order(&["a", "b"])).unwrap();
         assert_eq!((pick.id.as_str(), cached), ("b", true));
         // b holds 80 % (saves 80 blocks) but decodes 200 more blocks: a is cheaper.
         let servers = [used("a", 10), used("b", 210)];
         let (pick, cached) =
-            choose(1.0, &servers, &matches, 1600, 10, &order(&["b", "a"])).unwrap();
+            choose(1.0, &servers, &matches, &[], 1600, 10, &order(&["b", "a"])).unwrap();
         assert_eq!((pick.id.as_str(), cached), ("a", false));
+        // Or when its queue of prefill is long.
+        let servers = [used("a", 10), used("b", 10)];
+        let queued = vec![("b".to_owned(), 3200)];
+        let (pick, _) = choose(
+            1.0,
+            &servers,
+            &matches,
+            &queued,
+            1600,
+            10,
+            &order(&["b", "a"]),
+        )
+        .unwrap();
+        assert_eq!(pick.id, "a");
     }
 
     #[test]
@@ -154,9 +182,9 @@ mod tests {
         let mut down = used("a", 0);
         down.healthy = false;
         let servers = [down, used("b", 5), used("c", 5)];
-        let (pick, _) = choose(1.0, &servers, &[], 100, 0, &order(&["a", "c", "b"])).unwrap();
+        let (pick, _) = choose(1.0, &servers, &[], &[], 100, 0, &order(&["a", "c", "b"])).unwrap();
         assert_eq!(pick.id, "c");
-        assert!(choose(1.0, &[], &[], 100, 0, &[]).is_none());
+        assert!(choose(1.0, &[], &[], &[], 100, 0, &[]).is_none());
         assert!(overlap_weight(&[("overlap_weight", "-1")][..]).is_err());
     }
 }

@@ -429,7 +429,15 @@ mod tests {
                 .map(|c| c.policies.router_guard)
                 .map_err(|e| e.to_string())
         };
-        assert_eq!(guard(""), Ok(CapGuard::Host { load_factor: None }));
+        assert_eq!(
+            guard(""),
+            Ok(CapGuard::Policy),
+            "the policy decides by default"
+        );
+        assert_eq!(
+            guard("router_bounded_load = \"host\""),
+            Ok(CapGuard::Host { load_factor: None })
+        );
         assert_eq!(
             guard("router_load_factor = 2.0"),
             Ok(CapGuard::Host {

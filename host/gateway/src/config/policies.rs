@@ -99,6 +99,10 @@ impl PoliciesConfig {
     }
 }
 
+/// The built-in router that routes when the config names none (and the strategy is the
+/// ring): README, "Which default, and why".
+pub const DEFAULT_ROUTER: &str = "prefix-affinity";
+
 pub(crate) fn policies_config(
     raw: RawPolicies,
     strategy: Strategy,
@@ -152,7 +156,9 @@ pub(crate) fn policies_config(
         });
     }
     let router_guard = match (raw.router_bounded_load.as_deref(), raw.router_load_factor) {
-        (None | Some("host"), factor) => {
+        // A factor alone asks for the host's guard; nothing at all lets the policy decide.
+        (None, None) | (Some("policy"), None) => ringmaster_pool::CapGuard::Policy,
+        (None, factor @ Some(_)) | (Some("host"), factor) => {
             if let Some(f) = factor
                 && !(f.is_finite() && f >= 1.0)
             {
@@ -165,7 +171,6 @@ pub(crate) fn policies_config(
                 load_factor: factor,
             }
         }
-        (Some("policy"), None) => ringmaster_pool::CapGuard::Policy,
         (Some("policy"), Some(_)) => {
             return Err(invalid(
                 "policies.router_load_factor",
@@ -244,7 +249,7 @@ pub(crate) fn policies_config(
     if router.is_empty() && strategy == Strategy::ConsistentHash {
         router.push(RouterVariantSpec {
             name: "default".to_owned(),
-            source: PolicySource::Builtin("consistent-hash".to_owned()),
+            source: PolicySource::Builtin(DEFAULT_ROUTER.to_owned()),
             weight: 100,
             shadow: false,
             config: Default::default(),

@@ -211,6 +211,7 @@ pub async fn handle(
         pool: &snapshot,
         model: &served_model,
         input: &input,
+        prompt_tokens: policy_request.prompt_tokens,
     };
     let (generation, decision, in_flight, attempts) =
         match start_generation(gateway, target, generate, decision, in_flight, started).await {
@@ -230,7 +231,9 @@ pub async fn handle(
     let mut response = if request.stream {
         reply::stream(tracker, &request, generation, in_flight, message_id)
     } else {
-        let reply = reply::collect(&tracker, &request, generation, message_id).await?;
+        let mut in_flight = in_flight;
+        let reply =
+            reply::collect(&tracker, &request, generation, &mut in_flight, message_id).await?;
         drop(in_flight);
         json_response(StatusCode::OK, &reply)
     };
@@ -261,6 +264,8 @@ struct Target<'a> {
     pool: &'a PoolSnapshot,
     model: &'a str,
     input: &'a RoutingInput,
+    /// The prompt's estimated tokens (charged to a retry's server as its prefill backlog).
+    prompt_tokens: u32,
 }
 
 /// The pool of the model a request names, and the name it is served under.
@@ -341,7 +346,8 @@ async fn start_generation(
         // Release the failed server's slot before the next choice counts loads.
         drop(in_flight);
         match gateway.pool.reassign(target.pool, target.input, &tried) {
-            Some((next, next_in_flight)) => {
+            Some((next, mut next_in_flight)) => {
+                next_in_flight.charge_prefill(u64::from(target.prompt_tokens));
                 (decision, in_flight) = (next, next_in_flight);
             }
             None => return Err(backend_error(error, attempts)),

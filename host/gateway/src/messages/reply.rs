@@ -231,6 +231,7 @@ pub(super) async fn collect(
     tracker: &Tracker,
     request: &MessagesRequest,
     mut generation: GenerationStream,
+    in_flight: &mut InFlight,
     message_id: String,
 ) -> Result<MessageResponse, ApiError> {
     let mut guard = UnfinishedReply {
@@ -242,6 +243,9 @@ pub(super) async fn collect(
     let mut out = Vec::new();
     loop {
         let event = generation.next().await;
+        if matches!(event, Some(GenerateEvent::Started { .. })) {
+            in_flight.prefilled();
+        }
         let ended = machine.on(tracker, event, &mut out);
         for event in out.drain(..) {
             collector.push(event);
@@ -331,6 +335,11 @@ impl SseReply {
             match generation.poll_next(cx) {
                 Poll::Ready(event) => {
                     took = true;
+                    if let (Some(GenerateEvent::Started { .. }), Some(in_flight)) =
+                        (&event, self.in_flight.as_mut())
+                    {
+                        in_flight.prefilled();
+                    }
                     self.ended = self.machine.on(&self.tracker, event, &mut self.out);
                 }
                 Poll::Pending if took => break,

@@ -46,6 +46,7 @@ fn no_config() -> BTreeMap<String, String> {
 struct FakeHost {
     servers: Vec<ServerView>,
     prefix_matches: Vec<(String, u32)>,
+    prefill_backlog: Vec<(String, u64)>,
     /// How long answering `prefix-matches` takes (the host's matching of a long prompt).
     prefix_delay: Duration,
 }
@@ -64,6 +65,7 @@ impl FakeHost {
                 })
                 .collect(),
             prefix_matches: Vec::new(),
+            prefill_backlog: Vec::new(),
             prefix_delay: Duration::ZERO,
         }
     }
@@ -98,6 +100,9 @@ impl RouterHost for FakeHost {
     fn prefix_matches(&self) -> Vec<(String, u32)> {
         std::thread::sleep(self.prefix_delay);
         self.prefix_matches.clone()
+    }
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        self.prefill_backlog.clone()
     }
 }
 
@@ -792,7 +797,7 @@ fn fixture_cache_aware_prefers_the_longest_cached_prefix() {
 }
 
 #[test]
-fn fixture_prefix_affinity_looks_past_what_every_server_holds() {
+fn fixture_prefix_affinity_weighs_cache_against_queued_prefill() {
     let Some(bytes) = dist("prefix-affinity.wasm") else {
         return;
     };
@@ -801,22 +806,32 @@ fn fixture_prefix_affinity_looks_past_what_every_server_holds() {
         .load_router("prefix-affinity", &bytes, no_config())
         .unwrap();
     let mut host = FakeHost::eight();
+    // A 1,600-token prompt of 16 prefix hashes.
+    let mut req = request(10);
+    req.prefix_hashes = (0..16).collect();
+    req.prompt_tokens = 1600;
     // Nothing cached: the key's first server on the ring.
     assert_eq!(
-        policy.route(&host, &request(10)).unwrap(),
+        policy.route(&host, &req).unwrap(),
         RouteDecision::Route(host.owner(10).to_owned())
     );
-    // Every server holds a 10-hash system prompt: that decides nothing...
-    host.prefix_matches = host.servers.iter().map(|s| (s.id.clone(), 10)).collect();
+    // Every server holds a 4-hash system prompt: that decides nothing...
+    host.prefix_matches = host.servers.iter().map(|s| (s.id.clone(), 4)).collect();
     assert_eq!(
-        policy.route(&host, &request(10)).unwrap(),
+        policy.route(&host, &req).unwrap(),
         RouteDecision::Route(host.owner(10).to_owned())
     );
-    // ...but s3 holding 10 more does.
-    host.prefix_matches[3].1 = 20;
+    // ...but s3 holding 8 more does...
+    host.prefix_matches[3].1 = 12;
     assert_eq!(
-        policy.route(&host, &request(10)).unwrap(),
+        policy.route(&host, &req).unwrap(),
         RouteDecision::Route("s3".into())
+    );
+    // ...until the prefill queued there outweighs what its cache saves.
+    host.prefill_backlog = vec![("s3".to_owned(), 200_000)];
+    assert_eq!(
+        policy.route(&host, &req).unwrap(),
+        RouteDecision::Route(host.owner(10).to_owned())
     );
 }
 
