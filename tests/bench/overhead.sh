@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The data plane's overhead benchmark, side by side in one run on loopback (not part of
-# tests/run): Ringmaster (its default Wasm consistent-hash router on the path), HAProxy
+# tests/run): Ringmaster (its default Wasm prefix-affinity router on the path, and again with
+# the consistent-hash component as `ringmaster-ring`), HAProxy
 # (Debian's package: balance hdr(x-session-id), hash-type consistent, hash-balance-factor 125),
 # sglang-router 0.3.2 (cache_aware) and vllm-router 0.1.17 (consistent_hash) from PyPI, each in
 # its own virtualenv, in front of the same two fast fake OpenAI-compatible upstreams
@@ -97,6 +98,9 @@ address = "http://127.0.0.1:19001"
 [[servers]]
 address = "http://127.0.0.1:19002"
 EOF
+# The same gateway with the ring component as its router (the default until prefix-affinity).
+{ cat "$work/ringmaster.toml"; printf '[[policies.router]]\nname = "ring"\nsource = "builtin:consistent-hash"\n'; } \
+  > "$work/ringmaster-ring.toml"
 cat > "$work/haproxy.cfg" <<EOF
 global
   maxconn 4096
@@ -123,6 +127,9 @@ start_target() { # name -> prints pid and port
   case $1 in
     ringmaster)
       RUST_LOG=warn taskset -c 1 "$ringmaster" serve --config "$work/ringmaster.toml" >"$work/ringmaster.log" 2>&1 &
+      echo "$! 18080" ;;
+    ringmaster-ring)
+      RUST_LOG=warn taskset -c 1 "$ringmaster" serve --config "$work/ringmaster-ring.toml" >"$work/ringmaster-ring.log" 2>&1 &
       echo "$! 18080" ;;
     haproxy)
       taskset -c 1 haproxy -f "$work/haproxy.cfg" -db >"$work/haproxy.log" 2>&1 &
@@ -253,7 +260,7 @@ run_target() { # target api -> JSON object
 }
 
 all=()
-for target in direct ringmaster haproxy; do all+=("$(run_target $target messages)"); done
+for target in direct ringmaster ringmaster-ring haproxy; do all+=("$(run_target $target messages)"); done
 for target in direct haproxy sglang vllm; do all+=("$(run_target $target openai)"); done
 python3 - "$out/results.json" "${all[@]}" <<'PY'
 import json, sys

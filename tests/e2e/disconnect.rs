@@ -92,3 +92,52 @@ async fn disconnect_during_a_plain_reply_cancels_it() {
         1.0
     );
 }
+
+#[tokio::test]
+async fn a_long_prompt_counts_in_its_servers_prefill_backlog_until_its_first_token() {
+    // About 30k prompt tokens prefill in about 3 s modelled, 1.5 s at a time scale of 0.5.
+    let gw = TestGateway::simulated(1, 0.5, "").await;
+    let request = json!({
+        "model": "sim-llama-3-8b", "max_tokens": 2000, "stream": true,
+        "messages": [{"role": "user", "content": "many words ".repeat(15_000)}],
+    });
+    let client = reqwest::Client::new();
+    let url = gw.url("/v1/messages");
+    let sent = tokio::spawn(async move {
+        client
+            .post(url)
+            .header("anthropic-version", "2023-06-01")
+            .json(&request)
+            .send()
+            .await
+            .unwrap()
+    });
+    let queued = eventually(Duration::from_secs(5), async || {
+        metric_sum(
+            &gw.metrics().await,
+            "ringmaster_server_prefill_backlog_tokens",
+            "",
+        ) > 10_000.0
+    })
+    .await;
+    assert!(
+        queued,
+        "no backlog while prefilling:\n{}",
+        gw.metrics().await
+    );
+    let response = sent.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("message_start") {
+        seen.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    let during = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&during, "ringmaster_server_prefill_backlog_tokens", ""),
+        0.0,
+        "the prompt left the backlog at its first token"
+    );
+    assert_eq!(metric_sum(&during, "ringmaster_server_in_flight", ""), 1.0);
+    drop(body);
+}

@@ -129,7 +129,7 @@ impl Collector for ServerCollector {
             })
             .collect();
         type Read = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> f64;
-        let gauges: [(&str, &str, Read); 14] = [
+        let gauges: [(&str, &str, Read); 15] = [
             (
                 "server_routable",
                 "1 while new requests may go to the server: not draining, reachable (its last health poll answered) and not ejected after consecutive failures",
@@ -159,6 +159,11 @@ impl Collector for ServerCollector {
                 "server_in_flight",
                 "Requests routed to the server and not finished",
                 |s, _| s.in_flight() as f64,
+            ),
+            (
+                "server_prefill_backlog_tokens",
+                "Estimated prompt tokens routed to the server that it has not begun to answer, less their cache credit (what policies read as cluster.prefill-backlog)",
+                |s, _| s.prefill_backlog() as f64,
             ),
             (
                 "server_running",

@@ -346,6 +346,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_prefill_backlog_counts_until_the_server_begins_or_the_request_ends() {
+        let pool = Pool::start(
+            &specs(1),
+            Strategy::ConsistentHash,
+            RingConfig::default(),
+            sim(),
+        )
+        .unwrap();
+        let (first, mut first_guard) = pool.route(&input(1)).unwrap();
+        let (_, mut second_guard) = pool.route(&input(2)).unwrap();
+        let server = first.server.clone();
+        assert_eq!(server.prefill_backlog(), 0, "nothing charged yet");
+        first_guard.charge_prefill(1_000);
+        second_guard.charge_prefill(300);
+        assert_eq!(server.prefill_backlog(), 1_300);
+        first_guard.prefilled();
+        assert_eq!(server.prefill_backlog(), 300);
+        first_guard.prefilled();
+        assert_eq!(server.prefill_backlog(), 300, "released once");
+        drop(first_guard);
+        assert_eq!(server.prefill_backlog(), 300);
+        // A request that ends before its first token (cancelled, failed) releases it too.
+        drop(second_guard);
+        assert_eq!(server.prefill_backlog(), 0);
+    }
+
+    #[tokio::test]
     async fn one_key_spills_once_its_owner_is_at_cap() {
         let pool = Pool::start(
             &specs(4),

@@ -55,7 +55,7 @@ pub struct Fleet {
     pub load_factor: f64,
     /// Prefix hashes per request (of 256 prompt bytes each).
     pub max_prefix_hashes: usize,
-    /// `[policies] router_bounded_load`: `host` (the default) or `policy`.
+    /// `[policies] router_bounded_load`: `policy` (the gateway's default) or `host`.
     pub router_bounded_load: Option<String>,
     /// `[policies] router_load_factor`.
     pub router_load_factor: Option<f64>,
@@ -84,7 +84,8 @@ struct RawScenario {
     load_factor: Option<f64>,
     /// Prefix hashes per request (default 512).
     max_prefix_hashes: Option<usize>,
-    /// How the host guards the routers' choices: `host` (default) or `policy`.
+    /// How the host guards the routers' choices: `policy` (the default: each router decides
+    /// alone, as the peers' algorithms do) or `host`.
     router_bounded_load: Option<String>,
     /// The router slot's own bounded-load factor.
     router_load_factor: Option<f64>,

@@ -5,6 +5,8 @@
 
 use std::path::PathBuf;
 
+mod policy_cmd;
+
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 use ringmaster_gateway::{Gateway, RawConfig, config::DEFAULT_CONFIG_TOML};
@@ -44,6 +46,9 @@ enum Command {
     /// Benchmarks that run in process.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Write, build, check, test and push policies (routers in Rust or Python).
+    #[command(subcommand)]
+    Policy(policy_cmd::PolicyCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -134,6 +139,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => serve(args),
         Command::Bench(BenchCommand::Replay(args)) => bench_replay(args),
+        Command::Policy(command) => policy_cmd::run(command),
         Command::CheckConfig { config } => {
             let resolved = RawConfig::from_file(&config)?.validate()?;
             #[allow(clippy::print_stdout)]

@@ -10,8 +10,6 @@
 
 mod model;
 mod policies;
-mod toolchain;
-mod wasm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

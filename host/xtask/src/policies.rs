@@ -27,44 +27,19 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use sha2::{Digest, Sha256};
 
-use crate::toolchain::{self, Toolchain};
-use crate::wasm;
+use ringmaster_policy_kit::toolchain::{self, Toolchain};
+use ringmaster_policy_kit::wasm;
 
 /// Where the components go, relative to the workspace root.
 const DIST: &str = "policies/dist";
 /// The manifest's file name inside [`DIST`].
 const MANIFEST: &str = "MANIFEST";
-/// The guests' release profile, as `--config profile.release.<key>=<value>` flags.
-const GUEST_PROFILE: [(&str, &str); 9] = [
-    ("opt-level", "\"s\""),
-    ("lto", "true"),
-    ("panic", "\"abort\""),
-    ("codegen-units", "1"),
-    ("debug", "false"),
-    ("strip", "\"debuginfo\""),
-    ("incremental", "false"),
-    ("debug-assertions", "false"),
-    ("overflow-checks", "false"),
-];
-/// Environment variables that would change what cargo builds; cleared for the guest build.
-const CLEARED_ENV: [&str; 9] = [
-    "RUSTFLAGS",
-    "CLIPPY_ARGS",
-    "CARGO_ENCODED_RUSTFLAGS",
-    "CARGO_BUILD_RUSTFLAGS",
-    "RUSTC_WRAPPER",
-    "RUSTC_WORKSPACE_WRAPPER",
-    "CARGO_BUILD_TARGET",
-    "CARGO_BUILD_TARGET_DIR",
-    "RUSTC",
-];
-
 /// Which kind of guest a crate is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -304,37 +279,10 @@ fn cargo_build(
     toolchain: &Toolchain,
     guests: &[Guest],
 ) -> Result<()> {
-    let mut cmd = Command::new(&toolchain.cargo);
-    cmd.current_dir(root).args([
-        "build",
-        "--release",
-        "--locked",
-        "--target",
-        toolchain.target,
-    ]);
-    if toolchain.build_std {
-        cmd.arg("-Zbuild-std=std,panic_abort");
-        // Debian's rustc is a stable release; this unlocks `-Zbuild-std` on it.
-        cmd.env("RUSTC_BOOTSTRAP", "1");
-    }
+    let mut cmd = toolchain.cargo_build(root);
+    cmd.arg("--locked");
     for guest in guests {
         cmd.args(["-p", &guest.package]);
-    }
-    for (key, value) in GUEST_PROFILE {
-        cmd.arg("--config")
-            .arg(format!("profile.release.{key}={value}"));
-    }
-    for var in CLEARED_ENV {
-        cmd.env_remove(var);
-    }
-    for (var, _) in std::env::vars_os() {
-        let var = var.to_string_lossy();
-        if var.starts_with("CARGO_PROFILE_") || var.starts_with("CARGO_TARGET_WASM32") {
-            cmd.env_remove(&*var);
-        }
-    }
-    if let Some(rustc) = &toolchain.rustc {
-        cmd.env("RUSTC", rustc);
     }
     cmd.env("CARGO_TARGET_DIR", target_dir).env(
         "CARGO_ENCODED_RUSTFLAGS",

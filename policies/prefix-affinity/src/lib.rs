@@ -177,7 +177,11 @@ pub struct PrefixAffinity;
 
 impl Guest for PrefixAffinity {
     fn route(req: Request) -> Decision {
-        let settings = Settings::from_config(&HostConfig).or_trap();
+        // The configuration is fixed for an instance's life (a new one loads the policy
+        // again), so it is read on the first call only: this is the default router, on
+        // every request's path.
+        static SETTINGS: std::sync::OnceLock<Settings> = std::sync::OnceLock::new();
+        let settings = *SETTINGS.get_or_init(|| Settings::from_config(&HostConfig).or_trap());
         let servers = cluster::servers();
         let facts = Facts {
             prompt_tokens: req.prompt_tokens,

@@ -13,7 +13,7 @@
 //!   the named core export becomes the module's start function and stops being exported. Only
 //!   the `trap-on-start` fixture uses it; Rust has no way to ask for one.
 
-use anyhow::{Context, Result, bail};
+use crate::{KitError, Result};
 use wasm_encoder::{CustomSection, ExportSection, Module, RawSection, StartSection};
 use wasmparser::{Parser, Payload};
 
@@ -35,9 +35,9 @@ pub fn componentize(core: &[u8], start_function: Option<&str>) -> Result<Vec<u8>
     wit_component::ComponentEncoder::default()
         .validate(true)
         .module(&module)
-        .context("reading the module's component metadata")?
+        .map_err(|e| KitError::Wasm(format!("reading the module's component metadata: {e:#}")))?
         .encode()
-        .context("encoding the component")
+        .map_err(|e| KitError::Wasm(format!("encoding the component: {e:#}")))
 }
 
 /// The package part of a `wit-bindgen` type section name, e.g. `ringmaster:policy@0.1.0`
@@ -99,7 +99,9 @@ fn rewrite_core(core: &[u8], start_function: Option<&str>) -> Result<Vec<u8>> {
                 }
             }
             Payload::StartSection { .. } if start_function.is_some() => {
-                bail!("the module already has a start function")
+                return Err(KitError::Wasm(
+                    "the module already has a start function".to_owned(),
+                ));
             }
             other => match other.as_section() {
                 Some((id, range)) => {
@@ -108,12 +110,18 @@ fn rewrite_core(core: &[u8], start_function: Option<&str>) -> Result<Vec<u8>> {
                         data: &core[range.start as usize..range.end as usize],
                     });
                 }
-                None => bail!("unexpected payload in a core module: {other:?}"),
+                None => {
+                    return Err(KitError::Wasm(format!(
+                        "unexpected payload in a core module: {other:?}"
+                    )));
+                }
             },
         }
     }
     if let (Some(name), None) = (start_function, start_index) {
-        bail!("the module exports no function `{name}` to make its start function");
+        return Err(KitError::Wasm(format!(
+            "the module exports no function `{name}` to make its start function"
+        )));
     }
     Ok(module.finish())
 }

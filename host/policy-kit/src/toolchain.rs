@@ -12,13 +12,13 @@
 //! 3. when that is incomplete and we run as root with `apt-get`, installing those packages;
 //!    else failing with the exact packages, targets and commands that would fix it.
 //!
-//! Different toolchains give different bytes, so the choice is printed and recorded in
-//! `policies/dist/MANIFEST`.
+//! Different toolchains give different bytes, so the choice is printed (and `cargo xtask
+//! policies` records it in `policies/dist/MANIFEST`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::{Context, Result, bail};
+use crate::{KitError, Result};
 
 /// Debian's rustc-web compiler.
 const DEBIAN_RUSTC: &str = "/usr/bin/rustc";
@@ -88,6 +88,65 @@ impl Toolchain {
     }
 }
 
+/// The guests' release profile, as `--config profile.release.<key>=<value>` flags: small,
+/// no unwinding, nothing machine-specific.
+pub const GUEST_PROFILE: [(&str, &str); 9] = [
+    ("opt-level", "\"s\""),
+    ("lto", "true"),
+    ("panic", "\"abort\""),
+    ("codegen-units", "1"),
+    ("debug", "false"),
+    ("strip", "\"debuginfo\""),
+    ("incremental", "false"),
+    ("debug-assertions", "false"),
+    ("overflow-checks", "false"),
+];
+/// Environment variables that would change what cargo builds; cleared for a guest build (the
+/// host's clippy wrapper, CI's flags and target settings must not reach it).
+pub const CLEARED_ENV: [&str; 9] = [
+    "RUSTFLAGS",
+    "CLIPPY_ARGS",
+    "CARGO_ENCODED_RUSTFLAGS",
+    "CARGO_BUILD_RUSTFLAGS",
+    "RUSTC_WRAPPER",
+    "RUSTC_WORKSPACE_WRAPPER",
+    "CARGO_BUILD_TARGET",
+    "CARGO_BUILD_TARGET_DIR",
+    "RUSTC",
+];
+
+impl Toolchain {
+    /// `cargo build --release` for the guest target in `dir`, with this toolchain's compiler
+    /// and std and the guests' release profile; the caller adds packages and flags.
+    pub fn cargo_build(&self, dir: &Path) -> Command {
+        let mut cmd = Command::new(&self.cargo);
+        cmd.current_dir(dir)
+            .args(["build", "--release", "--target", self.target]);
+        if self.build_std {
+            cmd.arg("-Zbuild-std=std,panic_abort");
+            // Debian's rustc is a stable release; this unlocks `-Zbuild-std` on it.
+            cmd.env("RUSTC_BOOTSTRAP", "1");
+        }
+        for (key, value) in GUEST_PROFILE {
+            cmd.arg("--config")
+                .arg(format!("profile.release.{key}={value}"));
+        }
+        for var in CLEARED_ENV {
+            cmd.env_remove(var);
+        }
+        for (var, _) in std::env::vars_os() {
+            let var = var.to_string_lossy();
+            if var.starts_with("CARGO_PROFILE_") || var.starts_with("CARGO_TARGET_WASM32") {
+                cmd.env_remove(&*var);
+            }
+        }
+        if let Some(rustc) = &self.rustc {
+            cmd.env("RUSTC", rustc);
+        }
+        cmd
+    }
+}
+
 /// Picks the toolchain, installing Debian's when that is allowed and needed.
 pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
     let installed = rustup_targets();
@@ -121,7 +180,7 @@ pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
             .iter()
             .map(|(package, path)| format!("{package} ({path})"))
             .collect();
-        bail!(
+        return Err(KitError::Toolchain(format!(
             "no toolchain can build Wasm guests here.\n\
              rustup has neither the wasm32-unknown-unknown nor the wasm32-wasip2 target, and \
              Debian's fallback is missing: {}.\n\
@@ -130,19 +189,19 @@ pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
              sudo apt-get install {}",
             list.join(", "),
             DEBIAN_PACKAGES.join(" ")
-        );
+        )));
     }
     let rustc = PathBuf::from(DEBIAN_RUSTC);
     let version = rustc_version(&rustc)?;
     if let Some(min) = min_rust_version
         && !version_at_least(&version, min)
     {
-        bail!(
+        return Err(KitError::Toolchain(format!(
             "{DEBIAN_RUSTC} is `{version}`, older than the workspace's rust-version {min}; \
              install a newer rustc-web (sudo apt-get install {}) or \
              `rustup target add wasm32-unknown-unknown`",
             DEBIAN_PACKAGES.join(" ")
-        );
+        )));
     }
     Ok(Toolchain {
         cargo: PathBuf::from(DEBIAN_CARGO),
@@ -196,22 +255,26 @@ fn apt_install() -> Result<()> {
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
     };
-    if install().context("running apt-get install")?.success() {
+    let spawn = |source| KitError::Spawn {
+        command: "apt-get".into(),
+        source,
+    };
+    if install().map_err(spawn)?.success() {
         return Ok(());
     }
     // The package lists may be stale or absent: refresh them once and retry.
     let update = Command::new("apt-get")
         .arg("update")
         .status()
-        .context("running apt-get update")?;
-    if update.success() && install().context("running apt-get install")?.success() {
+        .map_err(spawn)?;
+    if update.success() && install().map_err(spawn)?.success() {
         return Ok(());
     }
-    bail!(
+    Err(KitError::Toolchain(format!(
         "apt-get could not install {}; install them by hand or run \
          `rustup target add wasm32-unknown-unknown`",
         DEBIAN_PACKAGES.join(" ")
-    )
+    )))
 }
 
 fn is_root() -> bool {
@@ -225,18 +288,20 @@ fn which(program: &str) -> bool {
 
 /// `rustc --version` of `rustc`.
 pub fn rustc_version(rustc: &Path) -> Result<String> {
-    let version = command_output(Command::new(rustc).arg("--version"))
-        .with_context(|| format!("running `{} --version`", rustc.display()))?;
+    let version = command_output(Command::new(rustc).arg("--version"))?;
     Ok(version.trim().to_owned())
 }
 
 fn command_output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("running {cmd:?}"))?;
+    let out = cmd.output().map_err(|source| KitError::Spawn {
+        command: format!("{cmd:?}"),
+        source,
+    })?;
     if !out.status.success() {
-        bail!(
-            "{cmd:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
+        return Err(KitError::Failed {
+            command: format!("{cmd:?}"),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }

@@ -1,0 +1,211 @@
+//! `ringmaster policy check`: whether a component loads as one of the policy worlds under the
+//! sandbox (no files, network or environment; the engine's deadline and memory cap), and
+//! what it costs: size, compile time, load time from the compiled-component cache, and the
+//! time per call against a synthetic fleet of eight servers.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ringmaster_policy_engine::{
+    EngineConfig, PolicyEngine, PolicyError, PolicyRequest, RouteDecision, RouterHost, ServerView,
+};
+
+use crate::{KitError, Result, io_error};
+
+/// Calls timed per check.
+pub const CALLS: usize = 2_000;
+
+/// What a check found.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The world the component targets.
+    pub world: &'static str,
+    /// Its size in bytes.
+    pub size: usize,
+    /// Compiling it and running the load probes, with an empty cache.
+    pub compile: Duration,
+    /// Loading it again from the compiled-component cache.
+    pub cached_load: Duration,
+    /// Median time per call (routers only), over [`CALLS`] calls.
+    pub call_median: Option<Duration>,
+    /// The 99th percentile of the same.
+    pub call_p99: Option<Duration>,
+    /// What it answered to the first synthetic request (routers only).
+    pub sample_answer: Option<String>,
+}
+
+/// Checks `path`. `scratch` is an empty directory for the compiled-component cache.
+pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
+    let bytes = std::fs::read(path).map_err(io_error(path))?;
+    let config = |cache: Option<&Path>| EngineConfig {
+        cache_dir: cache.map(Path::to_path_buf),
+        ..EngineConfig::default()
+    };
+    let cold = PolicyEngine::new(config(Some(scratch)))?;
+    let started = Instant::now();
+    let (world, router) = load_any(&cold, &bytes)?;
+    let compile = started.elapsed();
+    let warm = PolicyEngine::new(config(Some(scratch)))?;
+    let started = Instant::now();
+    load_any(&warm, &bytes)?;
+    let cached_load = started.elapsed();
+    let (mut call_median, mut call_p99, mut sample_answer) = (None, None, None);
+    if let Some(router) = router {
+        let fleet = Fleet::eight();
+        let mut times = Vec::with_capacity(CALLS);
+        for i in 0..CALLS {
+            let request = fleet.request(i as u64);
+            let started = Instant::now();
+            let answer = router.route(&fleet, &request);
+            times.push(started.elapsed());
+            let answer = answer.map_err(|fault| {
+                KitError::Project(format!(
+                    "the router faulted on a synthetic request: {fault}; it would fall back \
+                     to the ring on every such request"
+                ))
+            })?;
+            if i == 0 {
+                sample_answer = Some(match answer {
+                    RouteDecision::Route(id) => format!("route to {id}"),
+                    RouteDecision::Reject(reason) => format!("reject: {reason}"),
+                });
+            }
+        }
+        times.sort();
+        call_median = Some(times[times.len() / 2]);
+        call_p99 = Some(times[times.len() * 99 / 100]);
+    }
+    Ok(Report {
+        world,
+        size: bytes.len(),
+        compile,
+        cached_load,
+        call_median,
+        call_p99,
+        sample_answer,
+    })
+}
+
+/// Loads `bytes` as a router, else an admission policy, else a safety filter.
+fn load_any(
+    engine: &PolicyEngine,
+    bytes: &[u8],
+) -> Result<(&'static str, Option<ringmaster_policy_engine::RouterPolicy>)> {
+    let config = BTreeMap::new();
+    let router = match engine.load_router("check", bytes, config.clone()) {
+        Ok(router) => return Ok(("router", Some(router))),
+        Err(PolicyError::WrongWorld(why)) => why,
+        Err(other) => return Err(other.into()),
+    };
+    let admission = match engine.load_admission("check", bytes, config.clone()) {
+        Ok(_) => return Ok(("admission", None)),
+        Err(PolicyError::WrongWorld(why)) => why,
+        Err(other) => return Err(other.into()),
+    };
+    match engine.load_safety("check", bytes, config) {
+        Ok(_) => Ok(("safety-filter", None)),
+        Err(PolicyError::WrongWorld(safety)) => Err(KitError::Project(format!(
+            "not a component for any ringmaster:policy world:\n  router: {router}\n  \
+             admission: {admission}\n  safety-filter: {safety}"
+        ))),
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// Eight servers with some load; prefix matches on three; prefill queued on two.
+struct Fleet {
+    servers: Vec<ServerView>,
+}
+
+impl Fleet {
+    fn eight() -> Self {
+        let servers = (0..8u32)
+            .map(|i| ServerView {
+                id: format!("gpu-{i}"),
+                healthy: true,
+                weight: 1,
+                in_flight: i % 5,
+                waiting: i % 2,
+                kv_blocks_used: i * 1_000,
+                kv_blocks_total: 26_000,
+            })
+            .collect();
+        Self { servers }
+    }
+
+    fn request(&self, i: u64) -> PolicyRequest {
+        PolicyRequest {
+            id: format!("req_check{i}"),
+            model: "check".into(),
+            tier: "standard".into(),
+            routing_key: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            prefix_hashes: (0..16).map(|h| h ^ i).collect(),
+            prompt_tokens: 1_000,
+            max_tokens: 100,
+            ..PolicyRequest::default()
+        }
+    }
+
+    fn id(&self, key: u64) -> String {
+        self.servers[(key % self.servers.len() as u64) as usize]
+            .id
+            .clone()
+    }
+}
+
+impl RouterHost for Fleet {
+    fn ring_lookup(&self, key: u64) -> Option<String> {
+        Some(self.id(key))
+    }
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
+        (0..u64::from(n).min(self.servers.len() as u64))
+            .map(|i| self.id(key.wrapping_add(i)))
+            .collect()
+    }
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
+        Some(self.id(key))
+    }
+    fn servers(&self) -> Vec<ServerView> {
+        self.servers.clone()
+    }
+    fn server(&self, id: &str) -> Option<ServerView> {
+        self.servers.iter().find(|s| s.id == id).cloned()
+    }
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        vec![
+            ("gpu-1".into(), 12),
+            ("gpu-4".into(), 6),
+            ("gpu-6".into(), 2),
+        ]
+    }
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        vec![("gpu-1".into(), 9_000), ("gpu-2".into(), 400)]
+    }
+    fn routable(&self, id: &str) -> bool {
+        self.servers.iter().any(|s| s.id == id && s.healthy)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_built_in_router_checks_and_a_non_component_says_why() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let scratch = std::env::temp_dir().join(format!("ringmaster-check-{}", std::process::id()));
+        std::fs::create_dir_all(&scratch).unwrap();
+        let component = root.join("policies/dist/prefix-affinity.wasm");
+        if component.is_file() {
+            let report = check(&component, &scratch).unwrap();
+            assert_eq!(report.world, "router");
+            assert!(report.call_median.is_some());
+            assert!(report.sample_answer.unwrap().starts_with("route to gpu-"));
+        }
+        let junk = scratch.join("junk.wasm");
+        std::fs::write(&junk, b"not wasm").unwrap();
+        assert!(check(&junk, &scratch).is_err());
+        let _ = std::fs::remove_dir_all(&scratch);
+    }
+}

@@ -1,0 +1,317 @@
+//! `ringmaster policy new`: a standalone policy project, ready to build and test.
+//!
+//! Everything the project needs is written into it: the WIT it targets, the SDK (vendored,
+//! so the project builds offline and its bindings always match its WIT), a sample router
+//! and its unit test. Nothing refers back to this repository.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::{KitError, Result, io_error};
+
+/// A language a project is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lang {
+    /// Rust with the vendored `ringmaster-policy-sdk`.
+    Rust,
+    /// Python with componentize-py and the vendored `ringmaster_policy` package.
+    Python,
+}
+
+impl Lang {
+    /// Every language `new` scaffolds.
+    pub const ALL: [Lang; 2] = [Lang::Rust, Lang::Python];
+
+    /// The language's name on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Rust => "rust",
+            Self::Python => "python",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn parse(name: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.as_str() == name)
+            .ok_or_else(|| {
+                KitError::Project(format!(
+                    "--lang {name}: not a language `ringmaster policy new` scaffolds yet \
+                     (rust, python; JavaScript and C components load, but have no scaffold)"
+                ))
+            })
+    }
+}
+
+impl fmt::Display for Lang {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The project file every scaffolded project carries: what it is, for `build`.
+pub const PROJECT_FILE: &str = "ringmaster-policy.toml";
+
+/// The contract, as this binary was built with it.
+pub const WIT: &str = include_str!("../../../wit/policy.wit");
+
+const RUST_SDK: [(&str, &str); 5] = [
+    ("src/lib.rs", include_str!("../../../sdk/src/lib.rs")),
+    ("src/config.rs", include_str!("../../../sdk/src/config.rs")),
+    ("src/decide.rs", include_str!("../../../sdk/src/decide.rs")),
+    (
+        "src/testing.rs",
+        include_str!("../../../sdk/src/testing.rs"),
+    ),
+    (
+        "Cargo.toml",
+        include_str!("../templates/rust/sdk-Cargo.toml.in"),
+    ),
+];
+const PYTHON_SDK: [(&str, &str); 3] = [
+    (
+        "__init__.py",
+        include_str!("../../../sdk/python/ringmaster_policy/__init__.py"),
+    ),
+    (
+        "decide.py",
+        include_str!("../../../sdk/python/ringmaster_policy/decide.py"),
+    ),
+    (
+        "testing.py",
+        include_str!("../../../sdk/python/ringmaster_policy/testing.py"),
+    ),
+];
+
+/// The wit-bindgen line the vendored Rust SDK is written against.
+pub const WIT_BINDGEN_VERSION: &str = "0.61";
+
+/// Writes a new router project called `name` in `dir` (which must not exist or be empty);
+/// returns the files written, relative to `dir`.
+pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
+    check_name(name)?;
+    if world != "router" {
+        return Err(KitError::Project(format!(
+            "--world {world}: `ringmaster policy new` scaffolds routers only so far; an \
+             admission or safety-filter policy is written the same way against its world in \
+             wit/policy.wit (see policies/tiered and policies/blocklist in Ringmaster's \
+             repository)"
+        )));
+    }
+    if dir
+        .read_dir()
+        .is_ok_and(|mut entries| entries.next().is_some())
+    {
+        return Err(KitError::Project(format!(
+            "{}: already exists and is not empty; choose a new directory",
+            dir.display()
+        )));
+    }
+    let vars = |text: &str| {
+        text.replace("{{name}}", name)
+            .replace("{{world}}", world)
+            .replace("{{lang}}", lang.as_str())
+            .replace("{{wit_bindgen}}", WIT_BINDGEN_VERSION)
+            .replace(
+                "{{test_command}}",
+                match lang {
+                    Lang::Rust => "cargo test",
+                    Lang::Python => "python3 -m unittest discover -s tests",
+                },
+            )
+            .replace(
+                "{{sdk_dir}}",
+                match lang {
+                    Lang::Rust => "ringmaster-policy-sdk/",
+                    Lang::Python => "ringmaster_policy/",
+                },
+            )
+    };
+    let mut files: Vec<(PathBuf, String)> = vec![
+        ("wit/policy.wit".into(), WIT.to_owned()),
+        (
+            PROJECT_FILE.into(),
+            format!("name = \"{name}\"\nlang = \"{lang}\"\nworld = \"{world}\"\n"),
+        ),
+        (
+            "README.md".into(),
+            vars(include_str!("../templates/README.md.in")),
+        ),
+    ];
+    match lang {
+        Lang::Rust => {
+            files.push((
+                "Cargo.toml".into(),
+                vars(include_str!("../templates/rust/Cargo.toml.in")),
+            ));
+            files.push((
+                "src/lib.rs".into(),
+                vars(include_str!("../templates/rust/src/lib.rs")),
+            ));
+            files.push((".gitignore".into(), "/target\n*.wasm\n".into()));
+            for (path, text) in RUST_SDK {
+                files.push((Path::new("ringmaster-policy-sdk").join(path), vars(text)));
+            }
+        }
+        Lang::Python => {
+            files.push((
+                "app.py".into(),
+                vars(include_str!("../templates/python/app.py")),
+            ));
+            files.push((
+                "policy.py".into(),
+                vars(include_str!("../templates/python/policy.py")),
+            ));
+            files.push((
+                "tests/test_policy.py".into(),
+                vars(include_str!("../templates/python/tests/test_policy.py")),
+            ));
+            files.push((".gitignore".into(), "__pycache__/\n*.wasm\n".into()));
+            for (path, text) in PYTHON_SDK {
+                files.push((Path::new("ringmaster_policy").join(path), text.to_owned()));
+            }
+        }
+    }
+    for (path, text) in &files {
+        let full = dir.join(path);
+        if let Some(parent) = full.parent() {
+            std::fs::create_dir_all(parent).map_err(io_error(parent))?;
+        }
+        std::fs::write(&full, text).map_err(io_error(&full))?;
+    }
+    Ok(files.into_iter().map(|(path, _)| path).collect())
+}
+
+/// A name that works as a crate name, a Python module's file name and a variant name.
+fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(KitError::Project(format!(
+            "{name:?}: a policy name is 1 to 64 lower-case letters, digits and `-`, starting \
+             with a letter"
+        )))
+    }
+}
+
+/// What a project file says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Project {
+    /// The project's directory.
+    pub dir: PathBuf,
+    /// Its name (the component is `NAME.wasm`).
+    pub name: String,
+    /// Its language.
+    pub lang: Lang,
+    /// The world it targets.
+    pub world: String,
+}
+
+impl Project {
+    /// Reads `dir`'s project file; without one, a `Cargo.toml` makes it Rust and an `app.py`
+    /// Python, named after the directory, targeting `router`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let file = dir.join(PROJECT_FILE);
+        let fallback_name = || {
+            dir.canonicalize()
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "policy".to_owned())
+        };
+        let (mut name, mut lang, mut world) = (None, None, "router".to_owned());
+        if let Ok(text) = std::fs::read_to_string(&file) {
+            for line in text.lines() {
+                let Some((key, value)) = line.split_once('=') else {
+                    continue;
+                };
+                let value = value.trim().trim_matches('"').to_owned();
+                match key.trim() {
+                    "name" => name = Some(value),
+                    "lang" => lang = Some(Lang::parse(&value)?),
+                    "world" => world = value,
+                    _ => {}
+                }
+            }
+        }
+        let lang = match lang {
+            Some(lang) => lang,
+            None if dir.join("Cargo.toml").is_file() => Lang::Rust,
+            None if dir.join("app.py").is_file() => Lang::Python,
+            None => {
+                return Err(KitError::Project(format!(
+                    "{}: no {PROJECT_FILE}, Cargo.toml or app.py: not a policy project \
+                     (make one with `ringmaster policy new NAME --lang rust|python`)",
+                    dir.display()
+                )));
+            }
+        };
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            name: name.unwrap_or_else(fallback_name),
+            lang,
+            world,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "ringmaster-kit-{tag}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_project_names_what_it_is_and_carries_its_contract() {
+        for lang in Lang::ALL {
+            let dir = scratch(lang.as_str());
+            let files = new_project(&dir, "my-router", lang, "router").unwrap();
+            assert!(files.contains(&PathBuf::from("wit/policy.wit")));
+            let project = Project::open(&dir).unwrap();
+            assert_eq!(
+                (project.name.as_str(), project.lang, project.world.as_str()),
+                ("my-router", lang, "router")
+            );
+            let wit = std::fs::read_to_string(dir.join("wit/policy.wit")).unwrap();
+            assert_eq!(wit, WIT);
+            let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+            assert!(!readme.contains("{{"), "{readme}");
+            // A second scaffold into the same place is refused.
+            let err = new_project(&dir, "my-router", lang, "router").unwrap_err();
+            assert!(err.to_string().contains("not empty"), "{err}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn bad_names_languages_and_worlds_say_why() {
+        let dir = scratch("bad");
+        for name in ["", "My", "9lives", "a_b", "x/y"] {
+            let err = new_project(&dir, name, Lang::Rust, "router").unwrap_err();
+            assert!(err.to_string().contains("policy name"), "{name}: {err}");
+        }
+        assert!(
+            Lang::parse("cobol")
+                .unwrap_err()
+                .to_string()
+                .contains("rust, python")
+        );
+        let err = new_project(&dir, "ok", Lang::Python, "admission").unwrap_err();
+        assert!(err.to_string().contains("routers only"), "{err}");
+        assert!(!dir.exists());
+    }
+}

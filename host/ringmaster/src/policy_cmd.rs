@@ -1,0 +1,281 @@
+//! `ringmaster policy`: the policy author's commands (scaffold, build, check, replay against
+//! baselines, push into a running gateway). The work is `ringmaster-policy-kit`'s and the
+//! replay's; this module parses, prints and talks HTTP.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use ringmaster_policy_kit::{build, check, scaffold};
+
+/// `ringmaster policy ...`.
+#[derive(Debug, clap::Subcommand)]
+pub enum PolicyCommand {
+    /// Scaffold a standalone policy project (its build file, the WIT, the SDK, a sample
+    /// router and its unit test).
+    New {
+        /// The policy's name (lower-case letters, digits and `-`): the directory, the crate
+        /// or module, and the component `NAME.wasm`.
+        name: String,
+        /// rust or python.
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// The world it targets.
+        #[arg(long, default_value = "router")]
+        world: String,
+        /// Where the project goes (default: ./NAME).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Build a project to a component (`DIR/NAME.wasm`), installing the toolchain where it
+    /// can.
+    Build {
+        /// The project (default: the current directory).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+    /// Load a component as the gateway would, probe it, and print its size and timings.
+    Check {
+        /// The component.
+        file: PathBuf,
+    },
+    /// Replay a trace through a router component next to baselines and the cache oracles.
+    Test {
+        /// The router component.
+        file: PathBuf,
+        /// The trace: Mooncake JSONL, or an Azure CSV (prefixes then made up).
+        #[arg(long)]
+        trace: PathBuf,
+        /// Simulated servers.
+        #[arg(long, default_value_t = 8)]
+        servers: usize,
+        /// Replay only the first N requests.
+        #[arg(long)]
+        requests: Option<usize>,
+        /// Routers to compare against (`builtin:NAME` or a component path).
+        #[arg(long, default_values_t = ["builtin:prefix-affinity".to_owned(), "builtin:consistent-hash".to_owned()])]
+        against: Vec<String>,
+        /// Where the JSON, Markdown and plots go.
+        #[arg(long, default_value = "target/policy-test")]
+        out: PathBuf,
+    },
+    /// Load a component into a running gateway's router slot (the admin token from
+    /// `RINGMASTER_ADMIN_TOKEN`), printing the version hash.
+    Push {
+        /// The component.
+        file: PathBuf,
+        /// The gateway's address.
+        #[arg(
+            long,
+            default_value = "http://127.0.0.1:8080",
+            env = "RINGMASTER_GATEWAY"
+        )]
+        gateway: String,
+        /// The router variant to create or swap.
+        #[arg(long, default_value = "default")]
+        variant: String,
+        /// Its share of live traffic (relative to the other variants' weights).
+        #[arg(long, conflicts_with = "shadow")]
+        weight: Option<u32>,
+        /// Run it as the shadow: it decides on every request, nothing follows its answer.
+        #[arg(long)]
+        shadow: bool,
+        /// The admin token.
+        #[arg(long, env = "RINGMASTER_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+    },
+}
+
+#[allow(clippy::print_stdout)]
+pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
+    match command {
+        PolicyCommand::New {
+            name,
+            lang,
+            world,
+            dir,
+        } => {
+            let lang = scaffold::Lang::parse(&lang)?;
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let files = scaffold::new_project(&dir, &name, lang, &world)?;
+            println!("wrote a {lang} {world} in {}:", dir.display());
+            for file in files {
+                println!("  {}", file.display());
+            }
+            let test = match lang {
+                scaffold::Lang::Rust => "cargo test",
+                scaffold::Lang::Python => "python3 -m unittest discover -s tests",
+            };
+            println!(
+                "next: cd {} && {test} && ringmaster policy build",
+                dir.display()
+            );
+            Ok(())
+        }
+        PolicyCommand::Build { dir } => {
+            let built = build::build(&dir, &mut |step| eprintln!("==> {step}"))?;
+            println!(
+                "built {} ({} bytes) with {} in {:.1} s",
+                built.path.display(),
+                built.size,
+                built.toolchain,
+                built.elapsed.as_secs_f64()
+            );
+            Ok(())
+        }
+        PolicyCommand::Check { file } => {
+            let scratch = std::env::temp_dir()
+                .join(format!("ringmaster-policy-check-{}", std::process::id()));
+            std::fs::create_dir_all(&scratch)
+                .with_context(|| format!("cannot create {}", scratch.display()))?;
+            let result = check::check(&file, &scratch);
+            let _ = std::fs::remove_dir_all(&scratch);
+            let report = result?;
+            println!("{} is a {} component:", file.display(), report.world);
+            println!("  size          {} bytes", report.size);
+            println!(
+                "  compile       {:.1} ms (with the load probes)",
+                ms(report.compile)
+            );
+            println!("  cached load   {:.1} ms", ms(report.cached_load));
+            if let (Some(median), Some(p99)) = (report.call_median, report.call_p99) {
+                println!(
+                    "  per call      {:.2} µs median, {:.2} µs p99 ({} calls, 8 servers)",
+                    median.as_secs_f64() * 1e6,
+                    p99.as_secs_f64() * 1e6,
+                    check::CALLS
+                );
+            }
+            if let Some(answer) = report.sample_answer {
+                println!("  first answer  {answer}");
+            }
+            Ok(())
+        }
+        PolicyCommand::Test {
+            file,
+            trace,
+            servers,
+            requests,
+            against,
+            out,
+        } => replay(&file, &trace, servers, requests, &against, &out),
+        PolicyCommand::Push {
+            file,
+            gateway,
+            variant,
+            weight,
+            shadow,
+            token,
+        } => push(&file, &gateway, &variant, weight, shadow, &token),
+    }
+}
+
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A scenario for one router and its baselines, written as the scenario files are.
+fn replay(
+    file: &Path,
+    trace: &Path,
+    servers: usize,
+    requests: Option<usize>,
+    against: &[String],
+    out: &Path,
+) -> anyhow::Result<()> {
+    let absolute = |p: &Path| -> anyhow::Result<String> {
+        Ok(p.canonicalize()
+            .with_context(|| format!("{}", p.display()))?
+            .display()
+            .to_string())
+    };
+    let mut routers = vec![absolute(file)?];
+    routers.extend(against.iter().cloned());
+    let azure = trace.extension().is_some_and(|e| e == "csv");
+    let mut text = format!(
+        "trace = {:?}\nservers = {servers}\nrouters = {:?}\n",
+        absolute(trace)?,
+        routers
+    );
+    if let Some(n) = requests {
+        text.push_str(&format!("requests = {n}\n"));
+    }
+    if azure {
+        text.push_str("format = \"azure\"\n[synthetic]\n");
+    }
+    let scenario = ringmaster_replay::Scenario::from_toml(&text, Path::new("."))
+        .map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    let runtime = ringmaster_replay::runtime()?;
+    let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
+        eprintln!("==> replaying with {router}");
+    }))?;
+    let name = file
+        .file_stem()
+        .map_or_else(|| "policy".to_owned(), |s| s.to_string_lossy().into_owned());
+    let section = ringmaster_replay::publish::write(&report, &name, out)?;
+    #[allow(clippy::print_stdout)]
+    {
+        println!("{section}");
+    }
+    Ok(())
+}
+
+fn push(
+    file: &Path,
+    gateway: &str,
+    variant: &str,
+    weight: Option<u32>,
+    shadow: bool,
+    token: &str,
+) -> anyhow::Result<()> {
+    let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let mut url = format!(
+        "{}/admin/policies/router?variant={variant}",
+        gateway.trim_end_matches('/')
+    );
+    if let Some(w) = weight {
+        url.push_str(&format!("&weight={w}"));
+    }
+    if shadow {
+        url.push_str("&shadow=true");
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let (status, body) = runtime.block_on(async {
+        let response = reqwest::Client::new()
+            .put(&url)
+            .bearer_auth(token)
+            .header("content-type", "application/wasm")
+            .body(bytes)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the gateway at {gateway}"))?;
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        anyhow::Ok((status, body))
+    })?;
+    anyhow::ensure!(
+        status.is_success(),
+        "the gateway refused the component ({status}): {body}"
+    );
+    let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+    let slot = &answer["router"];
+    let entry = slot["variants"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == variant))
+        .or_else(|| Some(&slot["shadow"]).filter(|s| s["name"] == variant));
+    let hash = entry.and_then(|v| v["hash"].as_str()).unwrap_or("?");
+    #[allow(clippy::print_stdout)]
+    {
+        println!(
+            "{variant}: {} version {hash}",
+            if answer["changed"] == false {
+                "already runs"
+            } else {
+                "now runs"
+            }
+        );
+    }
+    Ok(())
+}
