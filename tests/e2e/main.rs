@@ -6,6 +6,7 @@ mod admin;
 mod api;
 mod disconnect;
 mod errors;
+mod examples;
 mod gates;
 mod model;
 mod policies;

@@ -155,17 +155,20 @@ fn build_python(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Res
         "componentizing app.py for world {}",
         project.world
     ));
-    run(Command::new(&componentize)
-        .current_dir(&project.dir)
-        .args([
-            "-d",
-            "wit",
-            "-w",
-            &project.world,
-            "componentize",
-            "app",
-            "-o",
-        ])
-        .arg(out))?;
+    let mut cmd = Command::new(&componentize);
+    cmd.current_dir(&project.dir).args([
+        "-d",
+        "wit",
+        "-w",
+        &project.world,
+        "componentize",
+        "app",
+        "-p",
+        ".",
+    ]);
+    for dir in &project.python_path {
+        cmd.arg("-p").arg(dir);
+    }
+    run(cmd.arg("-o").arg(out))?;
     Ok(COMPONENTIZE_PY.to_owned())
 }

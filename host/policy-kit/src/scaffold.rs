@@ -212,36 +212,38 @@ pub struct Project {
     pub lang: Lang,
     /// The world it targets.
     pub world: String,
+    /// More directories Python modules are imported from (relative to the project), besides
+    /// the project itself: for a project that uses an SDK it does not carry.
+    pub python_path: Vec<PathBuf>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProjectFile {
+    name: Option<String>,
+    lang: Option<String>,
+    world: Option<String>,
+    #[serde(default)]
+    python_path: Vec<PathBuf>,
 }
 
 impl Project {
     /// Reads `dir`'s project file; without one, a `Cargo.toml` makes it Rust and an `app.py`
     /// Python, named after the directory, targeting `router`.
     pub fn open(dir: &Path) -> Result<Self> {
-        let file = dir.join(PROJECT_FILE);
-        let fallback_name = || {
-            dir.canonicalize()
-                .ok()
-                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .unwrap_or_else(|| "policy".to_owned())
+        let path = dir.join(PROJECT_FILE);
+        let file: ProjectFile = match std::fs::read_to_string(&path) {
+            Ok(text) => toml::from_str(&text)
+                .map_err(|e| KitError::Project(format!("{}: {}", path.display(), e.message())))?,
+            Err(_) => ProjectFile {
+                name: None,
+                lang: None,
+                world: None,
+                python_path: Vec::new(),
+            },
         };
-        let (mut name, mut lang, mut world) = (None, None, "router".to_owned());
-        if let Ok(text) = std::fs::read_to_string(&file) {
-            for line in text.lines() {
-                let Some((key, value)) = line.split_once('=') else {
-                    continue;
-                };
-                let value = value.trim().trim_matches('"').to_owned();
-                match key.trim() {
-                    "name" => name = Some(value),
-                    "lang" => lang = Some(Lang::parse(&value)?),
-                    "world" => world = value,
-                    _ => {}
-                }
-            }
-        }
-        let lang = match lang {
-            Some(lang) => lang,
+        let lang = match file.lang.as_deref() {
+            Some(lang) => Lang::parse(lang)?,
             None if dir.join("Cargo.toml").is_file() => Lang::Rust,
             None if dir.join("app.py").is_file() => Lang::Python,
             None => {
@@ -252,11 +254,19 @@ impl Project {
                 )));
             }
         };
+        let name = file.name.unwrap_or_else(|| {
+            dir.canonicalize()
+                .ok()
+                .and_then(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .unwrap_or_else(|| "policy".to_owned())
+        });
+        check_name(&name)?;
         Ok(Self {
             dir: dir.to_path_buf(),
-            name: name.unwrap_or_else(fallback_name),
+            name,
             lang,
-            world,
+            world: file.world.unwrap_or_else(|| "router".to_owned()),
+            python_path: file.python_path,
         })
     }
 }

@@ -243,7 +243,24 @@ fn push(
         .enable_all()
         .build()?;
     let (status, body) = runtime.block_on(async {
-        let response = reqwest::Client::new()
+        let client = reqwest::Client::new();
+        // A cheap authenticated call first: a wrong token or address is told apart before
+        // megabytes of component are sent (the gateway refuses an unauthorised upload
+        // before reading it, which a client sees as a broken connection).
+        let admin = format!("{}/admin/policies", gateway.trim_end_matches('/'));
+        let probe = client
+            .get(&admin)
+            .bearer_auth(token)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the gateway at {gateway}"))?;
+        anyhow::ensure!(
+            probe.status().is_success(),
+            "the gateway at {gateway} refused the admin token ({}): {}",
+            probe.status(),
+            probe.text().await.unwrap_or_default()
+        );
+        let response = client
             .put(&url)
             .bearer_auth(token)
             .header("content-type", "application/wasm")

@@ -1,0 +1,86 @@
+//! The example policies under `examples/`, built from source by `tests/run`, loaded by a
+//! started gateway and serving real requests.
+
+use serde_json::json;
+
+use crate::support::{TestGateway, metric_sum};
+
+/// The built component of `examples/NAME` (`NAME.wasm` beside its sources), or `None` when
+/// it was not built and the run does not require it.
+fn built_example(name: &str) -> Option<std::path::PathBuf> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name)
+        .join(format!("{name}.wasm"));
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("RINGMASTER_REQUIRE_POLICIES").is_none(),
+        "{} is missing: tests/run builds it with `ringmaster policy build examples/{name}`",
+        path.display()
+    );
+    eprintln!(
+        "skipped: {} is not built (ringmaster policy build examples/{name})",
+        path.display()
+    );
+    None
+}
+
+#[tokio::test]
+async fn the_python_router_serves_requests_and_follows_the_cache() {
+    let Some(path) = built_example("python-router") else {
+        return;
+    };
+    let gw = TestGateway::simulated(
+        4,
+        0.0,
+        &format!(
+            "[[policies.router]]\nname = \"python\"\nsource = {:?}\n",
+            path.display().to_string()
+        ),
+    )
+    .await;
+    let conversation = |turns: usize| {
+        let mut messages = Vec::new();
+        for i in 0..turns {
+            messages.push(json!({"role": "user", "content": format!("Question {i} about a long shared document. {}", "Context words. ".repeat(200))}));
+            messages.push(json!({"role": "assistant", "content": format!("Answer {i}.")}));
+        }
+        messages.push(json!({"role": "user", "content": "And the next question?"}));
+        json!({"model": "sim-llama-3-8b", "max_tokens": 8, "messages": messages})
+    };
+    let mut servers = Vec::new();
+    for turns in 0..4 {
+        let response = gw.post_messages(&conversation(turns)).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ringmaster-variant"], "python");
+        servers.push(
+            response.headers()["x-ringmaster-server"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+        let body: serde_json::Value = response.json().await.unwrap();
+        assert_eq!(body["type"], "message");
+    }
+    // Each later turn carries the earlier ones: the server holding them is the cheapest.
+    assert!(
+        servers.windows(2).skip(1).all(|w| w[0] == w[1]),
+        "later turns left their cache: {servers:?}"
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_policy_faults_total", ""),
+        0.0,
+        "{metrics}"
+    );
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_routing_decisions_total",
+            "reason=\"fallback\""
+        ),
+        0.0
+    );
+}

@@ -1,0 +1,130 @@
+"""A policy author's path with `ringmaster policy`, as the README tells it: scaffold a Python
+router outside the repository, unit-test it, build it, replay a trace through it next to the
+default, push it into a running gateway as a 10 % variant, and read the A/B comparison.
+
+The binary comes from RINGMASTER_BIN; componentize-py from the kit's cached virtualenv (made
+on first use, as `tests/run` already did when it built examples/python-router).
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import anthropic
+import pytest
+
+ADMIN_TOKEN = "policy-cli-test-token-0123456789"
+API_KEY = "sk-ringmaster-policy-cli"
+MODEL = "sim-llama-3-8b"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRACE = os.path.join(ROOT, "host/replay/fixtures/mooncake_conversation_head.jsonl")
+
+
+def binary():
+    path = os.environ.get("RINGMASTER_BIN")
+    if not path or not os.path.exists(path):
+        pytest.fail("RINGMASTER_BIN must point at a built ringmaster binary (tests/run sets it)")
+    return path
+
+
+def run(args, cwd, **kwargs):
+    result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, **kwargs)
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def admin(url, path):
+    request = urllib.request.Request(url + path, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def test_scaffold_test_build_replay_push_and_compare():
+    ringmaster = binary()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run([ringmaster, "policy", "new", "my-router", "--lang", "python"], cwd=tmp)
+        assert "wrote a python router" in out
+        project = os.path.join(tmp, "my-router")
+        run([sys.executable, "-m", "unittest", "discover", "-s", "tests"], cwd=project)
+
+        out = run([ringmaster, "policy", "build"], cwd=project)
+        component = os.path.join(project, "my-router.wasm")
+        assert os.path.getsize(component) > 1_000_000, out
+
+        out = run([ringmaster, "policy", "check", component], cwd=project)
+        assert "is a router component" in out and "per call" in out, out
+
+        out = run([ringmaster, "policy", "test", component, "--trace", TRACE,
+                   "--requests", "120", "--out", os.path.join(tmp, "replay")], cwd=project)
+        rows = [line for line in out.splitlines() if line.startswith("| ")]
+        assert any(component in row for row in rows), out
+        assert any("builtin:prefix-affinity" in row for row in rows), out
+        assert any("shared LRU" in row for row in rows), out
+
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        config = os.path.join(tmp, "gateway.toml")
+        with open(config, "w") as f:
+            f.write(f"""
+listen = "127.0.0.1:{port}"
+models = ["{MODEL}"]
+admin_token = "{ADMIN_TOKEN}"
+[[api_keys]]
+key = "{API_KEY}"
+[simulator]
+time_scale = 0.01
+[[servers]]
+address = "sim://gpu-0"
+[[servers]]
+address = "sim://gpu-1"
+""")
+        log = open(os.path.join(tmp, "gateway.log"), "w+")
+        gateway = subprocess.Popen([ringmaster, "serve", "--config", config], stdout=log, stderr=log)
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/healthz", timeout=1):
+                        break
+                except OSError:
+                    if gateway.poll() is not None or time.time() > deadline:
+                        log.seek(0)
+                        pytest.fail("gateway did not start:\n" + log.read())
+                    time.sleep(0.05)
+            # The default variant keeps weight 100: the new one gets 10 / 110 of traffic.
+            env = dict(os.environ, RINGMASTER_ADMIN_TOKEN=ADMIN_TOKEN)
+            out = run([ringmaster, "policy", "push", component, "--gateway", url,
+                       "--variant", "my-router", "--weight", "10"], cwd=project, env=env)
+            assert out.startswith("my-router: now runs version "), out
+
+            client = anthropic.Anthropic(base_url=url, api_key=API_KEY, max_retries=0)
+            variants = set()
+            for i in range(60):
+                response = client.messages.with_raw_response.create(
+                    model=MODEL, max_tokens=4,
+                    messages=[{"role": "user", "content": f"conversation {i}: hello"}],
+                )
+                variants.add(response.headers["x-ringmaster-variant"])
+                assert response.parse().content[0].type == "text"
+            assert variants == {"default", "my-router"}, variants
+
+            experiments = admin(url, "/admin/experiments")
+            names = {v["name"] for v in experiments["variants"]}
+            assert {"default", "my-router"} <= names, experiments
+            mine = next(v for v in experiments["variants"] if v["name"] == "my-router")
+            assert mine["requests"] > 0, experiments
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+            log.close()
