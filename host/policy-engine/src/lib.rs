@@ -72,6 +72,22 @@ pub use engine::{CacheStats, PolicyEngine};
 pub fn content_hash(bytes: &[u8]) -> String {
     format!("{:032x}", xxhash_rust::xxh3::xxh3_128(bytes))
 }
+/// Ringmaster's cache folder for this user: `$RINGMASTER_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/ringmaster`, else `~/.cache/ringmaster`; `None` with none of them set.
+pub fn user_cache_root() -> Option<PathBuf> {
+    let var = |name| std::env::var_os(name).filter(|v| !v.is_empty());
+    var("RINGMASTER_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| var("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("ringmaster")))
+        .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache/ringmaster")))
+}
+
+/// Where the gateway caches compiled components unless configured otherwise:
+/// [`user_cache_root`]`/policies`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    user_cache_root().map(|root| root.join("policies"))
+}
+
 pub use error::{FaultCounts, PolicyError, PolicyFault};
 pub use policy::{AdmissionPolicy, RouterPolicy, SafetyPolicy};
 pub use types::{

@@ -5,6 +5,9 @@
 //!   Debian's rustc-web with std built from source), then [`crate::wasm::componentize`].
 //! - **Python**: `componentize-py` (pinned: [`COMPONENTIZE_PY`]) in a virtualenv under the
 //!   user's cache directory, created on first use from PyPI.
+//! - **JavaScript**: `componentize-js` (pinned: [`COMPONENTIZE_JS`]) installed with npm under
+//!   the user's cache directory on first use; it takes one ES module, so the project's local
+//!   imports are bundled into one first ([`bundle_js`]).
 //!
 //! When a toolchain is missing and cannot be installed, the error names exactly what to
 //! install.
@@ -18,6 +21,9 @@ use crate::{KitError, Result, io_error, toolchain, wasm};
 
 /// The componentize-py release Python policies are built with.
 pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+/// The componentize-js release JavaScript policies are built with (`jco componentize`
+/// 1.35 fails on this layout; componentize-js itself works).
+pub const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
 
 /// A built component.
 #[derive(Clone, Debug)]
@@ -32,17 +38,10 @@ pub struct Built {
     pub elapsed: Duration,
 }
 
-/// Where the kit keeps toolchains it installs: `$RINGMASTER_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/ringmaster`, else `~/.cache/ringmaster`.
+/// Where the kit keeps toolchains it installs: [`ringmaster_policy_engine::user_cache_root`]
+/// (`~/.cache/ringmaster` by default).
 pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("RINGMASTER_CACHE_DIR") {
-        return PathBuf::from(dir);
-    }
-    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(dir).join("ringmaster");
-    }
-    std::env::var_os("HOME")
-        .map(|home| PathBuf::from(home).join(".cache/ringmaster"))
+    ringmaster_policy_engine::user_cache_root()
         .unwrap_or_else(|| std::env::temp_dir().join("ringmaster-cache"))
 }
 
@@ -55,6 +54,7 @@ pub fn build(dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Built> {
     let toolchain = match project.lang {
         Lang::Rust => build_rust(&project, &out, say)?,
         Lang::Python => build_python(&project, &out, say)?,
+        Lang::JavaScript => build_js(&project, &out, say)?,
     };
     let size = std::fs::metadata(&out).map_err(io_error(&out))?.len() as usize;
     Ok(Built {
@@ -171,4 +171,156 @@ fn build_python(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Res
     }
     run(cmd.arg("-o").arg(out))?;
     Ok(COMPONENTIZE_PY.to_owned())
+}
+
+/// componentize-js under the cache directory, installed with npm on first use.
+pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let version = COMPONENTIZE_JS.rsplit('@').next().unwrap_or("latest");
+    let dir = cache_dir()
+        .join("toolchains")
+        .join(format!("componentize-js-{version}"));
+    let program = dir.join("node_modules/.bin/componentize-js");
+    if program.is_file() {
+        return Ok(program);
+    }
+    if Command::new("npm").arg("--version").output().is_err() {
+        return Err(KitError::Toolchain(
+            "building a JavaScript policy needs Node.js 18+ with npm: install it (Debian: \
+             apt-get install nodejs npm) and run again"
+                .into(),
+        ));
+    }
+    say(&format!("installing {COMPONENTIZE_JS} into {} (once)", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
+    run(Command::new("npm")
+        .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
+        .arg(&dir)
+        .arg(COMPONENTIZE_JS))
+    .map_err(|e| {
+        KitError::Toolchain(format!(
+            "{e}\ninstalling {COMPONENTIZE_JS} from npm failed; install it by hand with \
+             `npm install --prefix {} {COMPONENTIZE_JS}` and run again",
+            dir.display()
+        ))
+    })?;
+    Ok(program)
+}
+
+/// One ES module from `entry` and the local modules it imports (`./x.js`, recursively, each
+/// once, dependencies first), for componentize-js, which reads a single module. Imports of
+/// the host's interfaces (`ringmaster:policy/...`) stay. A local module's `import`
+/// statements are removed and its `export` keywords dropped, so the bundle is one scope:
+/// local modules must not declare the same top-level name twice.
+pub fn bundle_js(entry: &Path, sdk: Option<&Path>) -> Result<String> {
+    fn visit(
+        path: &Path,
+        sdk: Option<&Path>,
+        seen: &mut Vec<PathBuf>,
+        host_imports: &mut Vec<String>,
+        out: &mut String,
+        is_entry: bool,
+    ) -> Result<()> {
+        let canonical = path.canonicalize().map_err(io_error(path))?;
+        if seen.contains(&canonical) {
+            return Ok(());
+        }
+        seen.push(canonical);
+        let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+        let mut body = String::new();
+        for line in text.lines() {
+            let trimmed = line.trim_start();
+            if trimmed.starts_with("import ") {
+                let Some(from) = trimmed.rsplit(['"', '\'']).nth(1) else {
+                    body.push_str(line);
+                    body.push('\n');
+                    continue;
+                };
+                if from.starts_with("./") || from.starts_with("../") {
+                    let mut local = path.parent().unwrap_or(Path::new(".")).join(from);
+                    if !local.is_file()
+                        && let Some(sdk) = sdk.filter(|_| from.ends_with("ringmaster-policy.js"))
+                    {
+                        local = sdk.to_path_buf();
+                    }
+                    visit(&local, sdk, seen, host_imports, out, false)?;
+                } else if !host_imports.iter().any(|l| l == trimmed) {
+                    host_imports.push(trimmed.to_owned());
+                }
+                continue;
+            }
+            if !is_entry && let Some(rest) = trimmed.strip_prefix("export ") {
+                body.push_str(rest);
+            } else {
+                body.push_str(line);
+            }
+            body.push('\n');
+        }
+        out.push_str(&format!("// ---- {}\n", path.display()));
+        out.push_str(&body);
+        Ok(())
+    }
+    let (mut seen, mut host_imports, mut out) = (Vec::new(), Vec::new(), String::new());
+    visit(entry, sdk, &mut seen, &mut host_imports, &mut out, true)?;
+    let mut bundle = host_imports.join("\n");
+    bundle.push('\n');
+    bundle.push_str(&out);
+    Ok(bundle)
+}
+
+fn build_js(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<String> {
+    let componentize = componentize_js(say)?;
+    let sdk = project.js_sdk.as_ref().map(|p| project.dir.join(p));
+    let bundle = bundle_js(&project.dir.join("app.js"), sdk.as_deref())?;
+    // componentize-js wants the WIT and the module inside its working directory.
+    let bundled = project.dir.join("target/bundle.js");
+    if let Some(parent) = bundled.parent() {
+        std::fs::create_dir_all(parent).map_err(io_error(parent))?;
+    }
+    std::fs::write(&bundled, bundle).map_err(io_error(&bundled))?;
+    say(&format!("componentizing app.js for world {}", project.world));
+    run(Command::new("node")
+        .current_dir(&project.dir)
+        .arg(&componentize)
+        .args(["target/bundle.js", "--wit", "wit", "--world-name", &project.world])
+        // No WASI beyond what the engine grants anyway: a policy has no stdio, clocks,
+        // randomness or network of its own.
+        .args(["-d", "stdio", "random", "clocks", "http", "fetch-event", "-o"])
+        .arg(out))?;
+    Ok(COMPONENTIZE_JS.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_js_bundle_keeps_host_imports_and_inlines_local_modules_once() {
+        let dir = std::env::temp_dir().join(format!("ringmaster-bundle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("app.js"),
+            "import { servers } from \"ringmaster:policy/cluster@0.1.0\";\n\
+             import { choose } from \"./policy.js\";\n\
+             import { NO_RANK } from \"./ringmaster-policy.js\";\n\
+             export function route(req) { return choose(servers(), NO_RANK); }\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("policy.js"),
+            "import { NO_RANK } from \"./ringmaster-policy.js\";\n\
+             export function choose(s, r) { return s[0] ?? r ?? NO_RANK; }\n",
+        )
+        .unwrap();
+        let sdk = dir.join("sdk.js");
+        std::fs::write(&sdk, "export const NO_RANK = 7;\n").unwrap();
+        let bundle = bundle_js(&dir.join("app.js"), Some(&sdk)).unwrap();
+        assert!(bundle.starts_with("import { servers } from \"ringmaster:policy/cluster@0.1.0\";"));
+        assert_eq!(bundle.matches("const NO_RANK = 7;").count(), 1, "{bundle}");
+        assert!(bundle.contains("\nfunction choose("), "{bundle}");
+        assert!(bundle.contains("export function route("), "{bundle}");
+        assert!(!bundle.contains("./policy.js"), "{bundle}");
+        // The SDK comes before the module that uses it.
+        assert!(bundle.find("NO_RANK = 7").unwrap() < bundle.find("function choose").unwrap());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

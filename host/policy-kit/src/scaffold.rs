@@ -16,17 +16,29 @@ pub enum Lang {
     Rust,
     /// Python with componentize-py and the vendored `ringmaster_policy` package.
     Python,
+    /// JavaScript with componentize-js and the vendored `ringmaster-policy.js` module.
+    JavaScript,
 }
 
 impl Lang {
     /// Every language `new` scaffolds.
-    pub const ALL: [Lang; 2] = [Lang::Rust, Lang::Python];
+    pub const ALL: [Lang; 3] = [Lang::Rust, Lang::Python, Lang::JavaScript];
 
     /// The language's name on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Rust => "rust",
             Self::Python => "python",
+            Self::JavaScript => "js",
+        }
+    }
+
+    /// How the project's unit tests run, natively.
+    pub fn test_command(self) -> &'static str {
+        match self {
+            Self::Rust => "cargo test",
+            Self::Python => "python3 -m unittest discover -s tests",
+            Self::JavaScript => "node --test test/",
         }
     }
 
@@ -38,7 +50,7 @@ impl Lang {
             .ok_or_else(|| {
                 KitError::Project(format!(
                     "--lang {name}: not a language `ringmaster policy new` scaffolds yet \
-                     (rust, python; JavaScript and C components load, but have no scaffold)"
+                     (rust, python, js; C components load, but have no scaffold)"
                 ))
             })
     }
@@ -84,6 +96,8 @@ const PYTHON_SDK: [(&str, &str); 3] = [
     ),
 ];
 
+const JS_SDK: &str = include_str!("../../../sdk/js/ringmaster-policy.js");
+
 /// The wit-bindgen line the vendored Rust SDK is written against.
 pub const WIT_BINDGEN_VERSION: &str = "0.61";
 
@@ -113,18 +127,13 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             .replace("{{world}}", world)
             .replace("{{lang}}", lang.as_str())
             .replace("{{wit_bindgen}}", WIT_BINDGEN_VERSION)
-            .replace(
-                "{{test_command}}",
-                match lang {
-                    Lang::Rust => "cargo test",
-                    Lang::Python => "python3 -m unittest discover -s tests",
-                },
-            )
+            .replace("{{test_command}}", lang.test_command())
             .replace(
                 "{{sdk_dir}}",
                 match lang {
                     Lang::Rust => "ringmaster-policy-sdk/",
                     Lang::Python => "ringmaster_policy/",
+                    Lang::JavaScript => "ringmaster-policy.js",
                 },
             )
     };
@@ -153,6 +162,21 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             for (path, text) in RUST_SDK {
                 files.push((Path::new("ringmaster-policy-sdk").join(path), vars(text)));
             }
+        }
+        Lang::JavaScript => {
+            for (path, text) in [
+                ("app.js", include_str!("../templates/js/app.js")),
+                ("policy.js", include_str!("../templates/js/policy.js")),
+                (
+                    "test/policy.test.js",
+                    include_str!("../templates/js/test/policy.test.js"),
+                ),
+                ("package.json", include_str!("../templates/js/package.json.in")),
+            ] {
+                files.push((path.into(), vars(text)));
+            }
+            files.push((".gitignore".into(), "node_modules/\n*.wasm\n".into()));
+            files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
         }
         Lang::Python => {
             files.push((
@@ -215,6 +239,9 @@ pub struct Project {
     /// More directories Python modules are imported from (relative to the project), besides
     /// the project itself: for a project that uses an SDK it does not carry.
     pub python_path: Vec<PathBuf>,
+    /// For JavaScript, the SDK module to bundle when the project does not carry
+    /// `ringmaster-policy.js` (relative to the project).
+    pub js_sdk: Option<PathBuf>,
 }
 
 #[derive(serde::Deserialize)]
@@ -225,6 +252,7 @@ struct ProjectFile {
     world: Option<String>,
     #[serde(default)]
     python_path: Vec<PathBuf>,
+    js_sdk: Option<PathBuf>,
 }
 
 impl Project {
@@ -240,12 +268,14 @@ impl Project {
                 lang: None,
                 world: None,
                 python_path: Vec::new(),
+                js_sdk: None,
             },
         };
         let lang = match file.lang.as_deref() {
             Some(lang) => Lang::parse(lang)?,
             None if dir.join("Cargo.toml").is_file() => Lang::Rust,
             None if dir.join("app.py").is_file() => Lang::Python,
+            None if dir.join("app.js").is_file() => Lang::JavaScript,
             None => {
                 return Err(KitError::Project(format!(
                     "{}: no {PROJECT_FILE}, Cargo.toml or app.py: not a policy project \
@@ -267,6 +297,7 @@ impl Project {
             lang,
             world: file.world.unwrap_or_else(|| "router".to_owned()),
             python_path: file.python_path,
+            js_sdk: file.js_sdk,
         })
     }
 }

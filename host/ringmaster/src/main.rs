@@ -46,7 +46,7 @@ enum Command {
     /// Benchmarks that run in process.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Write, build, check, test and push policies (routers in Rust or Python).
+    /// Write, build, check, test and push policies (routers in Rust, Python or JavaScript).
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCommand),
 }

@@ -16,7 +16,7 @@ pub enum PolicyCommand {
         /// The policy's name (lower-case letters, digits and `-`): the directory, the crate
         /// or module, and the component `NAME.wasm`.
         name: String,
-        /// rust or python.
+        /// rust, python or js.
         #[arg(long, default_value = "rust")]
         lang: String,
         /// The world it targets.
@@ -101,13 +101,10 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             for file in files {
                 println!("  {}", file.display());
             }
-            let test = match lang {
-                scaffold::Lang::Rust => "cargo test",
-                scaffold::Lang::Python => "python3 -m unittest discover -s tests",
-            };
             println!(
-                "next: cd {} && {test} && ringmaster policy build",
-                dir.display()
+                "next: cd {} && {} && ringmaster policy build",
+                dir.display(),
+                lang.test_command()
             );
             Ok(())
         }

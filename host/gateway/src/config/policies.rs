@@ -126,7 +126,13 @@ pub(crate) fn policies_config(
         }
         engine.memory_limit_bytes = mb * 1024 * 1024;
     }
-    engine.cache_dir = raw.cache_dir.map(std::path::PathBuf::from);
+    // The compiled-component cache is on unless turned off with an empty path: a Python
+    // component compiles for seconds and loads from the cache in milliseconds.
+    engine.cache_dir = match raw.cache_dir.as_deref() {
+        Some("") => None,
+        Some(dir) => Some(std::path::PathBuf::from(dir)),
+        None => ringmaster_policy_engine::default_cache_dir(),
+    };
     let mut router = Vec::new();
     for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {
         let key = format!("policies.router[{i}]");

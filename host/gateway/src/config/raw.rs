@@ -67,7 +67,7 @@ pub struct RawPolicies {
     pub call_deadline_ms: Option<u64>,
     /// Memory cap per policy instance, MiB.
     pub memory_limit_mb: Option<usize>,
-    /// Directory for compiled components (off when absent).
+    /// Directory for compiled components (default: `~/.cache/ringmaster/policies`; `""`: off).
     pub cache_dir: Option<String>,
     /// `[[policies.router]]`: router variants and the shadow.
     pub router: Option<Vec<RawRouterVariant>>,

@@ -1,0 +1,99 @@
+// Ringmaster's policy SDK for JavaScript (componentize-js): the pure decision helpers of the
+// Rust SDK's `decide` module, over the values a policy gathered from the host. They import
+// nothing generated, so a policy's logic runs under `node --test` without Wasm.
+//
+// A server is an object with the WIT record's fields in camelCase (`id`, `healthy`,
+// `weight`, `inFlight`, `waiting`, `kvBlocksUsed`, `kvBlocksTotal`), as componentize-js gives
+// them; `testing.server` builds one. u64 values (the routing key, a prefill backlog) arrive as
+// BigInt: the helpers take either.
+//
+// Conventions: only healthy servers are ever picked; ties end with the ring order, then the
+// lower id, so every helper is deterministic for a given input.
+
+export const NO_RANK = Number.MAX_SAFE_INTEGER;
+
+/** The healthy servers, in the order given. */
+export function healthy(servers) {
+  return servers.filter((s) => s.healthy);
+}
+
+/** How many leading prefix hashes `id` holds, by `matches` ([id, n] pairs; none if absent). */
+export function matched(matches, id) {
+  const found = matches.find(([sid]) => sid === id);
+  return found ? Number(found[1]) : 0;
+}
+
+/** `id`'s prefill backlog in prompt tokens, by `backlogs` ([id, tokens] pairs). */
+export function backlog(backlogs, id) {
+  const found = backlogs.find(([sid]) => sid === id);
+  return found ? Number(found[1]) : 0;
+}
+
+/** Where `id` stands in `order` (the ring's candidates for the key); NO_RANK if absent. */
+export function ringRank(order, id) {
+  const i = order.indexOf(id);
+  return i < 0 ? NO_RANK : i;
+}
+
+/** The fraction of a request's `total` prefix hashes that `matchedHashes` covers. */
+export function coverage(matchedHashes, total) {
+  return total <= 0 ? 0 : Math.min(matchedHashes / total, 1);
+}
+
+/** Of `promptTokens`, those a server holding `matchedHashes` of `total` still computes. */
+export function uncachedTokens(promptTokens, matchedHashes, total) {
+  return Math.round(promptTokens * (1 - coverage(matchedHashes, total)));
+}
+
+/** The bounded-load cap `ceil(c × (total + 1) × weight / totalWeight) + slack`. */
+export function boundedCap(server, totalInFlight, totalWeight, loadFactor = 1.25, slack = 0) {
+  const share = ((totalInFlight + 1) * server.weight) / Math.max(totalWeight, 1);
+  return Math.ceil(loadFactor * share) + slack;
+}
+
+function byKeys(keys) {
+  return (a, b) => {
+    const ka = keys(a);
+    const kb = keys(b);
+    for (let i = 0; i < ka.length; i++) {
+      if (ka[i] < kb[i]) return -1;
+      if (ka[i] > kb[i]) return 1;
+    }
+    return 0;
+  };
+}
+
+/** The healthy server with the fewest requests in flight (ties: ring order, then id). */
+export function leastInFlight(servers, order = []) {
+  const candidates = healthy(servers);
+  if (candidates.length === 0) return null;
+  return [...candidates].sort(byKeys((s) => [s.inFlight, ringRank(order, s.id), s.id]))[0];
+}
+
+/**
+ * The healthy server with room under the bounded-load cap (with `slack`) where the request
+ * costs the least prefill: its backlog plus the prompt, less `cacheWeight` × the tokens its
+ * cache holds. Ties: fewer in flight, then ring order. With no room anywhere, the least
+ * loaded; null when none is healthy.
+ */
+export function cheapestPrefill(servers, matches, backlogs, promptTokens, prefixHashes, order = [],
+  { cacheWeight = 1, loadFactor = 1.25, slack = 2 } = {}) {
+  const candidates = healthy(servers);
+  if (candidates.length === 0) return null;
+  const total = candidates.reduce((n, s) => n + s.inFlight, 0);
+  const weight = candidates.reduce((n, s) => n + s.weight, 0);
+  const roomy = candidates.filter((s) => s.inFlight < boundedCap(s, total, weight, loadFactor, slack));
+  if (roomy.length === 0) return leastInFlight(candidates, order);
+  const cost = (s) => {
+    const cached = promptTokens - uncachedTokens(promptTokens, matched(matches, s.id), prefixHashes);
+    return backlog(backlogs, s.id) + promptTokens - cacheWeight * cached;
+  };
+  return [...roomy].sort(byKeys((s) => [cost(s), s.inFlight, ringRank(order, s.id), s.id]))[0];
+}
+
+/** Servers shaped like the WIT record, for unit tests. */
+export const testing = {
+  server(id, fields = {}) {
+    return { id, healthy: true, weight: 1, inFlight: 0, waiting: 0, kvBlocksUsed: 0, kvBlocksTotal: 1024, ...fields };
+  },
+};
