@@ -27,16 +27,15 @@ fn built_example(name: &str) -> Option<std::path::PathBuf> {
     None
 }
 
-#[tokio::test]
-async fn the_python_router_serves_requests_and_follows_the_cache() {
-    let Some(path) = built_example("python-router") else {
-        return;
-    };
+/// Serves a growing conversation through the router component at `path` (variant `name`):
+/// every answer is 200 from that variant, later turns stay where their cache is, and the
+/// policy never faults.
+async fn serves_a_conversation(path: &std::path::Path, name: &str) {
     let gw = TestGateway::simulated(
         4,
         0.0,
         &format!(
-            "[[policies.router]]\nname = \"python\"\nsource = {:?}\n",
+            "[[policies.router]]\nname = {name:?}\nsource = {:?}\n",
             path.display().to_string()
         ),
     )
@@ -54,7 +53,7 @@ async fn the_python_router_serves_requests_and_follows_the_cache() {
     for turns in 0..4 {
         let response = gw.post_messages(&conversation(turns)).await;
         assert_eq!(response.status(), 200);
-        assert_eq!(response.headers()["x-ringmaster-variant"], "python");
+        assert_eq!(response.headers()["x-ringmaster-variant"], name);
         servers.push(
             response.headers()["x-ringmaster-server"]
                 .to_str()
@@ -83,4 +82,18 @@ async fn the_python_router_serves_requests_and_follows_the_cache() {
         ),
         0.0
     );
+}
+
+#[tokio::test]
+async fn the_python_router_serves_requests_and_follows_the_cache() {
+    if let Some(path) = built_example("python-router") {
+        serves_a_conversation(&path, "python").await;
+    }
+}
+
+#[tokio::test]
+async fn the_javascript_router_serves_requests_and_follows_the_cache() {
+    if let Some(path) = built_example("js-router") {
+        serves_a_conversation(&path, "js").await;
+    }
 }

@@ -190,10 +190,19 @@ pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
                 .into(),
         ));
     }
-    say(&format!("installing {COMPONENTIZE_JS} into {} (once)", dir.display()));
+    say(&format!(
+        "installing {COMPONENTIZE_JS} into {} (once)",
+        dir.display()
+    ));
     std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
     run(Command::new("npm")
-        .args(["install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix"])
+        .args([
+            "install",
+            "--no-audit",
+            "--no-fund",
+            "--loglevel=error",
+            "--prefix",
+        ])
         .arg(&dir)
         .arg(COMPONENTIZE_JS))
     .map_err(|e| {
@@ -211,10 +220,9 @@ pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
 /// the host's interfaces (`ringmaster:policy/...`) stay. A local module's `import`
 /// statements are removed and its `export` keywords dropped, so the bundle is one scope:
 /// local modules must not declare the same top-level name twice.
-pub fn bundle_js(entry: &Path, sdk: Option<&Path>) -> Result<String> {
+pub fn bundle_js(entry: &Path) -> Result<String> {
     fn visit(
         path: &Path,
-        sdk: Option<&Path>,
         seen: &mut Vec<PathBuf>,
         host_imports: &mut Vec<String>,
         out: &mut String,
@@ -236,13 +244,8 @@ pub fn bundle_js(entry: &Path, sdk: Option<&Path>) -> Result<String> {
                     continue;
                 };
                 if from.starts_with("./") || from.starts_with("../") {
-                    let mut local = path.parent().unwrap_or(Path::new(".")).join(from);
-                    if !local.is_file()
-                        && let Some(sdk) = sdk.filter(|_| from.ends_with("ringmaster-policy.js"))
-                    {
-                        local = sdk.to_path_buf();
-                    }
-                    visit(&local, sdk, seen, host_imports, out, false)?;
+                    let local = path.parent().unwrap_or(Path::new(".")).join(from);
+                    visit(&local, seen, host_imports, out, false)?;
                 } else if !host_imports.iter().any(|l| l == trimmed) {
                     host_imports.push(trimmed.to_owned());
                 }
@@ -260,7 +263,7 @@ pub fn bundle_js(entry: &Path, sdk: Option<&Path>) -> Result<String> {
         Ok(())
     }
     let (mut seen, mut host_imports, mut out) = (Vec::new(), Vec::new(), String::new());
-    visit(entry, sdk, &mut seen, &mut host_imports, &mut out, true)?;
+    visit(entry, &mut seen, &mut host_imports, &mut out, true)?;
     let mut bundle = host_imports.join("\n");
     bundle.push('\n');
     bundle.push_str(&out);
@@ -269,22 +272,38 @@ pub fn bundle_js(entry: &Path, sdk: Option<&Path>) -> Result<String> {
 
 fn build_js(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<String> {
     let componentize = componentize_js(say)?;
-    let sdk = project.js_sdk.as_ref().map(|p| project.dir.join(p));
-    let bundle = bundle_js(&project.dir.join("app.js"), sdk.as_deref())?;
+    let bundle = bundle_js(&project.dir.join("app.js"))?;
     // componentize-js wants the WIT and the module inside its working directory.
     let bundled = project.dir.join("target/bundle.js");
     if let Some(parent) = bundled.parent() {
         std::fs::create_dir_all(parent).map_err(io_error(parent))?;
     }
     std::fs::write(&bundled, bundle).map_err(io_error(&bundled))?;
-    say(&format!("componentizing app.js for world {}", project.world));
+    say(&format!(
+        "componentizing app.js for world {}",
+        project.world
+    ));
     run(Command::new("node")
         .current_dir(&project.dir)
         .arg(&componentize)
-        .args(["target/bundle.js", "--wit", "wit", "--world-name", &project.world])
+        .args([
+            "target/bundle.js",
+            "--wit",
+            "wit",
+            "--world-name",
+            &project.world,
+        ])
         // No WASI beyond what the engine grants anyway: a policy has no stdio, clocks,
         // randomness or network of its own.
-        .args(["-d", "stdio", "random", "clocks", "http", "fetch-event", "-o"])
+        .args([
+            "-d",
+            "stdio",
+            "random",
+            "clocks",
+            "http",
+            "fetch-event",
+            "-o",
+        ])
         .arg(out))?;
     Ok(COMPONENTIZE_JS.to_owned())
 }
@@ -311,14 +330,17 @@ mod tests {
              export function choose(s, r) { return s[0] ?? r ?? NO_RANK; }\n",
         )
         .unwrap();
-        let sdk = dir.join("sdk.js");
-        std::fs::write(&sdk, "export const NO_RANK = 7;\n").unwrap();
-        let bundle = bundle_js(&dir.join("app.js"), Some(&sdk)).unwrap();
+        std::fs::write(
+            dir.join("ringmaster-policy.js"),
+            "export const NO_RANK = 7;\n",
+        )
+        .unwrap();
+        let bundle = bundle_js(&dir.join("app.js")).unwrap();
         assert!(bundle.starts_with("import { servers } from \"ringmaster:policy/cluster@0.1.0\";"));
         assert_eq!(bundle.matches("const NO_RANK = 7;").count(), 1, "{bundle}");
         assert!(bundle.contains("\nfunction choose("), "{bundle}");
         assert!(bundle.contains("export function route("), "{bundle}");
-        assert!(!bundle.contains("./policy.js"), "{bundle}");
+        assert!(!bundle.contains("from \"./"), "{bundle}");
         // The SDK comes before the module that uses it.
         assert!(bundle.find("NO_RANK = 7").unwrap() < bundle.find("function choose").unwrap());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -171,11 +171,17 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
                     "test/policy.test.js",
                     include_str!("../templates/js/test/policy.test.js"),
                 ),
-                ("package.json", include_str!("../templates/js/package.json.in")),
+                (
+                    "package.json",
+                    include_str!("../templates/js/package.json.in"),
+                ),
             ] {
                 files.push((path.into(), vars(text)));
             }
-            files.push((".gitignore".into(), "node_modules/\n*.wasm\n".into()));
+            files.push((
+                ".gitignore".into(),
+                "node_modules/\ntarget/\n*.wasm\n".into(),
+            ));
             files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
         }
         Lang::Python => {
@@ -239,9 +245,6 @@ pub struct Project {
     /// More directories Python modules are imported from (relative to the project), besides
     /// the project itself: for a project that uses an SDK it does not carry.
     pub python_path: Vec<PathBuf>,
-    /// For JavaScript, the SDK module to bundle when the project does not carry
-    /// `ringmaster-policy.js` (relative to the project).
-    pub js_sdk: Option<PathBuf>,
 }
 
 #[derive(serde::Deserialize)]
@@ -252,7 +255,6 @@ struct ProjectFile {
     world: Option<String>,
     #[serde(default)]
     python_path: Vec<PathBuf>,
-    js_sdk: Option<PathBuf>,
 }
 
 impl Project {
@@ -268,7 +270,6 @@ impl Project {
                 lang: None,
                 world: None,
                 python_path: Vec::new(),
-                js_sdk: None,
             },
         };
         let lang = match file.lang.as_deref() {
@@ -297,7 +298,6 @@ impl Project {
             lang,
             world: file.world.unwrap_or_else(|| "router".to_owned()),
             python_path: file.python_path,
-            js_sdk: file.js_sdk,
         })
     }
 }
