@@ -48,6 +48,8 @@ pub fn cache_dir() -> PathBuf {
 /// Builds the project in `dir` to `DIR/NAME.wasm`. `say` hears each step, for a progress
 /// line.
 pub fn build(dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Built> {
+    // Absolute, because the toolchains run inside the project and write where they are told.
+    let dir = &std::path::absolute(dir).map_err(io_error(dir))?;
     let project = Project::open(dir)?;
     let started = Instant::now();
     let out = dir.join(format!("{}.wasm", project.name));

@@ -1,0 +1,261 @@
+//! Policy conformance: every router component (the built-in ones and the examples) runs
+//! every case under `tests/conformance/cases/` through the policy engine. See the README
+//! beside this file for the layout and the expected outcomes.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ringmaster_policy_engine::{
+    EngineConfig, PolicyEngine, PolicyError, PolicyRequest, RouteDecision, RouterHost, ServerView,
+};
+use serde::Deserialize;
+
+/// Each call's budget in Wasm instructions (roughly).
+const FUEL_PER_CALL: u64 = 20_000_000;
+
+/// Routers that do not promise the same answer to the same request.
+const NOT_DETERMINISTIC: [&str; 1] = ["round-robin"];
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    description: String,
+    servers: usize,
+    #[serde(default)]
+    unhealthy: Vec<usize>,
+    /// In-flight requests, repeated over the fleet.
+    #[serde(default)]
+    in_flight: Vec<u32>,
+    /// (server index, leading prefix hashes held).
+    #[serde(default)]
+    matches: Vec<(usize, u32)>,
+    /// (server index, prefill backlog in tokens).
+    #[serde(default)]
+    backlog: Vec<(usize, u64)>,
+    prefix_hashes: u64,
+    prompt_tokens: u32,
+    calls: u64,
+    expect: String,
+    /// This case's budget per call, when it needs more than [`FUEL_PER_CALL`].
+    fuel: Option<u64>,
+}
+
+struct Fleet<'a> {
+    case: &'a Case,
+    servers: Vec<ServerView>,
+}
+
+impl<'a> Fleet<'a> {
+    fn new(case: &'a Case) -> Self {
+        let servers = (0..case.servers)
+            .map(|i| ServerView {
+                id: format!("gpu-{i}"),
+                healthy: !case.unhealthy.contains(&i),
+                weight: 1,
+                in_flight: case
+                    .in_flight
+                    .get(i % case.in_flight.len().max(1))
+                    .copied()
+                    .unwrap_or(0),
+                waiting: 0,
+                kv_blocks_used: (i as u32 * 997) % 26_000,
+                kv_blocks_total: 26_000,
+            })
+            .collect();
+        Self { case, servers }
+    }
+
+    fn owner(&self, key: u64) -> String {
+        self.servers[(key % self.servers.len() as u64) as usize]
+            .id
+            .clone()
+    }
+}
+
+impl RouterHost for Fleet<'_> {
+    fn ring_lookup(&self, key: u64) -> Option<String> {
+        Some(self.owner(key))
+    }
+    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
+        (0..u64::from(n).min(self.servers.len() as u64))
+            .map(|i| self.owner(key.wrapping_add(i)))
+            .collect()
+    }
+    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
+        // The first healthy server clockwise (the fake ring has no loads to bound).
+        (0..self.servers.len() as u64)
+            .map(|i| self.owner(key.wrapping_add(i)))
+            .find(|id| self.routable(id))
+    }
+    fn servers(&self) -> Vec<ServerView> {
+        self.servers.clone()
+    }
+    fn server(&self, id: &str) -> Option<ServerView> {
+        self.servers.iter().find(|s| s.id == id).cloned()
+    }
+    fn prefix_matches(&self) -> Vec<(String, u32)> {
+        self.case
+            .matches
+            .iter()
+            .map(|(i, n)| (format!("gpu-{i}"), *n))
+            .collect()
+    }
+    fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        self.case
+            .backlog
+            .iter()
+            .map(|(i, n)| (format!("gpu-{i}"), *n))
+            .collect()
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Every router component there is: built-in ones, and the examples that were built.
+fn routers() -> Vec<(String, PathBuf)> {
+    let mut found = Vec::new();
+    let dist = root().join("policies/dist");
+    for entry in std::fs::read_dir(&dist).expect("policies/dist") {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "wasm") {
+            let name = path.file_stem().unwrap().to_string_lossy().into_owned();
+            found.push((name, path));
+        }
+    }
+    for entry in std::fs::read_dir(root().join("examples")).expect("examples") {
+        let dir = entry.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let component = dir.join(format!("{name}.wasm"));
+        if component.is_file() {
+            found.push((name, component));
+        } else if dir.join("ringmaster-policy.toml").is_file() {
+            assert!(
+                std::env::var_os("RINGMASTER_REQUIRE_POLICIES").is_none(),
+                "{} is not built: tests/run builds it",
+                component.display()
+            );
+            eprintln!("skipped {name}: not built");
+        }
+    }
+    found.sort();
+    found
+}
+
+fn cases() -> Vec<(String, Case)> {
+    let dir = root().join("tests/conformance/cases");
+    let mut cases: Vec<(String, Case)> = std::fs::read_dir(&dir)
+        .expect("tests/conformance/cases")
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(path.join("case.toml"))
+                .unwrap_or_else(|e| panic!("{name}/case.toml: {e}"));
+            let case: Case =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{name}/case.toml: {e}"));
+            (name, case)
+        })
+        .collect();
+    cases.sort_by(|a, b| a.0.cmp(&b.0));
+    cases
+}
+
+fn request(case: &Case, call: u64) -> PolicyRequest {
+    PolicyRequest {
+        id: format!("req_conformance{call}"),
+        model: "m".into(),
+        tier: "standard".into(),
+        routing_key: call.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1_e995,
+        prefix_hashes: (0..case.prefix_hashes).map(|h| h ^ call).collect(),
+        prompt_tokens: case.prompt_tokens,
+        max_tokens: 64,
+        ..PolicyRequest::default()
+    }
+}
+
+#[test]
+fn every_router_passes_every_case() {
+    let routers = routers();
+    let cases = cases();
+    assert!(routers.len() >= 9, "too few routers found: {routers:?}");
+    // One engine per budget; compiled components are shared through a cache folder, so each
+    // is compiled once.
+    let cache = std::env::temp_dir().join(format!("ringmaster-conformance-{}", std::process::id()));
+    let mut engines: BTreeMap<u64, PolicyEngine> = BTreeMap::new();
+    let mut failures = Vec::new();
+    let mut checked = std::collections::BTreeSet::new();
+    for (case_name, case) in &cases {
+        let fuel = case.fuel.unwrap_or(FUEL_PER_CALL);
+        let engine = engines.entry(fuel).or_insert_with(|| {
+            PolicyEngine::new(EngineConfig {
+                fuel: Some(fuel),
+                cache_dir: Some(cache.clone()),
+                ..EngineConfig::default()
+            })
+            .unwrap()
+        });
+        for (name, path) in &routers {
+            let bytes = std::fs::read(path).unwrap();
+            let first = match engine.load_router(name, &bytes, BTreeMap::new()) {
+                Ok(router) => router,
+                // An admission policy or a safety filter.
+                Err(PolicyError::WrongWorld(_)) => continue,
+                Err(e) => panic!("{name} does not load: {e}"),
+            };
+            let second = engine
+                .load_router(&format!("{name}-again"), &bytes, BTreeMap::new())
+                .unwrap();
+            checked.insert(name.clone());
+            let fleet = Fleet::new(case);
+            for call in 0..case.calls {
+                let req = request(case, call);
+                let mut fail = |why: String| {
+                    failures.push(format!(
+                        "{name} / {case_name} ({}): call {call}: {why}",
+                        case.description
+                    ));
+                };
+                let answer = match first.route(&fleet, &req) {
+                    Ok(answer) => answer,
+                    Err(fault) => {
+                        fail(format!("faulted: {fault}"));
+                        break;
+                    }
+                };
+                let ok = match (&answer, case.expect.as_str()) {
+                    (RouteDecision::Route(id), "healthy-server") => fleet.routable(id),
+                    (RouteDecision::Reject(_), "reject") => true,
+                    (_, "healthy-server" | "reject") => false,
+                    (_, other) => panic!("{case_name}: unknown expectation {other:?}"),
+                };
+                if !ok {
+                    fail(format!("answered {answer:?}, expected {}", case.expect));
+                    break;
+                }
+                if !NOT_DETERMINISTIC.contains(&name.as_str()) {
+                    match second.route(&fleet, &req) {
+                        Ok(again) if again == answer => {}
+                        other => {
+                            fail(format!(
+                                "a fresh instance answered {other:?}, not {answer:?}"
+                            ));
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(
+        checked.len() >= 9,
+        "too few router components loaded: {checked:?}"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
