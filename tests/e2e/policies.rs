@@ -292,10 +292,19 @@ async fn ab_variants_are_sticky_per_session_and_compared() {
         variants[0]["ttft_seconds"]["p99"].as_f64().unwrap()
             >= variants[0]["ttft_seconds"]["p50"].as_f64().unwrap()
     );
-    let diff = &variants[1]["ttft_mean_difference_vs_control"];
+    let diff = &variants[1]["ttft_vs_control"];
     assert_eq!(diff["control"], "default");
-    let ci = diff["ci95"].as_array().unwrap();
+    let ci = diff["always_valid_ci95"].as_array().unwrap();
     assert!(ci[0].as_f64().unwrap() <= ci[1].as_f64().unwrap());
+    let welch = diff["welch"]["ci95"].as_array().unwrap();
+    assert!(
+        welch[0].as_f64().unwrap() >= ci[0].as_f64().unwrap(),
+        "the always-valid interval is the wider"
+    );
+    let samples = diff["samples"].as_array().unwrap();
+    let enough = samples.iter().all(|n| n.as_u64().unwrap() >= 30);
+    let verdict = diff["verdict"].as_str().unwrap();
+    assert_eq!(verdict == "collecting", !enough, "{diff}");
     let metrics = gw.metrics().await;
     assert!(
         metric_sum(

@@ -17,6 +17,7 @@ use crate::api::{self, parse_json};
 use crate::body::ResponseBody;
 use crate::config::RawServer;
 use crate::error::{ApiError, ErrorKind};
+use crate::experiment_stats::{self, summarize};
 use crate::policy::{SlotError, Variant};
 use crate::respond::{json_response, read_json_body};
 use crate::routing::routing_input;
@@ -529,52 +530,25 @@ fn policies_json(gateway: &Gateway) -> serde_json::Value {
     })
 }
 
-/// Summary statistics of TTFT samples.
-struct Summary {
-    n: usize,
-    mean: f64,
-    variance: f64,
-    p50: f64,
-    p99: f64,
-}
-
-fn summarize(mut samples: Vec<f64>) -> Option<Summary> {
-    if samples.is_empty() {
-        return None;
-    }
-    samples.sort_by(f64::total_cmp);
-    let n = samples.len();
-    let mean = samples.iter().sum::<f64>() / n as f64;
-    let variance = if n > 1 {
-        samples.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
-    } else {
-        0.0
-    };
-    let quantile = |q: f64| samples[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
-    Some(Summary {
-        n,
-        mean,
-        variance,
-        p50: quantile(0.5),
-        p99: quantile(0.99),
-    })
-}
-
 fn experiments_json(gateway: &Gateway) -> serde_json::Value {
     use std::sync::atomic::Ordering::Relaxed;
     let set = gateway.router.current();
     let summaries: Vec<_> = set
         .variants
         .iter()
-        .map(|v| summarize(v.stats.ttft_samples()))
+        .map(|v| {
+            let samples = v.stats.ttft_samples();
+            let summary = summarize(&samples);
+            (samples, summary)
+        })
         .collect();
-    let control = summaries.first().and_then(Option::as_ref);
+    let control = summaries.first();
     let variants: Vec<_> = set
         .variants
         .iter()
         .zip(&summaries)
         .enumerate()
-        .map(|(i, (variant, summary))| {
+        .map(|(i, (variant, (samples, summary)))| {
             let stats = &variant.stats;
             let requests = stats.requests.load(Relaxed);
             let prompt = stats.prompt_tokens.load(Relaxed);
@@ -590,18 +564,22 @@ fn experiments_json(gateway: &Gateway) -> serde_json::Value {
                 "ttft_seconds": summary.as_ref().map(|s| json!({"samples": s.n, "mean": s.mean, "p50": s.p50, "p99": s.p99})),
             });
             if i > 0
-                && let (Some(a), Some(b)) = (control, summary.as_ref())
-                && a.n > 1
-                && b.n > 1
+                && let Some((control_samples, Some(a))) = control
+                && let Some(b) = summary.as_ref()
             {
-                // Welch's interval for the difference of mean TTFT (normal approximation).
-                let diff = b.mean - a.mean;
-                let se = (a.variance / a.n as f64 + b.variance / b.n as f64).sqrt();
-                entry["ttft_mean_difference_vs_control"] = json!({
+                let verdict = experiment_stats::verdict(a, b);
+                entry["ttft_vs_control"] = json!({
                     "control": &*set.variants[0].name,
-                    "seconds": diff,
-                    "ci95": [diff - 1.96 * se, diff + 1.96 * se],
-                    "significant": (diff - 1.96 * se) > 0.0 || (diff + 1.96 * se) < 0.0,
+                    "samples": [a.n, b.n],
+                    "verdict": verdict,
+                    "mean_difference_seconds": b.mean - a.mean,
+                    // Valid however often it is read (the verdict comes from it).
+                    "always_valid_ci95": experiment_stats::always_valid(a, b),
+                    // Valid for one look at a fixed sample size.
+                    "welch": experiment_stats::welch(a, b),
+                    "p50_difference_ci95": experiment_stats::bootstrap_quantile_difference(control_samples, samples, 0.5),
+                    "p99_difference_ci95": experiment_stats::bootstrap_quantile_difference(control_samples, samples, 0.99),
+                    "method": "verdict from the always-valid interval (mixture SPRT, Johari et al. 2017) once both arms have 30 samples; Welch with Satterthwaite df for a single look; percentile bootstrap for p50 and p99",
                 });
             }
             entry

@@ -20,6 +20,7 @@ pub mod builtin;
 mod collectors;
 pub mod config;
 pub mod error;
+pub mod experiment_stats;
 pub mod messages;
 pub mod metrics;
 pub mod policy;

@@ -1,0 +1,335 @@
+//! The statistics behind `GET /admin/experiments`: whether a candidate router's TTFT differs
+//! from the control's, in a form that holds up when operators look at it as often as they
+//! like.
+//!
+//! TTFT is heavy-tailed and dashboards are read while an experiment runs, so:
+//! - **No verdict before [`MIN_SAMPLES`]** per arm (`collecting`).
+//! - **Welch's interval** for the difference of means, with the Welch–Satterthwaite degrees of
+//!   freedom and a Student-t quantile, for a reader who looks once at a fixed sample size.
+//! - **An always-valid interval** (the mixture sequential probability ratio test of Johari,
+//!   Koomen, Pekelis and Walsh, "Always valid inference", 2017, the method behind
+//!   Optimizely's stats engine): with the difference's variance `V` and a normal mixing
+//!   prior of scale `τ`, the interval `diff ± sqrt(V (V + τ²) / τ² × (ln((V + τ²) / V) −
+//!   2 ln α))` covers the true difference at every sample size at once with probability
+//!   1 − α, so peeking does not inflate false positives. The verdict comes from it. `τ` is
+//!   [`TAU_FRACTION`] of the control's mean TTFT: the effect size the test is most sensitive
+//!   to.
+//! - **Bootstrap intervals** (percentile, deterministic resampling) for the difference of
+//!   p50 and of p99, where no formula is trustworthy.
+//!
+//! The guarantees assume independent samples that accumulate; the gateway keeps the last
+//! [`crate::policy::TTFT_SAMPLES_PER_VARIANT`] per variant, so they hold until that window
+//! fills. Nothing here reads the clock or the gateway: plain numbers in, plain numbers out.
+
+use serde::Serialize;
+
+/// Samples per arm before any verdict.
+pub const MIN_SAMPLES: usize = 30;
+/// The error rate the intervals are built for (95 % intervals).
+pub const ALPHA: f64 = 0.05;
+/// The mixing prior's scale, as a fraction of the control's mean TTFT.
+pub const TAU_FRACTION: f64 = 0.1;
+/// Bootstrap resamples per interval.
+pub const BOOTSTRAP_RESAMPLES: usize = 400;
+/// Most samples per arm a bootstrap draws from (every `k`-th sample beyond that), so an
+/// admin call stays fast.
+pub const BOOTSTRAP_MAX_SAMPLES: usize = 2_000;
+
+/// One arm's TTFT samples, summarised.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Summary {
+    /// Samples.
+    pub n: usize,
+    /// Mean, seconds.
+    pub mean: f64,
+    /// Sample variance (n − 1 in the denominator).
+    pub variance: f64,
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+/// `samples` summarised; `None` when there are none.
+pub fn summarize(samples: &[f64]) -> Option<Summary> {
+    if samples.is_empty() {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let n = sorted.len();
+    let mean = sorted.iter().sum::<f64>() / n as f64;
+    let variance = if n > 1 {
+        sorted.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64
+    } else {
+        0.0
+    };
+    Some(Summary {
+        n,
+        mean,
+        variance,
+        p50: quantile(&sorted, 0.5),
+        p99: quantile(&sorted, 0.99),
+    })
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let n = sorted.len();
+    sorted[((q * n as f64).ceil() as usize).clamp(1, n) - 1]
+}
+
+/// Welch's interval for `candidate.mean − control.mean`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Welch {
+    /// The difference of means, seconds.
+    pub difference: f64,
+    /// Its standard error.
+    pub standard_error: f64,
+    /// Welch–Satterthwaite degrees of freedom.
+    pub degrees_of_freedom: f64,
+    /// The 95 % interval (valid for one look at a fixed sample size).
+    pub ci95: [f64; 2],
+}
+
+/// Welch's interval; `None` unless both arms have two samples or more.
+pub fn welch(control: &Summary, candidate: &Summary) -> Option<Welch> {
+    if control.n < 2 || candidate.n < 2 {
+        return None;
+    }
+    let (va, vb) = (
+        control.variance / control.n as f64,
+        candidate.variance / candidate.n as f64,
+    );
+    let v = va + vb;
+    let df = if v == 0.0 {
+        (control.n + candidate.n - 2) as f64
+    } else {
+        v * v / (va * va / (control.n - 1) as f64 + vb * vb / (candidate.n - 1) as f64)
+    };
+    let difference = candidate.mean - control.mean;
+    let se = v.sqrt();
+    let t = t_quantile_975(df);
+    Some(Welch {
+        difference,
+        standard_error: se,
+        degrees_of_freedom: df,
+        ci95: [difference - t * se, difference + t * se],
+    })
+}
+
+/// The 0.975 quantile of Student's t with `df` degrees of freedom: exact for small integer
+/// df, else the Cornish–Fisher expansion around the normal quantile (error under 0.1 % from
+/// df = 5 up).
+pub fn t_quantile_975(df: f64) -> f64 {
+    const SMALL: [f64; 4] = [12.706, 4.303, 3.182, 2.776];
+    if df < 1.0 {
+        return SMALL[0];
+    }
+    if df < 5.0 {
+        return SMALL[(df.floor() as usize - 1).min(3)];
+    }
+    let z: f64 = 1.959_963_984_540_054;
+    let (z3, z5, z7) = (z.powi(3), z.powi(5), z.powi(7));
+    z + (z3 + z) / (4.0 * df)
+        + (5.0 * z5 + 16.0 * z3 + 3.0 * z) / (96.0 * df * df)
+        + (3.0 * z7 + 19.0 * z5 + 17.0 * z3 - 15.0 * z) / (384.0 * df.powi(3))
+}
+
+/// The always-valid 95 % interval for `candidate.mean − control.mean` (module docs); `None`
+/// unless both arms have two samples or more and some variance.
+pub fn always_valid(control: &Summary, candidate: &Summary) -> Option<[f64; 2]> {
+    if control.n < 2 || candidate.n < 2 {
+        return None;
+    }
+    let v = control.variance / control.n as f64 + candidate.variance / candidate.n as f64;
+    let tau2 = (TAU_FRACTION * control.mean.abs()).powi(2);
+    if v <= 0.0 || tau2 <= 0.0 {
+        return None;
+    }
+    let radius = (v * (v + tau2) / tau2 * (((v + tau2) / v).ln() - 2.0 * ALPHA.ln())).sqrt();
+    let difference = candidate.mean - control.mean;
+    Some([difference - radius, difference + radius])
+}
+
+/// What an experiment says so far about a candidate's TTFT against the control's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Fewer than [`MIN_SAMPLES`] in an arm.
+    Collecting,
+    /// The always-valid interval holds 0.
+    NoDifference,
+    /// Faster beyond doubt.
+    CandidateFaster,
+    /// Slower beyond doubt.
+    CandidateSlower,
+}
+
+/// The verdict, from the always-valid interval once both arms have [`MIN_SAMPLES`].
+pub fn verdict(control: &Summary, candidate: &Summary) -> Verdict {
+    if control.n < MIN_SAMPLES || candidate.n < MIN_SAMPLES {
+        return Verdict::Collecting;
+    }
+    match always_valid(control, candidate) {
+        Some([_, hi]) if hi < 0.0 => Verdict::CandidateFaster,
+        Some([lo, _]) if lo > 0.0 => Verdict::CandidateSlower,
+        _ => Verdict::NoDifference,
+    }
+}
+
+/// A percentile-bootstrap 95 % interval for `quantile(candidate) − quantile(control)` at
+/// `q`, with a fixed seed (the same samples give the same interval); `None` unless both arms
+/// have [`MIN_SAMPLES`].
+pub fn bootstrap_quantile_difference(
+    control: &[f64],
+    candidate: &[f64],
+    q: f64,
+) -> Option<[f64; 2]> {
+    if control.len() < MIN_SAMPLES || candidate.len() < MIN_SAMPLES {
+        return None;
+    }
+    let thin = |xs: &[f64]| -> Vec<f64> {
+        let step = xs.len().div_ceil(BOOTSTRAP_MAX_SAMPLES);
+        xs.iter().step_by(step.max(1)).copied().collect()
+    };
+    let (a, b) = (thin(control), thin(candidate));
+    let mut rng = SplitMix64(0x5eed_ab7e_57ab_1e00);
+    let mut scratch_a = vec![0.0; a.len()];
+    let mut scratch_b = vec![0.0; b.len()];
+    let mut diffs = Vec::with_capacity(BOOTSTRAP_RESAMPLES);
+    for _ in 0..BOOTSTRAP_RESAMPLES {
+        for (slot, source) in [(&mut scratch_a, &a), (&mut scratch_b, &b)] {
+            for x in slot.iter_mut() {
+                *x = source[(rng.next() % source.len() as u64) as usize];
+            }
+            slot.sort_by(f64::total_cmp);
+        }
+        diffs.push(quantile(&scratch_b, q) - quantile(&scratch_a, q));
+    }
+    diffs.sort_by(f64::total_cmp);
+    Some([quantile(&diffs, 0.025), quantile(&diffs, 0.975)])
+}
+
+/// A small deterministic generator for the bootstrap (and the tests).
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform in (0, 1).
+    #[cfg(test)]
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Log-normal TTFTs (heavy-tailed, like real ones) with median `median` seconds.
+    fn ttfts(rng: &mut SplitMix64, n: usize, median: f64) -> Vec<f64> {
+        (0..n)
+            .map(|_| {
+                // Box–Muller.
+                let (u, v) = (rng.uniform(), rng.uniform());
+                let z = (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos();
+                median * (0.8 * z).exp()
+            })
+            .collect()
+    }
+
+    fn summary_of(xs: &[f64]) -> Summary {
+        summarize(xs).unwrap()
+    }
+
+    #[test]
+    fn t_quantiles_match_the_tables() {
+        for (df, table) in [
+            (1.0, 12.706),
+            (4.0, 2.776),
+            (5.0, 2.571),
+            (10.0, 2.228),
+            (30.0, 2.042),
+            (1e6, 1.960),
+        ] {
+            let t = t_quantile_975(df);
+            assert!(
+                (t - table).abs() / table < 0.002,
+                "df {df}: {t} against {table}"
+            );
+        }
+    }
+
+    #[test]
+    fn welch_uses_satterthwaite_degrees_of_freedom() {
+        // Two arms of 8 and 2 samples: few degrees of freedom, so a wide interval, never the
+        // ±1.96 SE that called such a difference significant.
+        let a = summary_of(&[1.0, 1.1, 0.9, 1.2, 0.8, 1.0, 1.05, 0.95]);
+        let b = summary_of(&[1.3, 1.5]);
+        let w = welch(&a, &b).unwrap();
+        assert!(w.degrees_of_freedom < 2.0, "{w:?}");
+        assert!(w.ci95[0] < 0.0, "not significant with 2 samples: {w:?}");
+        assert_eq!(verdict(&a, &b), Verdict::Collecting);
+    }
+
+    #[test]
+    fn an_a_a_test_calls_a_winner_no_more_often_than_its_error_rate_while_peeking() {
+        // 400 A/A experiments, each looked at every 50 samples per arm up to 2,000: the share
+        // that ever name a winner must stay within the 5 % the interval promises.
+        let mut rng = SplitMix64(7);
+        let (experiments, peeks, step) = (400, 40, 50);
+        let (mut always_valid_wins, mut fixed_n_wins) = (0, 0);
+        for _ in 0..experiments {
+            let a = ttfts(&mut rng, peeks * step, 0.2);
+            let b = ttfts(&mut rng, peeks * step, 0.2);
+            let (mut called, mut called_fixed) = (false, false);
+            for k in 1..=peeks {
+                let (sa, sb) = (summary_of(&a[..k * step]), summary_of(&b[..k * step]));
+                called |= verdict(&sa, &sb) != Verdict::NoDifference
+                    && verdict(&sa, &sb) != Verdict::Collecting;
+                let w = welch(&sa, &sb).unwrap();
+                called_fixed |= w.ci95[0] > 0.0 || w.ci95[1] < 0.0;
+            }
+            always_valid_wins += usize::from(called);
+            fixed_n_wins += usize::from(called_fixed);
+        }
+        let rate = always_valid_wins as f64 / experiments as f64;
+        let fixed_rate = fixed_n_wins as f64 / experiments as f64;
+        eprintln!(
+            "A/A false positives with peeking: always-valid {rate}, fixed-n Welch {fixed_rate}"
+        );
+        assert!(rate <= ALPHA, "always-valid false positives {rate}");
+        // The fixed-sample interval, read at every peek, calls far more false winners.
+        assert!(fixed_rate > 2.0 * ALPHA, "peeking at Welch: {fixed_rate}");
+    }
+
+    #[test]
+    fn a_real_difference_is_found_and_the_quantiles_bracket_it() {
+        let mut rng = SplitMix64(11);
+        let control = ttfts(&mut rng, 3_000, 0.2);
+        let slower = ttfts(&mut rng, 3_000, 0.26);
+        let (sa, sb) = (summary_of(&control), summary_of(&slower));
+        assert_eq!(verdict(&sa, &sb), Verdict::CandidateSlower);
+        assert_eq!(verdict(&sb, &sa), Verdict::CandidateFaster);
+        let [lo, hi] = bootstrap_quantile_difference(&control, &slower, 0.5).unwrap();
+        assert!(
+            lo < 0.06 && 0.06 < hi && lo > 0.0,
+            "p50 difference in [{lo}, {hi}]"
+        );
+        let same = bootstrap_quantile_difference(&control, &control, 0.99).unwrap();
+        assert!(same[0] <= 0.0 && 0.0 <= same[1], "{same:?}");
+        assert_eq!(
+            bootstrap_quantile_difference(&control, &slower, 0.5),
+            Some([lo, hi]),
+            "deterministic"
+        );
+    }
+}
