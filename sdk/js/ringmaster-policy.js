@@ -51,23 +51,33 @@ export function boundedCap(server, totalInFlight, totalWeight, loadFactor = 1.25
   return Math.ceil(loadFactor * share) + slack;
 }
 
-function byKeys(keys) {
-  return (a, b) => {
-    const ka = keys(a);
-    const kb = keys(b);
-    for (let i = 0; i < ka.length; i++) {
-      if (ka[i] < kb[i]) return -1;
-      if (ka[i] > kb[i]) return 1;
+/** The item with the smallest key (arrays compared element by element); each key is computed once. */
+function minBy(items, key) {
+  let best = null;
+  let bestKey = null;
+  for (const item of items) {
+    const k = key(item);
+    if (bestKey === null || less(k, bestKey)) {
+      best = item;
+      bestKey = k;
     }
-    return 0;
-  };
+  }
+  return best;
+}
+
+function less(a, b) {
+  for (let i = 0; i < a.length; i++) {
+    if (a[i] < b[i]) return true;
+    if (a[i] > b[i]) return false;
+  }
+  return false;
 }
 
 /** The healthy server with the fewest requests in flight (ties: ring order, then id). */
 export function leastInFlight(servers, order = []) {
   const candidates = healthy(servers);
   if (candidates.length === 0) return null;
-  return [...candidates].sort(byKeys((s) => [s.inFlight, ringRank(order, s.id), s.id]))[0];
+  return minBy(candidates, (s) => [s.inFlight, ringRank(order, s.id), s.id]);
 }
 
 /**
@@ -88,7 +98,7 @@ export function cheapestPrefill(servers, matches, backlogs, promptTokens, prefix
     const cached = promptTokens - uncachedTokens(promptTokens, matched(matches, s.id), prefixHashes);
     return backlog(backlogs, s.id) + promptTokens - cacheWeight * cached;
   };
-  return [...roomy].sort(byKeys((s) => [cost(s), s.inFlight, ringRank(order, s.id), s.id]))[0];
+  return minBy(roomy, (s) => [cost(s), s.inFlight, ringRank(order, s.id), s.id]);
 }
 
 /** Servers shaped like the WIT record, for unit tests. */
