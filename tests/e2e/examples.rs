@@ -97,3 +97,36 @@ async fn the_javascript_router_serves_requests_and_follows_the_cache() {
         serves_a_conversation(&path, "js").await;
     }
 }
+
+#[tokio::test]
+async fn the_python_admission_policy_runs_short_prompts_and_refuses_long_ones() {
+    let Some(path) = built_example("python-admission") else {
+        return;
+    };
+    let gw = TestGateway::simulated(
+        2,
+        0.0,
+        &format!(
+            "[policies.admission]\nsource = {:?}\n",
+            path.display().to_string()
+        ),
+    )
+    .await;
+    let short = json!({"model": "sim-llama-3-8b", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello"}]});
+    assert_eq!(gw.post_messages(&short).await.status(), 200);
+    // Far over its 100,000-token limit.
+    let long = json!({"model": "sim-llama-3-8b", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "many words ".repeat(70_000)}]});
+    let refused = gw.post_messages(&long).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("this gateway admits"), "{message}");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_policy_faults_total", ""),
+        0.0
+    );
+}

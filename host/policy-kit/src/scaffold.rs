@@ -105,12 +105,13 @@ pub const WIT_BINDGEN_VERSION: &str = "0.61";
 /// returns the files written, relative to `dir`.
 pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
-    if world != "router" {
+    let supported = world == "router" || (world == "admission" && lang == Lang::Python);
+    if !supported {
         return Err(KitError::Project(format!(
-            "--world {world}: `ringmaster policy new` scaffolds routers only so far; an \
-             admission or safety-filter policy is written the same way against its world in \
-             wit/policy.wit (see policies/tiered and policies/blocklist in Ringmaster's \
-             repository)"
+            "--world {world} --lang {lang}: `ringmaster policy new` scaffolds routers in every \
+             language and admission policies in Python so far; other policies are written \
+             the same way against their world in wit/policy.wit (see policies/tiered and \
+             policies/blocklist in Ringmaster's repository)"
         )));
     }
     if dir
@@ -185,18 +186,25 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
         }
         Lang::Python => {
-            files.push((
-                "app.py".into(),
-                vars(include_str!("../templates/python/app.py")),
-            ));
-            files.push((
-                "policy.py".into(),
-                vars(include_str!("../templates/python/policy.py")),
-            ));
-            files.push((
-                "tests/test_policy.py".into(),
-                vars(include_str!("../templates/python/tests/test_policy.py")),
-            ));
+            let sample = if world == "admission" {
+                [
+                    include_str!("../templates/python-admission/app.py"),
+                    include_str!("../templates/python-admission/policy.py"),
+                    include_str!("../templates/python-admission/tests/test_policy.py"),
+                ]
+            } else {
+                [
+                    include_str!("../templates/python/app.py"),
+                    include_str!("../templates/python/policy.py"),
+                    include_str!("../templates/python/tests/test_policy.py"),
+                ]
+            };
+            for (path, text) in ["app.py", "policy.py", "tests/test_policy.py"]
+                .into_iter()
+                .zip(sample)
+            {
+                files.push((path.into(), vars(text)));
+            }
             files.push((".gitignore".into(), "__pycache__/\n*.wasm\n".into()));
             for (path, text) in PYTHON_SDK {
                 files.push((Path::new("ringmaster_policy").join(path), text.to_owned()));
@@ -351,8 +359,13 @@ mod tests {
                 .to_string()
                 .contains("rust, python")
         );
-        let err = new_project(&dir, "ok", Lang::Python, "admission").unwrap_err();
-        assert!(err.to_string().contains("routers only"), "{err}");
+        let err = new_project(&dir, "ok", Lang::Rust, "admission").unwrap_err();
+        assert!(
+            err.to_string().contains("admission policies in Python"),
+            "{err}"
+        );
+        let err = new_project(&dir, "ok", Lang::Python, "safety-filter").unwrap_err();
+        assert!(err.to_string().contains("so far"), "{err}");
         assert!(!dir.exists());
     }
 }

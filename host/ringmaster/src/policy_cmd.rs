@@ -58,11 +58,14 @@ pub enum PolicyCommand {
         #[arg(long, default_value = "target/policy-test")]
         out: PathBuf,
     },
-    /// Load a component into a running gateway's router slot (the admin token from
+    /// Load a component into a running gateway's slot (the admin token from
     /// `RINGMASTER_ADMIN_TOKEN`), printing the version hash.
     Push {
         /// The component.
         file: PathBuf,
+        /// router, admission or safety-filter.
+        #[arg(long, default_value = "router")]
+        slot: String,
         /// The gateway's address.
         #[arg(
             long,
@@ -127,7 +130,16 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             let result = check::check(&file, &scratch);
             let _ = std::fs::remove_dir_all(&scratch);
             let report = result?;
-            println!("{} is a {} component:", file.display(), report.world);
+            let article = if report.world.starts_with('a') {
+                "an"
+            } else {
+                "a"
+            };
+            println!(
+                "{} is {article} {} component:",
+                file.display(),
+                report.world
+            );
             println!("  size          {} bytes", report.size);
             println!(
                 "  compile       {:.1} ms (with the load probes)",
@@ -157,12 +169,13 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
         } => replay(&file, &trace, servers, requests, &against, &out),
         PolicyCommand::Push {
             file,
+            slot,
             gateway,
             variant,
             weight,
             shadow,
             token,
-        } => push(&file, &gateway, &variant, weight, shadow, &token),
+        } => push(&file, &slot, &gateway, &variant, weight, shadow, &token),
     }
 }
 
@@ -219,6 +232,7 @@ fn replay(
 
 fn push(
     file: &Path,
+    slot: &str,
     gateway: &str,
     variant: &str,
     weight: Option<u32>,
@@ -226,16 +240,27 @@ fn push(
     token: &str,
 ) -> anyhow::Result<()> {
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
-    let mut url = format!(
-        "{}/admin/policies/router?variant={variant}",
-        gateway.trim_end_matches('/')
-    );
-    if let Some(w) = weight {
-        url.push_str(&format!("&weight={w}"));
-    }
-    if shadow {
-        url.push_str("&shadow=true");
-    }
+    let base = gateway.trim_end_matches('/');
+    let url = match slot {
+        "router" => {
+            let mut url = format!("{base}/admin/policies/router?variant={variant}");
+            if let Some(w) = weight {
+                url.push_str(&format!("&weight={w}"));
+            }
+            if shadow {
+                url.push_str("&shadow=true");
+            }
+            url
+        }
+        "admission" | "safety-filter" => {
+            anyhow::ensure!(
+                weight.is_none() && !shadow,
+                "--weight and --shadow are for the router slot: the {slot} slot runs one policy"
+            );
+            format!("{base}/admin/policies/{slot}")
+        }
+        other => anyhow::bail!("--slot {other}: not router, admission or safety-filter"),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -274,12 +299,23 @@ fn push(
         "the gateway refused the component ({status}): {body}"
     );
     let answer: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-    let slot = &answer["router"];
-    let entry = slot["variants"]
-        .as_array()
-        .and_then(|v| v.iter().find(|v| v["name"] == variant))
-        .or_else(|| Some(&slot["shadow"]).filter(|s| s["name"] == variant));
-    let hash = entry.and_then(|v| v["hash"].as_str()).unwrap_or("?");
+    let hash = if slot == "router" {
+        let router = &answer["router"];
+        router["variants"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["name"] == variant))
+            .or_else(|| Some(&router["shadow"]).filter(|s| s["name"] == variant))
+            .and_then(|v| v["hash"].as_str())
+    } else {
+        let key = if slot == "admission" {
+            "admission"
+        } else {
+            "safety_filter"
+        };
+        answer[key]["policy"]["hash"].as_str()
+    }
+    .unwrap_or("?");
+    let variant = if slot == "router" { variant } else { slot };
     #[allow(clippy::print_stdout)]
     {
         println!(
