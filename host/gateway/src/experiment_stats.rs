@@ -139,11 +139,16 @@ pub fn t_quantile_975(df: f64) -> f64 {
 /// The always-valid 95 % interval for `candidate.mean − control.mean` (module docs); `None`
 /// unless both arms have two samples or more and some variance.
 pub fn always_valid(control: &Summary, candidate: &Summary) -> Option<[f64; 2]> {
+    always_valid_with(control, candidate, TAU_FRACTION * control.mean.abs())
+}
+
+/// [`always_valid`] with the mixing prior's scale `tau` given.
+pub fn always_valid_with(control: &Summary, candidate: &Summary, tau: f64) -> Option<[f64; 2]> {
     if control.n < 2 || candidate.n < 2 {
         return None;
     }
     let v = control.variance / control.n as f64 + candidate.variance / candidate.n as f64;
-    let tau2 = (TAU_FRACTION * control.mean.abs()).powi(2);
+    let tau2 = tau * tau;
     if v <= 0.0 || tau2 <= 0.0 {
         return None;
     }
@@ -176,6 +181,64 @@ pub fn verdict(control: &Summary, candidate: &Summary) -> Verdict {
         Some([lo, _]) if lo > 0.0 => Verdict::CandidateSlower,
         _ => Verdict::NoDifference,
     }
+}
+
+/// The mixing prior's scale for error rates: tuned to differences of one percentage point.
+pub const ERROR_RATE_TAU: f64 = 0.01;
+
+/// `errors` of `requests` as a [`Summary`] of 0/1 outcomes (its quantiles are meaningless).
+pub fn proportion(errors: u64, requests: u64) -> Summary {
+    let n = requests as usize;
+    let p = if requests == 0 {
+        0.0
+    } else {
+        errors as f64 / requests as f64
+    };
+    let variance = if n > 1 {
+        p * (1.0 - p) * n as f64 / (n - 1) as f64
+    } else {
+        0.0
+    };
+    Summary {
+        n,
+        mean: p,
+        variance,
+        p50: 0.0,
+        p99: 0.0,
+    }
+}
+
+/// Why a candidate should stop, if it is worse than the control beyond doubt (both always-
+/// valid, so a guardrail may check as often as it likes): its error rate is higher, or its
+/// mean TTFT is. `None` while it is not, or before [`MIN_SAMPLES`] in each arm.
+pub fn guardrail_breach(
+    control_ttft: Option<&Summary>,
+    candidate_ttft: Option<&Summary>,
+    control_errors: &Summary,
+    candidate_errors: &Summary,
+) -> Option<String> {
+    if control_errors.n >= MIN_SAMPLES
+        && candidate_errors.n >= MIN_SAMPLES
+        && let Some([lo, _]) = always_valid_with(control_errors, candidate_errors, ERROR_RATE_TAU)
+        && lo > 0.0
+    {
+        return Some(format!(
+            "error rate {:.1} % against the control's {:.1} % (always-valid 95 % interval of \
+             the difference starts at +{:.1} points)",
+            candidate_errors.mean * 100.0,
+            control_errors.mean * 100.0,
+            lo * 100.0
+        ));
+    }
+    if let (Some(a), Some(b)) = (control_ttft, candidate_ttft)
+        && verdict(a, b) == Verdict::CandidateSlower
+    {
+        return Some(format!(
+            "mean TTFT {:.3} s against the control's {:.3} s, slower beyond doubt",
+            b.mean, a.mean
+        ));
+    }
+    None
 }
 
 /// A percentile-bootstrap 95 % interval for `quantile(candidate) − quantile(control)` at
@@ -309,6 +372,22 @@ mod tests {
         assert!(rate <= ALPHA, "always-valid false positives {rate}");
         // The fixed-sample interval, read at every peek, calls far more false winners.
         assert!(fixed_rate > 2.0 * ALPHA, "peeking at Welch: {fixed_rate}");
+    }
+
+    #[test]
+    fn guardrails_stop_on_errors_or_slowness_beyond_doubt_only() {
+        let mut rng = SplitMix64(3);
+        let fast = summary_of(&ttfts(&mut rng, 500, 0.2));
+        let same = summary_of(&ttfts(&mut rng, 500, 0.2));
+        let slow = summary_of(&ttfts(&mut rng, 500, 0.3));
+        let clean = proportion(1, 500);
+        assert!(guardrail_breach(Some(&fast), Some(&same), &clean, &proportion(2, 500)).is_none());
+        let why = guardrail_breach(Some(&fast), Some(&same), &clean, &proportion(60, 500)).unwrap();
+        assert!(why.starts_with("error rate 12.0 %"), "{why}");
+        let why = guardrail_breach(Some(&fast), Some(&slow), &clean, &clean).unwrap();
+        assert!(why.starts_with("mean TTFT"), "{why}");
+        // Too few samples: never.
+        assert!(guardrail_breach(None, None, &proportion(0, 10), &proportion(10, 10)).is_none());
     }
 
     #[test]

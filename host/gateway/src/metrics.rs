@@ -101,6 +101,8 @@ pub struct Metrics {
     pub routing_decisions: Family<DecisionLabels, Counter>,
     /// Policy faults by slot, variant and kind.
     pub policy_faults: Family<FaultLabels, Counter>,
+    /// Router variants the guardrails stopped (weight set to 0), by variant.
+    pub guardrail_stops: Family<VariantLabel, Counter>,
     /// The chosen server's in-flight count over its bounded-load cap, at each assignment
     /// (never above 1 while the bounded-load ring routes).
     pub routing_load_to_cap: Histogram,
@@ -171,6 +173,12 @@ impl Metrics {
             "Policy faults by slot, variant and kind (each fell back to the native ring)",
             policy_faults.clone(),
         );
+        let guardrail_stops = Family::<VariantLabel, Counter>::default();
+        registry.register(
+            "guardrail_stops",
+            "Router variants the guardrails stopped (weight set to 0) for being worse than the control beyond doubt",
+            guardrail_stops.clone(),
+        );
         let routing_load_to_cap = Histogram::new([0.25, 0.5, 0.75, 0.9, 1.0, 1.25, 1.5, 2.0]);
         registry.register(
             "routing_load_to_cap_ratio",
@@ -233,6 +241,7 @@ impl Metrics {
             routing_seconds,
             routing_decisions,
             policy_faults,
+            guardrail_stops,
             routing_load_to_cap,
             client_disconnects,
             upstream_attempts,

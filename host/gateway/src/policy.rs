@@ -359,6 +359,37 @@ impl RouterSlot {
         Ok(true)
     }
 
+    /// Sets a live variant's traffic weight, keeping its version and history. Returns
+    /// whether it changed.
+    pub fn set_weight(&self, name: &str, weight: u32) -> Result<bool, SlotError> {
+        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let current = self.set.load_full();
+        let old = current
+            .variants
+            .iter()
+            .find(|v| &*v.name == name)
+            .cloned()
+            .ok_or_else(|| SlotError::UnknownVariant(name.to_owned()))?;
+        if old.weight == weight {
+            return Ok(false);
+        }
+        let updated = Arc::new(old.successor(
+            old.policy.clone(),
+            old.history.clone(),
+            weight,
+            old.config.clone(),
+        ));
+        let mut next = RouterSet {
+            variants: current.variants.clone(),
+            shadow: current.shadow.clone(),
+        };
+        if let Some(slot) = next.variants.iter_mut().find(|v| &*v.name == name) {
+            *slot = updated;
+        }
+        self.set.store(Arc::new(next));
+        Ok(true)
+    }
+
     /// Removes a variant or the shadow.
     pub fn remove(&self, name: &str) -> Result<(), SlotError> {
         let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());

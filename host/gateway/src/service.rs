@@ -44,6 +44,11 @@ pub async fn serve(
     let builder = auto::Builder::new(TokioExecutor::new());
     let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
     let watcher = tokio::spawn(crate::watch_policy_files(Arc::downgrade(&gateway)));
+    let guardrails = gateway
+        .config
+        .policies
+        .guardrails
+        .then(|| tokio::spawn(watch_guardrails(Arc::downgrade(&gateway))));
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -84,7 +89,65 @@ pub async fn serve(
     }
     reaper.abort();
     watcher.abort();
+    if let Some(guardrails) = guardrails {
+        guardrails.abort();
+    }
     Ok(())
+}
+
+/// How often the guardrails look at the experiment.
+const GUARDRAIL_INTERVAL: Duration = Duration::from_secs(5);
+
+/// `[policies] guardrails`: every few seconds, a live candidate (any variant after the
+/// first) that is worse than the first beyond doubt gets weight 0, so its traffic goes back to
+/// the others; it stays loaded for a look at what happened.
+async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut tick = tokio::time::interval(GUARDRAIL_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        let set = gateway.router.current();
+        let Some(control) = set.variants.first() else {
+            continue;
+        };
+        let control_ttft = crate::experiment_stats::summarize(&control.stats.ttft_samples());
+        let control_errors = crate::experiment_stats::proportion(
+            control.stats.errors.load(Relaxed),
+            control.stats.requests.load(Relaxed),
+        );
+        for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
+            let errors = crate::experiment_stats::proportion(
+                candidate.stats.errors.load(Relaxed),
+                candidate.stats.requests.load(Relaxed),
+            );
+            let ttft = crate::experiment_stats::summarize(&candidate.stats.ttft_samples());
+            let Some(why) = crate::experiment_stats::guardrail_breach(
+                control_ttft.as_ref(),
+                ttft.as_ref(),
+                &control_errors,
+                &errors,
+            ) else {
+                continue;
+            };
+            if gateway
+                .router
+                .set_weight(&candidate.name, 0)
+                .unwrap_or(false)
+            {
+                warn!(variant = %candidate.name, control = %control.name, reason = %why, "guardrail.stopped");
+                gateway
+                    .metrics
+                    .guardrail_stops
+                    .get_or_create(&crate::metrics::VariantLabel {
+                        variant: candidate.name.to_string(),
+                    })
+                    .inc();
+            }
+        }
+    }
 }
 
 async fn reap_drained(gateway: std::sync::Weak<Gateway>) {

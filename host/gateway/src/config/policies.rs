@@ -58,6 +58,8 @@ pub struct PoliciesConfig {
     pub engine: ringmaster_policy_engine::EngineConfig,
     /// Router variants (empty: the native strategy routes).
     pub router: Vec<RouterVariantSpec>,
+    /// Whether candidates are stopped when worse beyond doubt ([`crate::experiment_stats`]).
+    pub guardrails: bool,
     /// How the host guards the router's choices with the bounded-load cap.
     pub router_guard: ringmaster_pool::CapGuard,
     /// The admission policy (none: every request is admitted).
@@ -263,6 +265,7 @@ pub(crate) fn policies_config(
     }
     Ok(PoliciesConfig {
         engine,
+        guardrails: raw.guardrails.unwrap_or(false),
         router,
         router_guard,
         admission,

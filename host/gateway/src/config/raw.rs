@@ -71,10 +71,13 @@ pub struct RawPolicies {
     pub cache_dir: Option<String>,
     /// `[[policies.router]]`: router variants and the shadow.
     pub router: Option<Vec<RawRouterVariant>>,
-    /// How the host guards the router policies' choices: `"host"` (a choice at its
-    /// bounded-load cap is spilled on the ring; the default) or `"policy"` (the policy
-    /// decides alone).
+    /// How the host guards the router policies' choices: `"policy"` (the policy decides
+    /// alone; the default) or `"host"` (a choice at its bounded-load cap is spilled on the
+    /// ring).
     pub router_bounded_load: Option<String>,
+    /// Stop a candidate router variant (its weight to 0) once it is worse than the control
+    /// beyond doubt on error rate or mean TTFT (default false).
+    pub guardrails: Option<bool>,
     /// The router slot's own bounded-load factor (default: `[routing] load_factor`).
     pub router_load_factor: Option<f64>,
     /// `[policies.admission]`: the admission policy and the gateway's queue.
