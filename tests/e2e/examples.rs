@@ -34,8 +34,10 @@ async fn serves_a_conversation(path: &std::path::Path, name: &str) {
     let gw = TestGateway::simulated(
         4,
         0.0,
+        // A generous deadline: this is about serving through the component, not its speed
+        // (an interpreted guest under a loaded test machine can overrun 5 ms).
         &format!(
-            "[[policies.router]]\nname = {name:?}\nsource = {:?}\n",
+            "[policies]\ncall_deadline_ms = 1000\n[[policies.router]]\nname = {name:?}\nsource = {:?}\n",
             path.display().to_string()
         ),
     )
@@ -107,7 +109,7 @@ async fn the_python_admission_policy_runs_short_prompts_and_refuses_long_ones() 
         2,
         0.0,
         &format!(
-            "[policies.admission]\nsource = {:?}\n",
+            "[policies]\ncall_deadline_ms = 1000\n[policies.admission]\nsource = {:?}\n",
             path.display().to_string()
         ),
     )

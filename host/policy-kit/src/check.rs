@@ -31,8 +31,10 @@ pub struct Report {
     pub call_median: Option<Duration>,
     /// The 99th percentile of the same.
     pub call_p99: Option<Duration>,
-    /// What it answered to the first synthetic request (routers only).
+    /// What it answered to the first synthetic request it answered (routers only).
     pub sample_answer: Option<String>,
+    /// Calls that faulted (each would have fallen back to the ring), and the first fault.
+    pub faults: (usize, Option<String>),
 }
 
 /// Checks `path`. `scratch` is an empty directory for the compiled-component cache.
@@ -51,6 +53,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     load_any(&warm, &bytes)?;
     let cached_load = started.elapsed();
     let (mut call_median, mut call_p99, mut sample_answer) = (None, None, None);
+    let mut faults = (0, None);
     if let Some(router) = router {
         let fleet = Fleet::eight();
         let mut times = Vec::with_capacity(CALLS);
@@ -59,17 +62,19 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
             let started = Instant::now();
             let answer = router.route(&fleet, &request);
             times.push(started.elapsed());
-            let answer = answer.map_err(|fault| {
-                KitError::Project(format!(
-                    "the router faulted on a synthetic request: {fault}; it would fall back \
-                     to the ring on every such request"
-                ))
-            })?;
-            if i == 0 {
-                sample_answer = Some(match answer {
-                    RouteDecision::Route(id) => format!("route to {id}"),
-                    RouteDecision::Reject(reason) => format!("reject: {reason}"),
-                });
+            match answer {
+                Ok(answer) => {
+                    sample_answer.get_or_insert_with(|| match answer {
+                        RouteDecision::Route(id) => format!("route to {id}"),
+                        RouteDecision::Reject(reason) => format!("reject: {reason}"),
+                    });
+                }
+                // A fault is counted, not fatal: in a gateway each one falls back to the
+                // ring, and a deadline overrun on a busy machine says little by itself.
+                Err(fault) => {
+                    faults.0 += 1;
+                    faults.1.get_or_insert_with(|| fault.to_string());
+                }
             }
         }
         times.sort();
@@ -84,6 +89,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
         call_median,
         call_p99,
         sample_answer,
+        faults,
     })
 }
 
@@ -201,6 +207,8 @@ mod tests {
             let report = check(&component, &scratch).unwrap();
             assert_eq!(report.world, "router");
             assert!(report.call_median.is_some());
+            // Not every call need answer in time on a busy machine; most do.
+            assert!(report.faults.0 < CALLS / 2, "{:?}", report.faults);
             assert!(report.sample_answer.unwrap().starts_with("route to gpu-"));
         }
         let junk = scratch.join("junk.wasm");

@@ -157,6 +157,12 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             if let Some(answer) = report.sample_answer {
                 println!("  first answer  {answer}");
             }
+            if let (n @ 1.., Some(first)) = report.faults {
+                println!(
+                    "  faults        {n} of {} calls (each would fall back to the ring); first: {first}",
+                    check::CALLS
+                );
+            }
             Ok(())
         }
         PolicyCommand::Test {
