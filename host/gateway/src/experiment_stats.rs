@@ -183,8 +183,10 @@ pub fn verdict(control: &Summary, candidate: &Summary) -> Verdict {
     }
 }
 
-/// The mixing prior's scale for error rates: tuned to differences of one percentage point.
-pub const ERROR_RATE_TAU: f64 = 0.01;
+/// The mixing prior's scale for error rates: tuned to differences of five percentage points
+/// (a guardrail is for a candidate that breaks things; a scale much smaller than the
+/// difference's standard error makes the interval very wide at small samples).
+pub const ERROR_RATE_TAU: f64 = 0.05;
 
 /// `errors` of `requests` as a [`Summary`] of 0/1 outcomes (its quantiles are meaningless).
 pub fn proportion(errors: u64, requests: u64) -> Summary {

@@ -98,56 +98,64 @@ pub async fn serve(
 /// How often the guardrails look at the experiment.
 const GUARDRAIL_INTERVAL: Duration = Duration::from_secs(5);
 
-/// `[policies] guardrails`: every few seconds, a live candidate (any variant after the
-/// first) that is worse than the first beyond doubt gets weight 0, so its traffic goes back to
-/// the others; it stays loaded for a look at what happened.
+/// `[policies] guardrails`: every few seconds, one [`guardrail_pass`].
 async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {
-    use std::sync::atomic::Ordering::Relaxed;
     let mut tick = tokio::time::interval(GUARDRAIL_INTERVAL);
     loop {
         tick.tick().await;
         let Some(gateway) = gateway.upgrade() else {
             return;
         };
-        let set = gateway.router.current();
-        let Some(control) = set.variants.first() else {
+        guardrail_pass(&gateway);
+    }
+}
+
+/// A live candidate (any variant after the first) that is worse than the first beyond doubt
+/// gets weight 0, so its traffic goes back to the others; it stays loaded for a look at what
+/// happened. Returns the variants stopped, with why.
+pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut stopped = Vec::new();
+    let set = gateway.router.current();
+    let Some(control) = set.variants.first() else {
+        return stopped;
+    };
+    let control_ttft = crate::experiment_stats::summarize(&control.stats.ttft_samples());
+    let control_errors = crate::experiment_stats::proportion(
+        control.stats.errors.load(Relaxed),
+        control.stats.requests.load(Relaxed),
+    );
+    for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
+        let errors = crate::experiment_stats::proportion(
+            candidate.stats.errors.load(Relaxed),
+            candidate.stats.requests.load(Relaxed),
+        );
+        let ttft = crate::experiment_stats::summarize(&candidate.stats.ttft_samples());
+        let Some(why) = crate::experiment_stats::guardrail_breach(
+            control_ttft.as_ref(),
+            ttft.as_ref(),
+            &control_errors,
+            &errors,
+        ) else {
             continue;
         };
-        let control_ttft = crate::experiment_stats::summarize(&control.stats.ttft_samples());
-        let control_errors = crate::experiment_stats::proportion(
-            control.stats.errors.load(Relaxed),
-            control.stats.requests.load(Relaxed),
-        );
-        for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
-            let errors = crate::experiment_stats::proportion(
-                candidate.stats.errors.load(Relaxed),
-                candidate.stats.requests.load(Relaxed),
-            );
-            let ttft = crate::experiment_stats::summarize(&candidate.stats.ttft_samples());
-            let Some(why) = crate::experiment_stats::guardrail_breach(
-                control_ttft.as_ref(),
-                ttft.as_ref(),
-                &control_errors,
-                &errors,
-            ) else {
-                continue;
-            };
-            if gateway
-                .router
-                .set_weight(&candidate.name, 0)
-                .unwrap_or(false)
-            {
-                warn!(variant = %candidate.name, control = %control.name, reason = %why, "guardrail.stopped");
-                gateway
-                    .metrics
-                    .guardrail_stops
-                    .get_or_create(&crate::metrics::VariantLabel {
-                        variant: candidate.name.to_string(),
-                    })
-                    .inc();
-            }
+        if gateway
+            .router
+            .set_weight(&candidate.name, 0)
+            .unwrap_or(false)
+        {
+            warn!(variant = %candidate.name, control = %control.name, reason = %why, "guardrail.stopped");
+            gateway
+                .metrics
+                .guardrail_stops
+                .get_or_create(&crate::metrics::VariantLabel {
+                    variant: candidate.name.to_string(),
+                })
+                .inc();
+            stopped.push((candidate.name.to_string(), why));
         }
     }
+    stopped
 }
 
 async fn reap_drained(gateway: std::sync::Weak<Gateway>) {
@@ -302,4 +310,70 @@ fn models_json(gateway: &Gateway) -> serde_json::Value {
 
 fn model_json(id: &str) -> serde_json::Value {
     json!({"type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    const TWO_VARIANTS: &str = r#"
+models = ["sim-llama-3-8b"]
+[[servers]]
+address = "sim://gpu-0"
+[[policies.router]]
+name = "control"
+source = "builtin:least-loaded"
+[[policies.router]]
+name = "candidate"
+source = "builtin:round-robin"
+weight = 10
+"#;
+
+    fn weights(gateway: &Gateway) -> Vec<(String, u32)> {
+        gateway
+            .router
+            .current()
+            .variants
+            .iter()
+            .map(|v| (v.name.to_string(), v.weight))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_candidate_failing_beyond_doubt_is_stopped_and_an_equal_one_is_not() {
+        let config = crate::RawConfig::from_toml(TWO_VARIANTS)
+            .unwrap()
+            .validate_with_env(|_| None)
+            .unwrap();
+        let gateway = Gateway::start(config).unwrap();
+        let set = gateway.router.current();
+        let (control, candidate) = (&set.variants[0], &set.variants[1]);
+        // Equal so far (40 requests each, 1 error each, the same TTFTs): nothing happens.
+        for (variant, errors) in [(control, 1), (candidate, 1)] {
+            variant.stats.requests.store(40, Relaxed);
+            variant.stats.errors.store(errors, Relaxed);
+            for i in 0..40 {
+                variant.stats.record_ttft(0.1 + f64::from(i % 5) * 0.01);
+            }
+        }
+        assert!(guardrail_pass(&gateway).is_empty());
+        assert_eq!(
+            weights(&gateway),
+            [("control".to_owned(), 100), ("candidate".to_owned(), 10)]
+        );
+        // The candidate's requests start failing: 30 of 80.
+        candidate.stats.requests.store(80, Relaxed);
+        candidate.stats.errors.store(30, Relaxed);
+        let stopped = guardrail_pass(&gateway);
+        assert_eq!(stopped.len(), 1, "{stopped:?}");
+        assert_eq!(stopped[0].0, "candidate");
+        assert!(stopped[0].1.starts_with("error rate"), "{}", stopped[0].1);
+        assert_eq!(
+            weights(&gateway),
+            [("control".to_owned(), 100), ("candidate".to_owned(), 0)]
+        );
+        // Stopped once: a stopped candidate is not looked at again.
+        assert!(guardrail_pass(&gateway).is_empty());
+    }
 }
