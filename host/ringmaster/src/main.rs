@@ -480,9 +480,13 @@ fn bench_replay(args: ReplayArgs) -> anyhow::Result<()> {
         );
         let runtime = ringmaster_replay::runtime()?;
         let started = std::time::Instant::now();
+        let bar = policy_cmd::replay_bar(scenario.routers.len(), &name);
         let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
+            bar.inc(1);
+            bar.set_message(router.to_owned());
             info!(scenario = %name, router, "replay.router");
         }))?;
+        bar.finish_and_clear();
         info!(scenario = %name, elapsed_s = started.elapsed().as_secs_f64(), "replay.done");
         let section = ringmaster_replay::publish::write(&report, &name, &args.out)?;
         #[allow(clippy::print_stdout)]

@@ -112,7 +112,19 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             Ok(())
         }
         PolicyCommand::Build { dir } => {
-            let built = build::build(&dir, &mut |step| eprintln!("==> {step}"))?;
+            let spinner = indicatif::ProgressBar::new_spinner();
+            spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+            let built = build::build(&dir, &mut |step| {
+                // Each step stays on screen (or in the log, where there is no spinner).
+                if spinner.is_hidden() {
+                    eprintln!("==> {step}");
+                } else {
+                    spinner.println(format!("==> {step}"));
+                }
+                spinner.set_message(step.to_owned());
+            });
+            spinner.finish_and_clear();
+            let built = built?;
             println!(
                 "built {} ({} bytes) with {} in {:.1} s",
                 built.path.display(),
@@ -185,6 +197,18 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
     }
 }
 
+/// A bar over a replay's routers (hidden when stderr is not a terminal).
+pub fn replay_bar(routers: usize, scenario: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(routers as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix} [{bar:30}] router {pos}/{len}: {msg} ({elapsed})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(scenario.to_owned());
+    bar
+}
+
 fn ms(d: std::time::Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
@@ -221,13 +245,16 @@ fn replay(
     let scenario = ringmaster_replay::Scenario::from_toml(&text, Path::new("."))
         .map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
-    let runtime = ringmaster_replay::runtime()?;
-    let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
-        eprintln!("==> replaying with {router}");
-    }))?;
     let name = file
         .file_stem()
         .map_or_else(|| "policy".to_owned(), |s| s.to_string_lossy().into_owned());
+    let runtime = ringmaster_replay::runtime()?;
+    let bar = replay_bar(scenario.routers.len(), &name);
+    let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
+        bar.inc(1);
+        bar.set_message(router.to_owned());
+    }))?;
+    bar.finish_and_clear();
     let section = ringmaster_replay::publish::write(&report, &name, out)?;
     #[allow(clippy::print_stdout)]
     {
