@@ -259,3 +259,75 @@ fn every_router_passes_every_case() {
         failures.join("\n")
     );
 }
+
+/// Swap and rollback, for every router: each is installed as a variant of a slot, swapped
+/// for another version (the built-in `least-loaded`, or `round-robin` for `least-loaded`
+/// itself), rolled back, and must then run again under its own hash and answer a healthy
+/// fleet.
+#[test]
+fn every_router_swaps_and_rolls_back() {
+    use ringmaster_gateway::policy::RouterSlot;
+    let cache = std::env::temp_dir().join(format!(
+        "ringmaster-conformance-swap-{}",
+        std::process::id()
+    ));
+    let engine = PolicyEngine::new(EngineConfig {
+        fuel: Some(FUEL_PER_CALL),
+        cache_dir: Some(cache.clone()),
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let slot = RouterSlot::new(engine);
+    let read =
+        |name: &str| std::fs::read(root().join(format!("policies/dist/{name}.wasm"))).unwrap();
+    let healthy_case = cases()
+        .into_iter()
+        .find(|(name, _)| name == "healthy-fleet")
+        .expect("the healthy-fleet case")
+        .1;
+    let fleet = Fleet::new(&healthy_case);
+    let mut checked = 0;
+    for (name, path) in routers() {
+        let bytes = std::fs::read(&path).unwrap();
+        let variant = format!("v-{name}");
+        match slot.install(&variant, &bytes, None, false, None) {
+            Ok(true) => {}
+            Ok(false) => panic!("{name}: a new variant reported no change"),
+            Err(ringmaster_gateway::policy::SlotError::Policy(PolicyError::WrongWorld(_))) => {
+                continue;
+            }
+            Err(e) => panic!("{name} does not install: {e}"),
+        }
+        let hash = ringmaster_policy_engine::content_hash(&bytes);
+        let other = read(if name == "least-loaded" {
+            "round-robin"
+        } else {
+            "least-loaded"
+        });
+        assert!(
+            slot.install(&variant, &other, None, false, None).unwrap(),
+            "{name}: swap"
+        );
+        let running = |slot: &RouterSlot| {
+            slot.current()
+                .variants
+                .iter()
+                .find(|v| *v.name == *variant)
+                .map(|v| (v.policy.info().hash.clone(), v.history.len()))
+                .unwrap()
+        };
+        assert_ne!(running(&slot).0, hash, "{name}: the swap took effect");
+        slot.rollback(&variant).unwrap();
+        assert_eq!(running(&slot), (hash.clone(), 0), "{name}: rolled back");
+        let set = slot.current();
+        let back = set.variants.iter().find(|v| *v.name == *variant).unwrap();
+        match back.policy.route(&fleet, &request(&healthy_case, 1)) {
+            Ok(RouteDecision::Route(id)) => assert!(fleet.routable(&id), "{name}: {id}"),
+            other => panic!("{name} after its rollback: {other:?}"),
+        }
+        slot.remove(&variant).unwrap();
+        checked += 1;
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+    assert!(checked >= 9, "too few routers swapped: {checked}");
+}
