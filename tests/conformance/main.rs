@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ringmaster_policy_engine::{
-    EngineConfig, PolicyEngine, PolicyError, PolicyRequest, RouteDecision, RouterHost, ServerView,
+    EngineConfig, PolicyEngine, PolicyError, PolicyRequest, RouteDecision, RouterHost,
 };
+use ringmaster_policy_kit::check::SyntheticFleet;
 use serde::Deserialize;
 
 /// Each call's budget in Wasm instructions (roughly).
@@ -40,73 +41,23 @@ struct Case {
     fuel: Option<u64>,
 }
 
-struct Fleet<'a> {
-    case: &'a Case,
-    servers: Vec<ServerView>,
-}
-
-impl<'a> Fleet<'a> {
-    fn new(case: &'a Case) -> Self {
-        let servers = (0..case.servers)
-            .map(|i| ServerView {
-                id: format!("gpu-{i}"),
-                healthy: !case.unhealthy.contains(&i),
-                weight: 1,
-                in_flight: case
-                    .in_flight
-                    .get(i % case.in_flight.len().max(1))
-                    .copied()
-                    .unwrap_or(0),
-                waiting: 0,
-                kv_blocks_used: (i as u32 * 997) % 26_000,
-                kv_blocks_total: 26_000,
-            })
-            .collect();
-        Self { case, servers }
+/// The case's fleet: its servers (the unhealthy ones draining), matches and backlogs.
+fn fleet(case: &Case) -> SyntheticFleet {
+    let mut fleet = SyntheticFleet::new(case.servers, &case.in_flight);
+    for i in &case.unhealthy {
+        fleet.servers[*i].healthy = false;
     }
-
-    fn owner(&self, key: u64) -> String {
-        self.servers[(key % self.servers.len() as u64) as usize]
-            .id
-            .clone()
-    }
-}
-
-impl RouterHost for Fleet<'_> {
-    fn ring_lookup(&self, key: u64) -> Option<String> {
-        Some(self.owner(key))
-    }
-    fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
-        (0..u64::from(n).min(self.servers.len() as u64))
-            .map(|i| self.owner(key.wrapping_add(i)))
-            .collect()
-    }
-    fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
-        // The first healthy server clockwise (the fake ring has no loads to bound).
-        (0..self.servers.len() as u64)
-            .map(|i| self.owner(key.wrapping_add(i)))
-            .find(|id| self.routable(id))
-    }
-    fn servers(&self) -> Vec<ServerView> {
-        self.servers.clone()
-    }
-    fn server(&self, id: &str) -> Option<ServerView> {
-        self.servers.iter().find(|s| s.id == id).cloned()
-    }
-    fn prefix_matches(&self) -> Vec<(String, u32)> {
-        self.case
-            .matches
-            .iter()
-            .map(|(i, n)| (format!("gpu-{i}"), *n))
-            .collect()
-    }
-    fn prefill_backlog(&self) -> Vec<(String, u64)> {
-        self.case
-            .backlog
-            .iter()
-            .map(|(i, n)| (format!("gpu-{i}"), *n))
-            .collect()
-    }
+    fleet.matches = case
+        .matches
+        .iter()
+        .map(|(i, n)| (format!("gpu-{i}"), *n))
+        .collect();
+    fleet.backlog = case
+        .backlog
+        .iter()
+        .map(|(i, n)| (format!("gpu-{i}"), *n))
+        .collect();
+    fleet
 }
 
 fn root() -> PathBuf {
@@ -162,16 +113,7 @@ fn cases() -> Vec<(String, Case)> {
 }
 
 fn request(case: &Case, call: u64) -> PolicyRequest {
-    PolicyRequest {
-        id: format!("req_conformance{call}"),
-        model: "m".into(),
-        tier: "standard".into(),
-        routing_key: call.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1_e995,
-        prefix_hashes: (0..case.prefix_hashes).map(|h| h ^ call).collect(),
-        prompt_tokens: case.prompt_tokens,
-        max_tokens: 64,
-        ..PolicyRequest::default()
-    }
+    SyntheticFleet::request(call, case.prefix_hashes, case.prompt_tokens)
 }
 
 #[test]
@@ -207,7 +149,7 @@ fn every_router_passes_every_case() {
                 .load_router(&format!("{name}-again"), &bytes, BTreeMap::new())
                 .unwrap();
             checked.insert(name.clone());
-            let fleet = Fleet::new(case);
+            let fleet = fleet(case);
             for call in 0..case.calls {
                 let req = request(case, call);
                 let mut fail = |why: String| {
@@ -285,7 +227,7 @@ fn every_router_swaps_and_rolls_back() {
         .find(|(name, _)| name == "healthy-fleet")
         .expect("the healthy-fleet case")
         .1;
-    let fleet = Fleet::new(&healthy_case);
+    let fleet = fleet(&healthy_case);
     let mut checked = 0;
     for (name, path) in routers() {
         let bytes = std::fs::read(&path).unwrap();

@@ -5,15 +5,11 @@ one gateway on a free loopback port with an API key, simulated servers at a fast
 and stops it at the end.
 """
 
-import os
-import socket
-import subprocess
-import tempfile
-import time
-import urllib.request
 
 import anthropic
 import pytest
+
+from gateway import running
 
 API_KEY = "sk-ringmaster-sdk-test"
 MODEL = "sim-llama-3-8b"
@@ -21,20 +17,9 @@ MODEL = "sim-llama-3-8b"
 BLOCKED = "open the pod bay doors"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def gateway_url():
-    binary = os.environ.get("RINGMASTER_BIN")
-    if not binary or not os.path.exists(binary):
-        pytest.fail("RINGMASTER_BIN must point at a built ringmaster binary (tests/run sets it)")
-    port = free_port()
     config = f"""
-listen = "127.0.0.1:{port}"
 models = ["{MODEL}"]
 [[api_keys]]
 key = "{API_KEY}"
@@ -48,31 +33,8 @@ address = "sim://gpu-0"
 [[servers]]
 address = "sim://gpu-1"
 """
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "ringmaster.toml")
-        with open(path, "w") as f:
-            f.write(config)
-        log = open(os.path.join(tmp, "gateway.log"), "w+")
-        proc = subprocess.Popen([binary, "serve", "--config", path], stdout=log, stderr=log)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.time() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.time() > deadline:
-                    log.seek(0)
-                    pytest.fail("gateway did not start:\n" + log.read())
-                time.sleep(0.05)
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-            log.close()
+    with running(config) as url:
+        yield url
 
 
 @pytest.fixture

@@ -8,15 +8,14 @@ on first use, as `tests/run` already did when it built examples/python-router).
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import anthropic
-import pytest
+
+from gateway import binary, running
 
 ADMIN_TOKEN = "policy-cli-test-token-0123456789"
 API_KEY = "sk-ringmaster-policy-cli"
@@ -25,23 +24,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TRACE = os.path.join(ROOT, "host/replay/fixtures/mooncake_conversation_head.jsonl")
 
 
-def binary():
-    path = os.environ.get("RINGMASTER_BIN")
-    if not path or not os.path.exists(path):
-        pytest.fail("RINGMASTER_BIN must point at a built ringmaster binary (tests/run sets it)")
-    return path
-
-
 def run(args, cwd, **kwargs):
     result = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600, **kwargs)
     assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
     return result.stdout
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def admin(url, path):
@@ -72,12 +58,7 @@ def test_scaffold_test_build_replay_push_and_compare():
         assert any("builtin:prefix-affinity" in row for row in rows), out
         assert any("shared LRU" in row for row in rows), out
 
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        config = os.path.join(tmp, "gateway.toml")
-        with open(config, "w") as f:
-            f.write(f"""
-listen = "127.0.0.1:{port}"
+        config = f"""
 models = ["{MODEL}"]
 admin_token = "{ADMIN_TOKEN}"
 [[api_keys]]
@@ -88,20 +69,8 @@ time_scale = 0.01
 address = "sim://gpu-0"
 [[servers]]
 address = "sim://gpu-1"
-""")
-        log = open(os.path.join(tmp, "gateway.log"), "w+")
-        gateway = subprocess.Popen([ringmaster, "serve", "--config", config], stdout=log, stderr=log)
-        try:
-            deadline = time.time() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/healthz", timeout=1):
-                        break
-                except OSError:
-                    if gateway.poll() is not None or time.time() > deadline:
-                        log.seek(0)
-                        pytest.fail("gateway did not start:\n" + log.read())
-                    time.sleep(0.05)
+"""
+        with running(config) as url:
             # The default variant keeps weight 100: the new one gets 10 / 110 of traffic.
             env = dict(os.environ, RINGMASTER_ADMIN_TOKEN=ADMIN_TOKEN)
             out = run([ringmaster, "policy", "push", component, "--gateway", url,
@@ -124,7 +93,3 @@ address = "sim://gpu-1"
             assert {"default", "my-router"} <= names, experiments
             mine = next(v for v in experiments["variants"] if v["name"] == "my-router")
             assert mine["requests"] > 0, experiments
-        finally:
-            gateway.terminate()
-            gateway.wait(timeout=30)
-            log.close()

@@ -55,10 +55,10 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     let (mut call_median, mut call_p99, mut sample_answer) = (None, None, None);
     let mut faults = (0, None);
     if let Some(router) = router {
-        let fleet = Fleet::eight();
+        let fleet = SyntheticFleet::eight();
         let mut times = Vec::with_capacity(CALLS);
         for i in 0..CALLS {
-            let request = fleet.request(i as u64);
+            let request = SyntheticFleet::request(i as u64, 16, 1_000);
             let started = Instant::now();
             let answer = router.route(&fleet, &request);
             times.push(started.elapsed());
@@ -119,36 +119,64 @@ fn load_any(
     }
 }
 
-/// Eight servers with some load; prefix matches on three; prefill queued on two.
-struct Fleet {
-    servers: Vec<ServerView>,
+/// A fleet that answers a router's host calls from plain values: servers, the prefix
+/// matches and prefill backlogs of the request being decided, and a ring that maps a key to
+/// server `key mod n` (then clockwise). For checking and testing a policy without a gateway.
+#[derive(Clone, Debug, Default)]
+pub struct SyntheticFleet {
+    /// The servers, in ring order.
+    pub servers: Vec<ServerView>,
+    /// `cluster.prefix-matches`.
+    pub matches: Vec<(String, u32)>,
+    /// `cluster.prefill-backlog`.
+    pub backlog: Vec<(String, u64)>,
 }
 
-impl Fleet {
-    fn eight() -> Self {
-        let servers = (0..8u32)
+impl SyntheticFleet {
+    /// `n` healthy servers `gpu-0`… with `in_flight` requests each (repeated over the fleet).
+    pub fn new(n: usize, in_flight: &[u32]) -> Self {
+        let servers = (0..n)
             .map(|i| ServerView {
                 id: format!("gpu-{i}"),
                 healthy: true,
                 weight: 1,
-                in_flight: i % 5,
-                waiting: i % 2,
-                kv_blocks_used: i * 1_000,
+                in_flight: in_flight
+                    .get(i % in_flight.len().max(1))
+                    .copied()
+                    .unwrap_or(0),
+                waiting: (i % 2) as u32,
+                kv_blocks_used: (i as u32 * 997) % 26_000,
                 kv_blocks_total: 26_000,
             })
             .collect();
-        Self { servers }
+        Self {
+            servers,
+            ..Self::default()
+        }
     }
 
-    fn request(&self, i: u64) -> PolicyRequest {
+    /// What `check` routes against: eight servers with some load, the prompt cached on
+    /// three, prefill queued on two.
+    pub fn eight() -> Self {
+        let id = |i: usize| format!("gpu-{i}");
+        Self {
+            matches: vec![(id(1), 12), (id(4), 6), (id(6), 2)],
+            backlog: vec![(id(1), 9_000), (id(2), 400)],
+            ..Self::new(8, &[0, 1, 2, 3, 4])
+        }
+    }
+
+    /// The `i`-th synthetic request, with its own routing key: `prompt_tokens` tokens in
+    /// `prefix_hashes` prefix hashes.
+    pub fn request(i: u64, prefix_hashes: u64, prompt_tokens: u32) -> PolicyRequest {
         PolicyRequest {
-            id: format!("req_check{i}"),
+            id: format!("req_synthetic{i}"),
             model: "check".into(),
             tier: "standard".into(),
-            routing_key: i.wrapping_mul(0x9e37_79b9_7f4a_7c15),
-            prefix_hashes: (0..16).map(|h| h ^ i).collect(),
-            prompt_tokens: 1_000,
-            max_tokens: 100,
+            routing_key: i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5bd1_e995,
+            prefix_hashes: (0..prefix_hashes).map(|h| h ^ i).collect(),
+            prompt_tokens,
+            max_tokens: 64,
             ..PolicyRequest::default()
         }
     }
@@ -160,9 +188,9 @@ impl Fleet {
     }
 }
 
-impl RouterHost for Fleet {
+impl RouterHost for SyntheticFleet {
     fn ring_lookup(&self, key: u64) -> Option<String> {
-        Some(self.id(key))
+        (!self.servers.is_empty()).then(|| self.id(key))
     }
     fn ring_candidates(&self, key: u64, n: u32) -> Vec<String> {
         (0..u64::from(n).min(self.servers.len() as u64))
@@ -170,7 +198,10 @@ impl RouterHost for Fleet {
             .collect()
     }
     fn ring_lookup_bounded(&self, key: u64) -> Option<String> {
-        Some(self.id(key))
+        // The first healthy server clockwise (the synthetic ring bounds no loads).
+        (0..self.servers.len() as u64)
+            .map(|i| self.id(key.wrapping_add(i)))
+            .find(|id| self.routable(id))
     }
     fn servers(&self) -> Vec<ServerView> {
         self.servers.clone()
@@ -179,17 +210,10 @@ impl RouterHost for Fleet {
         self.servers.iter().find(|s| s.id == id).cloned()
     }
     fn prefix_matches(&self) -> Vec<(String, u32)> {
-        vec![
-            ("gpu-1".into(), 12),
-            ("gpu-4".into(), 6),
-            ("gpu-6".into(), 2),
-        ]
+        self.matches.clone()
     }
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
-        vec![("gpu-1".into(), 9_000), ("gpu-2".into(), 400)]
-    }
-    fn routable(&self, id: &str) -> bool {
-        self.servers.iter().any(|s| s.id == id && s.healthy)
+        self.backlog.clone()
     }
 }
 

@@ -98,6 +98,77 @@ const PYTHON_SDK: [(&str, &str); 3] = [
 
 const JS_SDK: &str = include_str!("../../../sdk/js/ringmaster-policy.js");
 
+/// A sample policy: one of the projects under `examples/`, which `tests/run` builds and
+/// serves. `new` writes its files with the example's name replaced by the new project's, so
+/// each sample exists once and what users get is what is tested.
+struct Sample {
+    /// The example's name (its directory under `examples/`).
+    name: &'static str,
+    /// Its files that a new project gets: (path in the project, text).
+    files: &'static [(&'static str, &'static str)],
+}
+
+impl Sample {
+    fn as_project(&self, text: &str, name: &str) -> String {
+        text.replace(self.name, name)
+    }
+}
+
+const PYTHON_ROUTER: Sample = Sample {
+    name: "python-router",
+    files: &[
+        (
+            "app.py",
+            include_str!("../../../examples/python-router/app.py"),
+        ),
+        (
+            "policy.py",
+            include_str!("../../../examples/python-router/policy.py"),
+        ),
+        (
+            "tests/test_policy.py",
+            include_str!("../../../examples/python-router/tests/test_policy.py"),
+        ),
+    ],
+};
+
+const PYTHON_ADMISSION: Sample = Sample {
+    name: "python-admission",
+    files: &[
+        (
+            "app.py",
+            include_str!("../../../examples/python-admission/app.py"),
+        ),
+        (
+            "policy.py",
+            include_str!("../../../examples/python-admission/policy.py"),
+        ),
+        (
+            "tests/test_policy.py",
+            include_str!("../../../examples/python-admission/tests/test_policy.py"),
+        ),
+    ],
+};
+
+const JS_ROUTER: Sample = Sample {
+    name: "js-router",
+    files: &[
+        ("app.js", include_str!("../../../examples/js-router/app.js")),
+        (
+            "policy.js",
+            include_str!("../../../examples/js-router/policy.js"),
+        ),
+        (
+            "test/policy.test.js",
+            include_str!("../../../examples/js-router/test/policy.test.js"),
+        ),
+        (
+            "package.json",
+            include_str!("../../../examples/js-router/package.json"),
+        ),
+    ],
+};
+
 /// The wit-bindgen line the vendored Rust SDK is written against.
 pub const WIT_BINDGEN_VERSION: &str = "0.61";
 
@@ -165,19 +236,8 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             }
         }
         Lang::JavaScript => {
-            for (path, text) in [
-                ("app.js", include_str!("../templates/js/app.js")),
-                ("policy.js", include_str!("../templates/js/policy.js")),
-                (
-                    "test/policy.test.js",
-                    include_str!("../templates/js/test/policy.test.js"),
-                ),
-                (
-                    "package.json",
-                    include_str!("../templates/js/package.json.in"),
-                ),
-            ] {
-                files.push((path.into(), vars(text)));
+            for (path, text) in JS_ROUTER.files {
+                files.push((path.into(), JS_ROUTER.as_project(text, name)));
             }
             files.push((
                 ".gitignore".into(),
@@ -187,23 +247,12 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
         }
         Lang::Python => {
             let sample = if world == "admission" {
-                [
-                    include_str!("../templates/python-admission/app.py"),
-                    include_str!("../templates/python-admission/policy.py"),
-                    include_str!("../templates/python-admission/tests/test_policy.py"),
-                ]
+                &PYTHON_ADMISSION
             } else {
-                [
-                    include_str!("../templates/python/app.py"),
-                    include_str!("../templates/python/policy.py"),
-                    include_str!("../templates/python/tests/test_policy.py"),
-                ]
+                &PYTHON_ROUTER
             };
-            for (path, text) in ["app.py", "policy.py", "tests/test_policy.py"]
-                .into_iter()
-                .zip(sample)
-            {
-                files.push((path.into(), vars(text)));
+            for (path, text) in sample.files {
+                files.push((path.into(), sample.as_project(text, name)));
             }
             files.push((".gitignore".into(), "__pycache__/\n*.wasm\n".into()));
             for (path, text) in PYTHON_SDK {
@@ -339,6 +388,13 @@ mod tests {
             assert_eq!(wit, WIT);
             let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
             assert!(!readme.contains("{{"), "{readme}");
+            // The sample's files name the new project, not the example they come from.
+            for file in &files {
+                let text = std::fs::read_to_string(dir.join(file)).unwrap();
+                for example in ["python-router", "python-admission", "js-router"] {
+                    assert!(!text.contains(example), "{}: {example}", file.display());
+                }
+            }
             // A second scaffold into the same place is refused.
             let err = new_project(&dir, "my-router", lang, "router").unwrap_err();
             assert!(err.to_string().contains("not empty"), "{err}");

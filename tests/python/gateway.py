@@ -1,0 +1,57 @@
+"""Starting `ringmaster serve` for the Python tests: the binary from RINGMASTER_BIN (tests/run
+builds it), a free loopback port, the given config, and a stop at the end."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+
+def binary():
+    path = os.environ.get("RINGMASTER_BIN")
+    if not path or not os.path.exists(path):
+        pytest.fail("RINGMASTER_BIN must point at a built ringmaster binary (tests/run sets it)")
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running(config):
+    """A gateway serving `config` (TOML without `listen`); yields its base URL once it
+    answers /healthz, and fails the test with its log if it does not within 30 s."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "ringmaster.toml")
+        with open(path, "w") as f:
+            f.write(f'listen = "127.0.0.1:{port}"\n{config}')
+        log = open(os.path.join(tmp, "gateway.log"), "w+")
+        proc = subprocess.Popen([binary(), "serve", "--config", path], stdout=log, stderr=log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.time() > deadline:
+                    log.seek(0)
+                    pytest.fail("gateway did not start:\n" + log.read())
+                time.sleep(0.05)
+            yield url
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+            log.close()
