@@ -12,6 +12,26 @@ use crate::Gateway;
 use crate::body::{ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
 
+/// The gateway's own response headers, named once: `insert` with a `&str` parses and hashes
+/// the name again on every request.
+pub(crate) mod header_names {
+    use http::header::HeaderName;
+
+    /// The request's id, on every response.
+    pub(crate) static REQUEST_ID: HeaderName = HeaderName::from_static("request-id");
+    /// The server that answered.
+    pub(crate) static SERVER: HeaderName = HeaderName::from_static("x-ringmaster-server");
+    /// How many servers were tried.
+    pub(crate) static ATTEMPTS: HeaderName = HeaderName::from_static("x-ringmaster-attempts");
+    /// The router variant that decided.
+    pub(crate) static VARIANT: HeaderName = HeaderName::from_static("x-ringmaster-variant");
+    /// The router version that decided.
+    pub(crate) static POLICY_VERSION: HeaderName =
+        HeaderName::from_static("x-ringmaster-policy-version");
+    /// Anthropic's hint to its SDKs.
+    pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+}
+
 /// A JSON response with `status`.
 pub(crate) fn json_response(
     status: StatusCode,
@@ -35,9 +55,10 @@ pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
         );
     }
     if error.kind().is_retryable() {
-        response
-            .headers_mut()
-            .insert("x-should-retry", HeaderValue::from_static("true"));
+        response.headers_mut().insert(
+            &header_names::SHOULD_RETRY,
+            HeaderValue::from_static("true"),
+        );
     }
     response
 }

@@ -193,7 +193,7 @@ async fn handle(
             error_response(&e)
         });
         response.headers_mut().insert(
-            "request-id",
+            &crate::respond::header_names::REQUEST_ID,
             HeaderValue::from_str(&request_id).expect("request ids are ASCII"),
         );
         let status = response.status().as_u16();

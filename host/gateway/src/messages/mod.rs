@@ -24,7 +24,7 @@ use crate::body::ResponseBody;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed, Variant};
-use crate::respond::{json_response, read_json_body};
+use crate::respond::{header_names, json_response, read_json_body};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
 
 /// `POST /v1/messages`.
@@ -238,19 +238,19 @@ pub async fn handle(
         json_response(StatusCode::OK, &reply)
     };
     if let Ok(value) = HeaderValue::from_str(&server_id) {
-        response.headers_mut().insert("x-ringmaster-server", value);
+        response.headers_mut().insert(&header_names::SERVER, value);
     }
     response
         .headers_mut()
-        .insert("x-ringmaster-attempts", HeaderValue::from(attempts));
+        .insert(&header_names::ATTEMPTS, HeaderValue::from(attempts));
     if let Ok(value) = HeaderValue::from_str(&variant_name) {
-        response.headers_mut().insert("x-ringmaster-variant", value);
+        response.headers_mut().insert(&header_names::VARIANT, value);
     }
     // The router version that decided (absent when the native ring decided alone).
     if let Some(value) = variant_hash.and_then(|h| HeaderValue::from_str(&h).ok()) {
         response
             .headers_mut()
-            .insert("x-ringmaster-policy-version", value);
+            .insert(&header_names::POLICY_VERSION, value);
     }
     Ok(response)
 }
