@@ -101,6 +101,13 @@ async fn the_javascript_router_serves_requests_and_follows_the_cache() {
 }
 
 #[tokio::test]
+async fn the_c_router_serves_requests_and_follows_the_cache() {
+    if let Some(path) = built_example("c-router") {
+        serves_a_conversation(&path, "c").await;
+    }
+}
+
+#[tokio::test]
 async fn the_python_admission_policy_runs_short_prompts_and_refuses_long_ones() {
     let Some(path) = built_example("python-admission") else {
         return;

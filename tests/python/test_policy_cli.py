@@ -93,3 +93,20 @@ address = "sim://gpu-1"
             assert {"default", "my-router"} <= names, experiments
             mine = next(v for v in experiments["variants"] if v["name"] == "my-router")
             assert mine["requests"] > 0, experiments
+
+
+def test_a_scaffolded_c_router_tests_natively_builds_and_checks():
+    """`new --lang c` gives a project that builds as it is: its unit tests with the system's cc
+    (make test), its component with zig cc (cached by tests/run's build of examples/c-router)."""
+    ringmaster = binary()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run([ringmaster, "policy", "new", "edge-router", "--lang", "c"], cwd=tmp)
+        assert "wrote a c router" in out
+        project = os.path.join(tmp, "edge-router")
+        out = run(["make", "test"], cwd=project)
+        assert "edge-router: all tests passed" in out, out
+        run([ringmaster, "policy", "build"], cwd=project)
+        component = os.path.join(project, "edge-router.wasm")
+        assert 1_000 < os.path.getsize(component) < 200_000
+        out = run([ringmaster, "policy", "check", component], cwd=project)
+        assert "is a router component" in out and "per call" in out, out

@@ -8,6 +8,10 @@
 //! - **JavaScript**: `componentize-js` (pinned: [`COMPONENTIZE_JS`]) installed with npm under
 //!   the user's cache directory on first use; it takes one ES module, so the project's local
 //!   imports are bundled into one first ([`bundle_js`]).
+//! - **C**: the bindings generated in-process by wit-bindgen's C generator
+//!   ([`c_bindings`]), compiled with Zig's C compiler (pinned: [`ZIGLANG`], from PyPI into a
+//!   virtualenv under the user's cache directory on first use; it carries wasi-libc), then
+//!   [`crate::wasm::componentize`].
 //!
 //! When a toolchain is missing and cannot be installed, the error names exactly what to
 //! install.
@@ -24,6 +28,10 @@ pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 /// The componentize-js release JavaScript policies are built with (`jco componentize`
 /// 1.35 fails on this layout; componentize-js itself works).
 pub const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
+
+/// The Zig release (PyPI's `ziglang`, which carries clang and wasi-libc) C policies are
+/// compiled with.
+pub const ZIGLANG: &str = "ziglang==0.17.1";
 
 /// A built component.
 #[derive(Clone, Debug)]
@@ -57,6 +65,7 @@ pub fn build(dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Built> {
         Lang::Rust => build_rust(&project, &out, say)?,
         Lang::Python => build_python(&project, &out, say)?,
         Lang::JavaScript => build_js(&project, &out, say)?,
+        Lang::C => build_c(&project, &out, say)?,
     };
     let size = std::fs::metadata(&out).map_err(io_error(&out))?.len() as usize;
     Ok(Built {
@@ -310,9 +319,181 @@ fn build_js(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<
     Ok(COMPONENTIZE_JS.to_owned())
 }
 
+/// The Python of a virtualenv with Zig (`python -m ziglang cc`), created (from PyPI) on
+/// first use.
+pub fn ziglang(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+    let venv = cache_dir()
+        .join("toolchains")
+        .join(ZIGLANG.replace("==", "-"));
+    let python = venv.join("bin/python");
+    if venv.join(".installed").is_file() {
+        return Ok(python);
+    }
+    say(&format!(
+        "installing {ZIGLANG} into {} (once)",
+        venv.display()
+    ));
+    std::fs::create_dir_all(venv.parent().unwrap_or(&venv)).map_err(io_error(&venv))?;
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(|e| {
+        KitError::Toolchain(format!(
+            "{e}\nbuilding a C policy needs python3 with venv, to install Zig's C compiler \
+             from PyPI: install them (Debian: apt-get install python3 python3-venv) and run \
+             again"
+        ))
+    })?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        ZIGLANG,
+    ]))
+    .map_err(|e| {
+        KitError::Toolchain(format!(
+            "{e}\ninstalling {ZIGLANG} from PyPI failed; install it by hand into {} and run \
+             again",
+            venv.display()
+        ))
+    })?;
+    let marker = venv.join(".installed");
+    std::fs::write(&marker, ZIGLANG).map_err(io_error(&marker))?;
+    Ok(python)
+}
+
+/// Writes the C bindings of `world` in the WIT package at `wit` into `out` (`WORLD.c`,
+/// `WORLD.h` and `WORLD_component_type.o`, the world's type for the component encoder), with
+/// wit-bindgen's C generator; returns the files written.
+pub fn c_bindings(wit: &Path, world: &str, out: &Path) -> Result<Vec<PathBuf>> {
+    // wit-parser's and wit-bindgen's errors are anyhow's; `{:#}` prints their chain.
+    let wit_error = |e: &dyn std::fmt::Display| {
+        KitError::Project(format!(
+            "{}: the WIT does not give C bindings for world {world}: {e:#}",
+            wit.display()
+        ))
+    };
+    let mut resolve = wit_parser::Resolve::default();
+    let (package, _) = resolve.push_dir(wit).map_err(|e| wit_error(&e))?;
+    let world_id = resolve
+        .select_world(&[package], Some(world))
+        .map_err(|e| wit_error(&e))?;
+    let mut files = wit_bindgen_core::Files::default();
+    wit_bindgen_c::Opts::default()
+        .build()
+        .generate(&mut resolve, world_id, &mut files)
+        .map_err(|e| wit_error(&e))?;
+    std::fs::create_dir_all(out).map_err(io_error(out))?;
+    let mut written = Vec::new();
+    for (name, contents) in files.iter() {
+        let path = out.join(name);
+        // Rewritten only when changed, so that a rebuild of unchanged sources is a no-op for
+        // anything watching the files.
+        if std::fs::read(&path).ok().as_deref() != Some(contents) {
+            std::fs::write(&path, contents).map_err(io_error(&path))?;
+        }
+        written.push(path);
+    }
+    Ok(written)
+}
+
+fn build_c(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<String> {
+    let python = ziglang(say)?;
+    let target = project.dir.join("target");
+    let bindings = target.join("bindings");
+    say(&format!(
+        "generating the C bindings for world {}",
+        project.world
+    ));
+    let generated = c_bindings(&project.dir.join("wit"), &project.world, &bindings)?;
+    // The project's own sources: every `.c` file at its top level (tests/ is for the native
+    // unit tests), in a stable order.
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&project.dir)
+        .map_err(io_error(&project.dir))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|path| path.extension().is_some_and(|e| e == "c") && path.is_file())
+        .collect();
+    sources.sort();
+    if sources.is_empty() {
+        return Err(KitError::Project(format!(
+            "{}: no .c file at the top of the project",
+            project.dir.display()
+        )));
+    }
+    let core = target.join(format!("{}.core.wasm", project.name));
+    say(&format!(
+        "compiling {} C file(s) with {ZIGLANG} (the first build also builds wasi-libc, a few minutes)",
+        sources.len()
+    ));
+    let mut cmd = Command::new(&python);
+    cmd.current_dir(&project.dir)
+        .args([
+            "-m",
+            "ziglang",
+            "cc",
+            "--target=wasm32-wasi",
+            "-mexec-model=reactor",
+        ])
+        .args(["-O2", "-s", "-std=c11", "-Wall"])
+        .arg("-I")
+        .arg(&bindings)
+        .arg("-I")
+        .arg(&project.dir)
+        .args(&sources)
+        // The generated glue and the world's type object; not the header.
+        .args(
+            generated
+                .iter()
+                .filter(|p| p.extension().is_some_and(|e| e == "c" || e == "o")),
+        )
+        .arg("-o")
+        .arg(&core);
+    run(&mut cmd)?;
+    let bytes = std::fs::read(&core).map_err(io_error(&core))?;
+    say("encoding the component");
+    std::fs::write(out, wasm::componentize(&bytes, None)?).map_err(io_error(out))?;
+    Ok(format!(
+        "{ZIGLANG} (zig cc, wasm32-wasi) with wit-bindgen-c {}",
+        "0.61.1"
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn c_bindings_are_generated_for_every_world_without_a_cli() {
+        let dir = std::env::temp_dir().join(format!("ringmaster-cbind-{}", std::process::id()));
+        let wit = dir.join("wit");
+        std::fs::create_dir_all(&wit).unwrap();
+        std::fs::write(wit.join("policy.wit"), crate::scaffold::WIT).unwrap();
+        for (world, stem, export) in [
+            ("router", "router", "exports_router_route"),
+            ("admission", "admission", "exports_admission_admit"),
+            (
+                "safety-filter",
+                "safety_filter",
+                "exports_safety_filter_check_input",
+            ),
+        ] {
+            let out = dir.join(world);
+            let files = c_bindings(&wit, world, &out).unwrap();
+            let names: Vec<String> = files
+                .iter()
+                .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+                .collect();
+            for name in [
+                format!("{stem}.c"),
+                format!("{stem}.h"),
+                format!("{stem}_component_type.o"),
+            ] {
+                assert!(names.contains(&name), "{world}: {names:?}");
+            }
+            let header = std::fs::read_to_string(out.join(format!("{stem}.h"))).unwrap();
+            assert!(header.contains(export), "{world}");
+        }
+        let err = c_bindings(&wit, "no-such-world", &dir.join("x")).unwrap_err();
+        assert!(err.to_string().contains("no-such-world"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn a_js_bundle_keeps_host_imports_and_inlines_local_modules_once() {

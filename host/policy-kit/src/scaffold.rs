@@ -18,11 +18,14 @@ pub enum Lang {
     Python,
     /// JavaScript with componentize-js and the vendored `ringmaster-policy.js` module.
     JavaScript,
+    /// C with Zig's C compiler, wit-bindgen's C bindings and the vendored
+    /// `ringmaster_policy.h`.
+    C,
 }
 
 impl Lang {
     /// Every language `new` scaffolds.
-    pub const ALL: [Lang; 3] = [Lang::Rust, Lang::Python, Lang::JavaScript];
+    pub const ALL: [Lang; 4] = [Lang::Rust, Lang::Python, Lang::JavaScript, Lang::C];
 
     /// The language's name on the command line.
     pub fn as_str(self) -> &'static str {
@@ -30,6 +33,7 @@ impl Lang {
             Self::Rust => "rust",
             Self::Python => "python",
             Self::JavaScript => "js",
+            Self::C => "c",
         }
     }
 
@@ -39,6 +43,7 @@ impl Lang {
             Self::Rust => "cargo test",
             Self::Python => "python3 -m unittest discover -s tests",
             Self::JavaScript => "node --test test/",
+            Self::C => "make test",
         }
     }
 
@@ -49,8 +54,8 @@ impl Lang {
             .find(|l| l.as_str() == name)
             .ok_or_else(|| {
                 KitError::Project(format!(
-                    "--lang {name}: not a language `ringmaster policy new` scaffolds yet \
-                     (rust, python, js; C components load, but have no scaffold)"
+                    "--lang {name}: not a language `ringmaster policy new` scaffolds \
+                     (rust, python, js, c)"
                 ))
             })
     }
@@ -97,6 +102,8 @@ const PYTHON_SDK: [(&str, &str); 3] = [
 ];
 
 const JS_SDK: &str = include_str!("../../../sdk/js/ringmaster-policy.js");
+
+const C_SDK: &str = include_str!("../../../sdk/c/ringmaster_policy.h");
 
 /// A sample policy: one of the projects under `examples/`, which `tests/run` builds and
 /// serves. `new` writes its files with the example's name replaced by the new project's, so
@@ -169,6 +176,29 @@ const JS_ROUTER: Sample = Sample {
     ],
 };
 
+const C_ROUTER: Sample = Sample {
+    name: "c-router",
+    files: &[
+        ("app.c", include_str!("../../../examples/c-router/app.c")),
+        (
+            "policy.c",
+            include_str!("../../../examples/c-router/policy.c"),
+        ),
+        (
+            "policy.h",
+            include_str!("../../../examples/c-router/policy.h"),
+        ),
+        (
+            "tests/test_policy.c",
+            include_str!("../../../examples/c-router/tests/test_policy.c"),
+        ),
+        (
+            "Makefile",
+            include_str!("../../../examples/c-router/Makefile"),
+        ),
+    ],
+};
+
 /// The wit-bindgen line the vendored Rust SDK is written against.
 pub const WIT_BINDGEN_VERSION: &str = "0.61";
 
@@ -206,6 +236,7 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
                     Lang::Rust => "ringmaster-policy-sdk/",
                     Lang::Python => "ringmaster_policy/",
                     Lang::JavaScript => "ringmaster-policy.js",
+                    Lang::C => "ringmaster_policy.h",
                 },
             )
     };
@@ -244,6 +275,13 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
                 "node_modules/\ntarget/\n*.wasm\n".into(),
             ));
             files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
+        }
+        Lang::C => {
+            for (path, text) in C_ROUTER.files {
+                files.push((path.into(), C_ROUTER.as_project(text, name)));
+            }
+            files.push((".gitignore".into(), "target/\n*.wasm\n".into()));
+            files.push(("ringmaster_policy.h".into(), C_SDK.to_owned()));
         }
         Lang::Python => {
             let sample = if world == "admission" {
@@ -334,10 +372,11 @@ impl Project {
             None if dir.join("Cargo.toml").is_file() => Lang::Rust,
             None if dir.join("app.py").is_file() => Lang::Python,
             None if dir.join("app.js").is_file() => Lang::JavaScript,
+            None if dir.join("app.c").is_file() => Lang::C,
             None => {
                 return Err(KitError::Project(format!(
-                    "{}: no {PROJECT_FILE}, Cargo.toml or app.py: not a policy project \
-                     (make one with `ringmaster policy new NAME --lang rust|python`)",
+                    "{}: no {PROJECT_FILE}, Cargo.toml, app.py, app.js or app.c: not a policy project \
+                     (make one with `ringmaster policy new NAME --lang rust|python|js|c`)",
                     dir.display()
                 )));
             }
@@ -391,7 +430,7 @@ mod tests {
             // The sample's files name the new project, not the example they come from.
             for file in &files {
                 let text = std::fs::read_to_string(dir.join(file)).unwrap();
-                for example in ["python-router", "python-admission", "js-router"] {
+                for example in ["python-router", "python-admission", "js-router", "c-router"] {
                     assert!(!text.contains(example), "{}: {example}", file.display());
                 }
             }
@@ -413,7 +452,7 @@ mod tests {
             Lang::parse("cobol")
                 .unwrap_err()
                 .to_string()
-                .contains("rust, python")
+                .contains("rust, python, js, c")
         );
         let err = new_project(&dir, "ok", Lang::Rust, "admission").unwrap_err();
         assert!(

@@ -16,7 +16,7 @@ pub enum PolicyCommand {
         /// The policy's name (lower-case letters, digits and `-`): the directory, the crate
         /// or module, and the component `NAME.wasm`.
         name: String,
-        /// rust, python or js.
+        /// rust, python, js or c.
         #[arg(long, default_value = "rust")]
         lang: String,
         /// The world it targets.

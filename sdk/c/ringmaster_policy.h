@@ -1,0 +1,220 @@
+/*
+ * ringmaster_policy.h: Ringmaster's C policy SDK, the same pure decision helpers as the Rust
+ * SDK's `decide` module and the Python and JavaScript SDKs.
+ *
+ * Header-only and free of the generated bindings: a policy converts what the host returns
+ * (the `cluster.servers()` list, `cluster.prefix-matches()`, `cluster.prefill-backlog()`,
+ * `ring.candidates(...)`) into the plain structs below once, pointing at the same bytes, and
+ * decides on those. So its logic compiles and unit-tests natively with any C compiler, and
+ * the same source goes into the component.
+ *
+ * Conventions: only healthy servers are ever picked; ties end with the ring order, then the
+ * lower id, so every helper is deterministic for a given input. Strings are WIT strings:
+ * UTF-8 bytes with a length, not NUL-terminated. Nothing here allocates.
+ */
+#ifndef RINGMASTER_POLICY_H
+#define RINGMASTER_POLICY_H
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A rank for a server that is not in the order given. */
+#define RM_NO_RANK ((uint64_t)1 << 62)
+
+/* A string as the host passes it: bytes and a length. */
+typedef struct rm_str {
+  const uint8_t *ptr;
+  size_t len;
+} rm_str;
+
+/* One server, with the fields of the WIT `server` record. */
+typedef struct rm_server {
+  rm_str id;
+  bool healthy;
+  uint32_t weight;
+  uint32_t in_flight;
+  uint32_t waiting;
+  uint32_t kv_blocks_used;
+  uint32_t kv_blocks_total;
+} rm_server;
+
+/* One `cluster.prefix-matches()` entry: how many leading prefix hashes a server holds. */
+typedef struct rm_match {
+  rm_str id;
+  uint32_t hashes;
+} rm_match;
+
+/* One `cluster.prefill-backlog()` entry: a server's queued prompt tokens. */
+typedef struct rm_backlog {
+  rm_str id;
+  uint64_t tokens;
+} rm_backlog;
+
+/* What `rm_cheapest_prefill` weighs, with the other SDKs' defaults from `rm_prefill_defaults`. */
+typedef struct rm_prefill_weights {
+  /* How much a token the server's cache holds is worth against one it must compute. */
+  double cache_weight;
+  /* The bounded-load factor c of `rm_bounded_cap`. */
+  double load_factor;
+  /* Requests a server may carry over its bounded-load cap. */
+  uint32_t slack;
+} rm_prefill_weights;
+
+/* cache_weight 1, load_factor 1.25, slack 2: the other SDKs' defaults. */
+static inline rm_prefill_weights rm_prefill_defaults(void) {
+  rm_prefill_weights w = {1.0, 1.25, 2};
+  return w;
+}
+
+/* A NUL-terminated C string as an `rm_str` (for tests and fixed names). */
+static inline rm_str rm_cstr(const char *text) {
+  rm_str s = {(const uint8_t *)text, strlen(text)};
+  return s;
+}
+
+/* Whether two strings hold the same bytes. */
+static inline bool rm_str_eq(rm_str a, rm_str b) {
+  return a.len == b.len && (a.len == 0 || memcmp(a.ptr, b.ptr, a.len) == 0);
+}
+
+/* Byte-wise order of two strings (negative, zero or positive), shorter first on a tie. */
+static inline int rm_str_cmp(rm_str a, rm_str b) {
+  size_t n = a.len < b.len ? a.len : b.len;
+  int c = n == 0 ? 0 : memcmp(a.ptr, b.ptr, n);
+  if (c != 0) return c;
+  return (a.len > b.len) - (a.len < b.len);
+}
+
+/* How many of the request's leading prefix hashes server `id` holds, by `matches` (a server
+ * left out holds none). */
+static inline uint32_t rm_matched(const rm_match *matches, size_t n, rm_str id) {
+  for (size_t i = 0; i < n; i++) {
+    if (rm_str_eq(matches[i].id, id)) return matches[i].hashes;
+  }
+  return 0;
+}
+
+/* Server `id`'s prefill backlog in prompt tokens, by `backlogs` (a server left out has none). */
+static inline uint64_t rm_backlog_of(const rm_backlog *backlogs, size_t n, rm_str id) {
+  for (size_t i = 0; i < n; i++) {
+    if (rm_str_eq(backlogs[i].id, id)) return backlogs[i].tokens;
+  }
+  return 0;
+}
+
+/* Where server `id` stands in `order` (the ring's candidates for the key), for breaking ties;
+ * RM_NO_RANK when it is not there. */
+static inline uint64_t rm_ring_rank(const rm_str *order, size_t n, rm_str id) {
+  for (size_t i = 0; i < n; i++) {
+    if (rm_str_eq(order[i], id)) return (uint64_t)i;
+  }
+  return RM_NO_RANK;
+}
+
+/* The fraction of a request's `total` prefix hashes that `matched` covers (0 when it has
+ * none). */
+static inline double rm_coverage(uint32_t matched, size_t total) {
+  if (total == 0) return 0.0;
+  double c = (double)matched / (double)total;
+  return c < 1.0 ? c : 1.0;
+}
+
+/* Of `prompt_tokens`, those a server holding `matched` of `total` leading prefix hashes still
+ * has to compute (rounded half away from zero, as the Rust SDK does). */
+static inline uint64_t rm_uncached_tokens(uint32_t prompt_tokens, uint32_t matched, size_t total) {
+  return (uint64_t)round((double)prompt_tokens * (1.0 - rm_coverage(matched, total)));
+}
+
+/* The bounded-load cap ceil(c x (total + 1) x weight / total_weight) + slack: how many requests
+ * `server` may carry when `total_in_flight` run on servers of `total_weight` in all. */
+static inline uint64_t rm_bounded_cap(const rm_server *server, uint64_t total_in_flight,
+                                      uint64_t total_weight, double load_factor, uint32_t slack) {
+  double share = (double)(total_in_flight + 1) * (double)server->weight /
+                 (double)(total_weight > 0 ? total_weight : 1);
+  return (uint64_t)ceil(load_factor * share) + slack;
+}
+
+/* The healthy server with the fewest requests in flight (ties: ring order, then id); NULL when
+ * none is healthy. */
+static inline const rm_server *rm_least_in_flight(const rm_server *servers, size_t n,
+                                                  const rm_str *order, size_t n_order) {
+  const rm_server *best = NULL;
+  uint64_t best_rank = 0;
+  for (size_t i = 0; i < n; i++) {
+    const rm_server *s = &servers[i];
+    if (!s->healthy) continue;
+    uint64_t rank = rm_ring_rank(order, n_order, s->id);
+    if (best == NULL || s->in_flight < best->in_flight ||
+        (s->in_flight == best->in_flight &&
+         (rank < best_rank || (rank == best_rank && rm_str_cmp(s->id, best->id) < 0)))) {
+      best = s;
+      best_rank = rank;
+    }
+  }
+  return best;
+}
+
+/* The healthy server with room under the bounded-load cap (with `w.slack`) where the request
+ * costs the least prefill: its backlog plus the prompt, less `w.cache_weight` x the tokens its
+ * cache holds. Ties: fewer in flight, then ring order, then id. When no server has room, the
+ * least loaded. NULL when none is healthy. `prefix_hashes` is how many the request has. */
+static inline const rm_server *rm_cheapest_prefill(const rm_server *servers, size_t n,
+                                                   const rm_match *matches, size_t n_matches,
+                                                   const rm_backlog *backlogs, size_t n_backlogs,
+                                                   uint32_t prompt_tokens, size_t prefix_hashes,
+                                                   const rm_str *order, size_t n_order,
+                                                   rm_prefill_weights w) {
+  uint64_t total = 0, weight = 0;
+  size_t healthy = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!servers[i].healthy) continue;
+    healthy++;
+    total += servers[i].in_flight;
+    weight += servers[i].weight;
+  }
+  if (healthy == 0) return NULL;
+  const rm_server *best = NULL;
+  double best_cost = 0.0;
+  uint64_t best_rank = 0;
+  for (size_t i = 0; i < n; i++) {
+    const rm_server *s = &servers[i];
+    if (!s->healthy) continue;
+    if (s->in_flight >= rm_bounded_cap(s, total, weight, w.load_factor, w.slack)) continue;
+    uint32_t held = rm_matched(matches, n_matches, s->id);
+    uint64_t cached = prompt_tokens - rm_uncached_tokens(prompt_tokens, held, prefix_hashes);
+    double cost = (double)rm_backlog_of(backlogs, n_backlogs, s->id) + (double)prompt_tokens -
+                  w.cache_weight * (double)cached;
+    uint64_t rank = rm_ring_rank(order, n_order, s->id);
+    bool better = best == NULL || cost < best_cost ||
+                  (cost == best_cost &&
+                   (s->in_flight < best->in_flight ||
+                    (s->in_flight == best->in_flight &&
+                     (rank < best_rank || (rank == best_rank && rm_str_cmp(s->id, best->id) < 0)))));
+    if (better) {
+      best = s;
+      best_cost = cost;
+      best_rank = rank;
+    }
+  }
+  return best != NULL ? best : rm_least_in_flight(servers, n, order, n_order);
+}
+
+/* For unit tests: a healthy server called `id` (a C string) of weight 1 with nothing in
+ * flight and 1024 KV blocks free; set the fields to change it. */
+static inline rm_server rm_test_server(const char *id) {
+  rm_server s = {rm_cstr(id), true, 1, 0, 0, 0, 1024};
+  return s;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* RINGMASTER_POLICY_H */
