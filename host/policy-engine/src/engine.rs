@@ -616,6 +616,19 @@ impl<W: World> Core<W> {
         self.faults.snapshot()
     }
 
+    /// Instantiates the component afresh, outside the warm pool, and drops the instance: what
+    /// a call pays when no warm instance is free (its start-up code included).
+    pub(crate) fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
+        let started = std::time::Instant::now();
+        let warm = self.instantiate().map_err(|e| match e {
+            InstantiateError::Failed(fault) => fault,
+            InstantiateError::Exports(e) => PolicyFault::Instantiate(format!("{e:#}")),
+        })?;
+        let elapsed = started.elapsed();
+        drop(warm);
+        Ok(elapsed)
+    }
+
     /// Drops every warm instance (tests: force the next call to instantiate).
     #[cfg(test)]
     pub(crate) fn drain(&self) -> usize {

@@ -309,6 +309,11 @@ impl RouterPolicy {
         self.core.faults()
     }
 
+    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
+    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
+        self.core.time_instantiation()
+    }
+
     #[cfg(test)]
     pub(crate) fn core(&self) -> &Core<RouterWorld> {
         &self.core
@@ -367,6 +372,11 @@ impl AdmissionPolicy {
     pub fn faults(&self) -> FaultCounts {
         self.core.faults()
     }
+
+    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
+    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
+        self.core.time_instantiation()
+    }
 }
 
 impl fmt::Debug for AdmissionPolicy {
@@ -422,6 +432,11 @@ impl SafetyPolicy {
     /// Faults of this version so far, by kind.
     pub fn faults(&self) -> FaultCounts {
         self.core.faults()
+    }
+
+    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
+    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
+        self.core.time_instantiation()
     }
 }
 

@@ -1,20 +1,24 @@
 //! `ringmaster policy check`: whether a component loads as one of the policy worlds under the
 //! sandbox (no files, network or environment; the engine's deadline and memory cap), and
-//! what it costs: size, compile time, load time from the compiled-component cache, and the
-//! time per call against a synthetic fleet of eight servers.
+//! what it costs: size, compile time, load time from the compiled-component cache, the time
+//! of a fresh instantiation, and the time per call against a synthetic fleet of eight servers.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ringmaster_policy_engine::{
-    EngineConfig, PolicyEngine, PolicyError, PolicyRequest, RouteDecision, RouterHost, ServerView,
+    EngineConfig, PolicyEngine, PolicyError, PolicyFault, PolicyRequest, RouteDecision, RouterHost,
+    ServerView,
 };
 
 use crate::{KitError, Result, io_error};
 
 /// Calls timed per check.
 pub const CALLS: usize = 2_000;
+
+/// Fresh instantiations timed per check.
+pub const INSTANTIATIONS: usize = 25;
 
 /// What a check found.
 #[derive(Clone, Debug)]
@@ -27,6 +31,9 @@ pub struct Report {
     pub compile: Duration,
     /// Loading it again from the compiled-component cache.
     pub cached_load: Duration,
+    /// The median of [`INSTANTIATIONS`] fresh instantiations (start-up code included),
+    /// outside the warm pool: what a call pays when no warm instance is free.
+    pub instantiate: Duration,
     /// Median time per call (routers only), over [`CALLS`] calls.
     pub call_median: Option<Duration>,
     /// The 99th percentile of the same.
@@ -46,7 +53,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     };
     let cold = PolicyEngine::new(config(Some(scratch)))?;
     let started = Instant::now();
-    let (world, router) = load_any(&cold, &bytes)?;
+    let (world, router, instantiate) = load_any(&cold, &bytes)?;
     let compile = started.elapsed();
     let warm = PolicyEngine::new(config(Some(scratch)))?;
     let started = Instant::now();
@@ -86,6 +93,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
         size: bytes.len(),
         compile,
         cached_load,
+        instantiate,
         call_median,
         call_p99,
         sample_answer,
@@ -93,24 +101,48 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     })
 }
 
-/// Loads `bytes` as a router, else an admission policy, else a safety filter.
+/// Loads `bytes` as a router, else an admission policy, else a safety filter; with the
+/// median time of a fresh instantiation.
 fn load_any(
     engine: &PolicyEngine,
     bytes: &[u8],
-) -> Result<(&'static str, Option<ringmaster_policy_engine::RouterPolicy>)> {
+) -> Result<(
+    &'static str,
+    Option<ringmaster_policy_engine::RouterPolicy>,
+    Duration,
+)> {
+    fn median(
+        mut instantiate: impl FnMut() -> std::result::Result<Duration, PolicyFault>,
+    ) -> Result<Duration> {
+        let mut times = (0..INSTANTIATIONS)
+            .map(|_| instantiate())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|fault| KitError::Project(format!("a fresh instantiation failed: {fault}")))?;
+        times.sort();
+        Ok(times[times.len() / 2])
+    }
     let config = BTreeMap::new();
     let router = match engine.load_router("check", bytes, config.clone()) {
-        Ok(router) => return Ok(("router", Some(router))),
+        Ok(router) => {
+            let instantiate = median(|| router.time_instantiation())?;
+            return Ok(("router", Some(router), instantiate));
+        }
         Err(PolicyError::WrongWorld(why)) => why,
         Err(other) => return Err(other.into()),
     };
     let admission = match engine.load_admission("check", bytes, config.clone()) {
-        Ok(_) => return Ok(("admission", None)),
+        Ok(policy) => {
+            return Ok(("admission", None, median(|| policy.time_instantiation())?));
+        }
         Err(PolicyError::WrongWorld(why)) => why,
         Err(other) => return Err(other.into()),
     };
     match engine.load_safety("check", bytes, config) {
-        Ok(_) => Ok(("safety-filter", None)),
+        Ok(policy) => Ok((
+            "safety-filter",
+            None,
+            median(|| policy.time_instantiation())?,
+        )),
         Err(PolicyError::WrongWorld(safety)) => Err(KitError::Project(format!(
             "not a component for any ringmaster:policy world:\n  router: {router}\n  \
              admission: {admission}\n  safety-filter: {safety}"

@@ -158,6 +158,11 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 ms(report.compile)
             );
             println!("  cached load   {:.1} ms", ms(report.cached_load));
+            println!(
+                "  instantiate   {:.1} µs (median of {} fresh instances)",
+                report.instantiate.as_secs_f64() * 1e6,
+                ringmaster_policy_kit::check::INSTANTIATIONS
+            );
             if let (Some(median), Some(p99)) = (report.call_median, report.call_p99) {
                 println!(
                     "  per call      {:.2} µs median, {:.2} µs p99 ({} calls, 8 servers)",
