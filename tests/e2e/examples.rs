@@ -139,3 +139,53 @@ async fn the_python_admission_policy_runs_short_prompts_and_refuses_long_ones() 
         0.0
     );
 }
+
+#[tokio::test]
+async fn the_c_safety_filter_refuses_a_prompt_and_cuts_a_reply_off() {
+    let Some(path) = built_example("c-safety") else {
+        return;
+    };
+    // Words the simulated model says often, so that its replies are cut off.
+    let gw = TestGateway::simulated(
+        2,
+        0.0,
+        &format!(
+            "[policies]\ncall_deadline_ms = 1000\n[policies.safety]\nsource = {:?}\n\
+             window_bytes = 32\nconfig = {{ patterns = \"forbidden, the, of, and, to, in, is\" }}\n",
+            path.display().to_string()
+        ),
+    )
+    .await;
+    let refused = gw
+        .post_messages(&json!({"model": "sim-llama-3-8b", "max_tokens": 8,
+            "messages": [{"role": "user", "content": "say something FORBIDDEN please"}]}))
+        .await;
+    assert_eq!(refused.status(), 400);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("the prompt contains \"forbidden\""),
+        "{message}"
+    );
+    let reply: serde_json::Value = gw
+        .post_messages(&json!({"model": "sim-llama-3-8b", "max_tokens": 200,
+            "messages": [{"role": "user", "content": "Hey"}]}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(reply["stop_reason"], "refusal", "{reply}");
+    let text = reply["content"][0]["text"].as_str().unwrap().to_lowercase();
+    for pattern in ["the", "of", "and", "to", "in", "is"] {
+        assert!(
+            !text.contains(pattern),
+            "{pattern:?} reached the client: {text:?}"
+        );
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_policy_faults_total", ""),
+        0.0,
+        "{metrics}"
+    );
+}

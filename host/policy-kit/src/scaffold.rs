@@ -199,6 +199,29 @@ const C_ROUTER: Sample = Sample {
     ],
 };
 
+const C_SAFETY: Sample = Sample {
+    name: "c-safety",
+    files: &[
+        ("app.c", include_str!("../../../examples/c-safety/app.c")),
+        (
+            "policy.c",
+            include_str!("../../../examples/c-safety/policy.c"),
+        ),
+        (
+            "policy.h",
+            include_str!("../../../examples/c-safety/policy.h"),
+        ),
+        (
+            "tests/test_policy.c",
+            include_str!("../../../examples/c-safety/tests/test_policy.c"),
+        ),
+        (
+            "Makefile",
+            include_str!("../../../examples/c-safety/Makefile"),
+        ),
+    ],
+};
+
 /// The wit-bindgen line the vendored Rust SDK is written against.
 pub const WIT_BINDGEN_VERSION: &str = "0.61";
 
@@ -206,13 +229,15 @@ pub const WIT_BINDGEN_VERSION: &str = "0.61";
 /// returns the files written, relative to `dir`.
 pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
-    let supported = world == "router" || (world == "admission" && lang == Lang::Python);
+    let supported = world == "router"
+        || (world == "admission" && lang == Lang::Python)
+        || (world == "safety-filter" && lang == Lang::C);
     if !supported {
         return Err(KitError::Project(format!(
             "--world {world} --lang {lang}: `ringmaster policy new` scaffolds routers in every \
-             language and admission policies in Python so far; other policies are written \
-             the same way against their world in wit/policy.wit (see policies/tiered and \
-             policies/blocklist in Ringmaster's repository)"
+             language, admission policies in Python and safety filters in C so far; other \
+             policies are written the same way against their world in wit/policy.wit (see \
+             policies/tiered and policies/blocklist in Ringmaster's repository)"
         )));
     }
     if dir
@@ -277,8 +302,13 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
         }
         Lang::C => {
-            for (path, text) in C_ROUTER.files {
-                files.push((path.into(), C_ROUTER.as_project(text, name)));
+            let sample = if world == "safety-filter" {
+                &C_SAFETY
+            } else {
+                &C_ROUTER
+            };
+            for (path, text) in sample.files {
+                files.push((path.into(), sample.as_project(text, name)));
             }
             files.push((".gitignore".into(), "target/\n*.wasm\n".into()));
             files.push(("ringmaster_policy.h".into(), C_SDK.to_owned()));
@@ -430,13 +460,42 @@ mod tests {
             // The sample's files name the new project, not the example they come from.
             for file in &files {
                 let text = std::fs::read_to_string(dir.join(file)).unwrap();
-                for example in ["python-router", "python-admission", "js-router", "c-router"] {
+                for example in [
+                    "python-router",
+                    "python-admission",
+                    "js-router",
+                    "c-router",
+                    "c-safety",
+                ] {
                     assert!(!text.contains(example), "{}: {example}", file.display());
                 }
             }
             // A second scaffold into the same place is refused.
             let err = new_project(&dir, "my-router", lang, "router").unwrap_err();
             assert!(err.to_string().contains("not empty"), "{err}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
+    }
+
+    #[test]
+    fn other_worlds_get_their_own_samples() {
+        for (lang, world, marker) in [
+            (Lang::Python, "admission", "def admit"),
+            (
+                Lang::C,
+                "safety-filter",
+                "exports_safety_filter_check_input",
+            ),
+        ] {
+            let dir = scratch(&format!("{lang}-{world}"));
+            let files = new_project(&dir, "my-policy", lang, world).unwrap();
+            let project = Project::open(&dir).unwrap();
+            assert_eq!((project.lang, project.world.as_str()), (lang, world));
+            let texts: String = files
+                .iter()
+                .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
+                .collect();
+            assert!(texts.contains(marker), "{lang} {world}");
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }
@@ -459,7 +518,7 @@ mod tests {
             err.to_string().contains("admission policies in Python"),
             "{err}"
         );
-        let err = new_project(&dir, "ok", Lang::Python, "safety-filter").unwrap_err();
+        let err = new_project(&dir, "ok", Lang::JavaScript, "safety-filter").unwrap_err();
         assert!(err.to_string().contains("so far"), "{err}");
         assert!(!dir.exists());
     }
