@@ -109,9 +109,20 @@ async fn the_c_router_serves_requests_and_follows_the_cache() {
 
 #[tokio::test]
 async fn the_python_admission_policy_runs_short_prompts_and_refuses_long_ones() {
-    let Some(path) = built_example("python-admission") else {
-        return;
-    };
+    if let Some(path) = built_example("python-admission") {
+        admits_short_prompts_and_refuses_long_ones(&path).await;
+    }
+}
+
+#[tokio::test]
+async fn the_javascript_admission_policy_runs_short_prompts_and_refuses_long_ones() {
+    if let Some(path) = built_example("js-admission") {
+        admits_short_prompts_and_refuses_long_ones(&path).await;
+    }
+}
+
+/// The admission sample (the same logic in each language) in a gateway's admission slot.
+async fn admits_short_prompts_and_refuses_long_ones(path: &std::path::Path) {
     let gw = TestGateway::simulated(
         2,
         0.0,

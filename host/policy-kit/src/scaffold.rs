@@ -176,6 +176,28 @@ const JS_ROUTER: Sample = Sample {
     ],
 };
 
+const JS_ADMISSION: Sample = Sample {
+    name: "js-admission",
+    files: &[
+        (
+            "app.js",
+            include_str!("../../../examples/js-admission/app.js"),
+        ),
+        (
+            "policy.js",
+            include_str!("../../../examples/js-admission/policy.js"),
+        ),
+        (
+            "test/policy.test.js",
+            include_str!("../../../examples/js-admission/test/policy.test.js"),
+        ),
+        (
+            "package.json",
+            include_str!("../../../examples/js-admission/package.json"),
+        ),
+    ],
+};
+
 const C_ROUTER: Sample = Sample {
     name: "c-router",
     files: &[
@@ -230,12 +252,12 @@ pub const WIT_BINDGEN_VERSION: &str = "0.61";
 pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
     let supported = world == "router"
-        || (world == "admission" && lang == Lang::Python)
+        || (world == "admission" && matches!(lang, Lang::Python | Lang::JavaScript))
         || (world == "safety-filter" && lang == Lang::C);
     if !supported {
         return Err(KitError::Project(format!(
             "--world {world} --lang {lang}: `ringmaster policy new` scaffolds routers in every \
-             language, admission policies in Python and safety filters in C so far; other \
+             language, admission policies in Python and JavaScript and safety filters in C so far; other \
              policies are written the same way against their world in wit/policy.wit (see \
              policies/tiered and policies/blocklist in Ringmaster's repository)"
         )));
@@ -292,8 +314,13 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             }
         }
         Lang::JavaScript => {
-            for (path, text) in JS_ROUTER.files {
-                files.push((path.into(), JS_ROUTER.as_project(text, name)));
+            let sample = if world == "admission" {
+                &JS_ADMISSION
+            } else {
+                &JS_ROUTER
+            };
+            for (path, text) in sample.files {
+                files.push((path.into(), sample.as_project(text, name)));
             }
             files.push((
                 ".gitignore".into(),
@@ -464,6 +491,7 @@ mod tests {
                     "python-router",
                     "python-admission",
                     "js-router",
+                    "js-admission",
                     "c-router",
                     "c-safety",
                 ] {
@@ -481,6 +509,7 @@ mod tests {
     fn other_worlds_get_their_own_samples() {
         for (lang, world, marker) in [
             (Lang::Python, "admission", "def admit"),
+            (Lang::JavaScript, "admission", "export function admit"),
             (
                 Lang::C,
                 "safety-filter",
@@ -515,7 +544,8 @@ mod tests {
         );
         let err = new_project(&dir, "ok", Lang::Rust, "admission").unwrap_err();
         assert!(
-            err.to_string().contains("admission policies in Python"),
+            err.to_string()
+                .contains("admission policies in Python and JavaScript"),
             "{err}"
         );
         let err = new_project(&dir, "ok", Lang::JavaScript, "safety-filter").unwrap_err();
