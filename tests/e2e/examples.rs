@@ -121,6 +121,13 @@ async fn the_javascript_admission_policy_runs_short_prompts_and_refuses_long_one
     }
 }
 
+#[tokio::test]
+async fn the_c_admission_policy_runs_short_prompts_and_refuses_long_ones() {
+    if let Some(path) = built_example("c-admission") {
+        admits_short_prompts_and_refuses_long_ones(&path).await;
+    }
+}
+
 /// The admission sample (the same logic in each language) in a gateway's admission slot.
 async fn admits_short_prompts_and_refuses_long_ones(path: &std::path::Path) {
     let gw = TestGateway::simulated(

@@ -221,6 +221,29 @@ const C_ROUTER: Sample = Sample {
     ],
 };
 
+const C_ADMISSION: Sample = Sample {
+    name: "c-admission",
+    files: &[
+        ("app.c", include_str!("../../../examples/c-admission/app.c")),
+        (
+            "policy.c",
+            include_str!("../../../examples/c-admission/policy.c"),
+        ),
+        (
+            "policy.h",
+            include_str!("../../../examples/c-admission/policy.h"),
+        ),
+        (
+            "tests/test_policy.c",
+            include_str!("../../../examples/c-admission/tests/test_policy.c"),
+        ),
+        (
+            "Makefile",
+            include_str!("../../../examples/c-admission/Makefile"),
+        ),
+    ],
+};
+
 const C_SAFETY: Sample = Sample {
     name: "c-safety",
     files: &[
@@ -252,12 +275,12 @@ pub const WIT_BINDGEN_VERSION: &str = "0.61";
 pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
     let supported = world == "router"
-        || (world == "admission" && matches!(lang, Lang::Python | Lang::JavaScript))
+        || (world == "admission" && lang != Lang::Rust)
         || (world == "safety-filter" && lang == Lang::C);
     if !supported {
         return Err(KitError::Project(format!(
             "--world {world} --lang {lang}: `ringmaster policy new` scaffolds routers in every \
-             language, admission policies in Python and JavaScript and safety filters in C so far; other \
+             language, admission policies in Python, JavaScript and C, and safety filters in C so far; other \
              policies are written the same way against their world in wit/policy.wit (see \
              policies/tiered and policies/blocklist in Ringmaster's repository)"
         )));
@@ -329,10 +352,10 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             files.push(("ringmaster-policy.js".into(), JS_SDK.to_owned()));
         }
         Lang::C => {
-            let sample = if world == "safety-filter" {
-                &C_SAFETY
-            } else {
-                &C_ROUTER
+            let sample = match world {
+                "safety-filter" => &C_SAFETY,
+                "admission" => &C_ADMISSION,
+                _ => &C_ROUTER,
             };
             for (path, text) in sample.files {
                 files.push((path.into(), sample.as_project(text, name)));
@@ -493,6 +516,7 @@ mod tests {
                     "js-router",
                     "js-admission",
                     "c-router",
+                    "c-admission",
                     "c-safety",
                 ] {
                     assert!(!text.contains(example), "{}: {example}", file.display());
@@ -510,6 +534,7 @@ mod tests {
         for (lang, world, marker) in [
             (Lang::Python, "admission", "def admit"),
             (Lang::JavaScript, "admission", "export function admit"),
+            (Lang::C, "admission", "exports_admission_admit"),
             (
                 Lang::C,
                 "safety-filter",

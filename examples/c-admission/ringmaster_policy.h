@@ -1,0 +1,1 @@
+../../sdk/c/ringmaster_policy.h
