@@ -1,0 +1,1 @@
+../../sdk/js/ringmaster-policy.js
