@@ -160,9 +160,27 @@ async fn admits_short_prompts_and_refuses_long_ones(path: &std::path::Path) {
 
 #[tokio::test]
 async fn the_c_safety_filter_refuses_a_prompt_and_cuts_a_reply_off() {
-    let Some(path) = built_example("c-safety") else {
-        return;
-    };
+    if let Some(path) = built_example("c-safety") {
+        refuses_a_prompt_and_cuts_a_reply_off(&path).await;
+    }
+}
+
+#[tokio::test]
+async fn the_python_safety_filter_refuses_a_prompt_and_cuts_a_reply_off() {
+    if let Some(path) = built_example("python-safety") {
+        refuses_a_prompt_and_cuts_a_reply_off(&path).await;
+    }
+}
+
+#[tokio::test]
+async fn the_javascript_safety_filter_refuses_a_prompt_and_cuts_a_reply_off() {
+    if let Some(path) = built_example("js-safety") {
+        refuses_a_prompt_and_cuts_a_reply_off(&path).await;
+    }
+}
+
+/// The safety-filter sample (the same logic in each language) in a gateway's safety slot.
+async fn refuses_a_prompt_and_cuts_a_reply_off(path: &std::path::Path) {
     // Words the simulated model says often, so that its replies are cut off.
     let gw = TestGateway::simulated(
         2,

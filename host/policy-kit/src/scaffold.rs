@@ -157,6 +157,43 @@ const PYTHON_ADMISSION: Sample = Sample {
     ],
 };
 
+const PYTHON_SAFETY: Sample = Sample {
+    name: "python-safety",
+    files: &[
+        (
+            "app.py",
+            include_str!("../../../examples/python-safety/app.py"),
+        ),
+        (
+            "policy.py",
+            include_str!("../../../examples/python-safety/policy.py"),
+        ),
+        (
+            "tests/test_policy.py",
+            include_str!("../../../examples/python-safety/tests/test_policy.py"),
+        ),
+    ],
+};
+
+const JS_SAFETY: Sample = Sample {
+    name: "js-safety",
+    files: &[
+        ("app.js", include_str!("../../../examples/js-safety/app.js")),
+        (
+            "policy.js",
+            include_str!("../../../examples/js-safety/policy.js"),
+        ),
+        (
+            "test/policy.test.js",
+            include_str!("../../../examples/js-safety/test/policy.test.js"),
+        ),
+        (
+            "package.json",
+            include_str!("../../../examples/js-safety/package.json"),
+        ),
+    ],
+};
+
 const JS_ROUTER: Sample = Sample {
     name: "js-router",
     files: &[
@@ -274,15 +311,18 @@ pub const WIT_BINDGEN_VERSION: &str = "0.61";
 /// returns the files written, relative to `dir`.
 pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Vec<PathBuf>> {
     check_name(name)?;
-    let supported = world == "router"
-        || (world == "admission" && lang != Lang::Rust)
-        || (world == "safety-filter" && lang == Lang::C);
-    if !supported {
+    if !["router", "admission", "safety-filter"].contains(&world) {
         return Err(KitError::Project(format!(
-            "--world {world} --lang {lang}: `ringmaster policy new` scaffolds routers in every \
-             language, admission policies in Python, JavaScript and C, and safety filters in C so far; other \
-             policies are written the same way against their world in wit/policy.wit (see \
-             policies/tiered and policies/blocklist in Ringmaster's repository)"
+            "--world {world}: not a world of ringmaster:policy (router, admission, \
+             safety-filter)"
+        )));
+    }
+    if world != "router" && lang == Lang::Rust {
+        return Err(KitError::Project(format!(
+            "--world {world} --lang rust: `ringmaster policy new` scaffolds Rust routers only \
+             so far; Rust admission policies and safety filters are written the same way \
+             against their world in wit/policy.wit (see policies/tiered and policies/blocklist \
+             in Ringmaster's repository), and every other language scaffolds all three worlds"
         )));
     }
     if dir
@@ -337,10 +377,10 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             }
         }
         Lang::JavaScript => {
-            let sample = if world == "admission" {
-                &JS_ADMISSION
-            } else {
-                &JS_ROUTER
+            let sample = match world {
+                "safety-filter" => &JS_SAFETY,
+                "admission" => &JS_ADMISSION,
+                _ => &JS_ROUTER,
             };
             for (path, text) in sample.files {
                 files.push((path.into(), sample.as_project(text, name)));
@@ -364,10 +404,10 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             files.push(("ringmaster_policy.h".into(), C_SDK.to_owned()));
         }
         Lang::Python => {
-            let sample = if world == "admission" {
-                &PYTHON_ADMISSION
-            } else {
-                &PYTHON_ROUTER
+            let sample = match world {
+                "safety-filter" => &PYTHON_SAFETY,
+                "admission" => &PYTHON_ADMISSION,
+                _ => &PYTHON_ROUTER,
             };
             for (path, text) in sample.files {
                 files.push((path.into(), sample.as_project(text, name)));
@@ -513,8 +553,10 @@ mod tests {
                 for example in [
                     "python-router",
                     "python-admission",
+                    "python-safety",
                     "js-router",
                     "js-admission",
+                    "js-safety",
                     "c-router",
                     "c-admission",
                     "c-safety",
@@ -535,6 +577,12 @@ mod tests {
             (Lang::Python, "admission", "def admit"),
             (Lang::JavaScript, "admission", "export function admit"),
             (Lang::C, "admission", "exports_admission_admit"),
+            (Lang::Python, "safety-filter", "def check_input"),
+            (
+                Lang::JavaScript,
+                "safety-filter",
+                "export function checkInput",
+            ),
             (
                 Lang::C,
                 "safety-filter",
@@ -568,13 +616,9 @@ mod tests {
                 .contains("rust, python, js, c")
         );
         let err = new_project(&dir, "ok", Lang::Rust, "admission").unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("admission policies in Python and JavaScript"),
-            "{err}"
-        );
-        let err = new_project(&dir, "ok", Lang::JavaScript, "safety-filter").unwrap_err();
-        assert!(err.to_string().contains("so far"), "{err}");
+        assert!(err.to_string().contains("Rust routers only"), "{err}");
+        let err = new_project(&dir, "ok", Lang::Python, "proxy").unwrap_err();
+        assert!(err.to_string().contains("not a world"), "{err}");
         assert!(!dir.exists());
     }
 }
