@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A truly cold CI run, as a new machine would do it: a bare Debian 12 root (debootstrap
+# --variant=minbase) with nothing in it but the Rust toolchain, then `.ci/run` on a fresh clone
+# of HEAD inside it (chroot). Everything else the test command needs (a C compiler, Python,
+# Node.js, Debian's Wasm toolchain, PyPI and npm packages, the model, every cache) it must
+# install itself. Not part of tests/run: it takes 25-35 minutes on 2 cores.
+#
+#   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--keep]
+#
+# Copied in from this machine, because no script should install them: rustup's toolchain
+# (~/.rustup, ~/.cargo/bin; rustup's own downloads may be unreachable) and the machine's
+# network settings (the CA bundle sources in /usr/local/share/ca-certificates, /etc/pip.conf,
+# ~/.npmrc, and the *_CA_*/SSL_CERT_* variables). Prints the run's time; the root is removed
+# afterwards unless --keep.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+root=/var/cache/ringmaster-fresh-root
+keep=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --root) root=$2; shift 2 ;;
+    --keep) keep=1; shift ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || { echo "run as root (debootstrap and chroot)" >&2; exit 1; }
+command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
+
+umount_all() {
+  for d in dev/pts dev sys proc; do
+    mountpoint -q "$root/$d" && umount "$root/$d" || true
+  done
+}
+trap umount_all EXIT
+
+if [ ! -x "$root/bin/bash" ]; then
+  mkdir -p "$root"
+  debootstrap --variant=minbase --include=ca-certificates bookworm "$root" http://deb.debian.org/debian
+fi
+# The toolchain: rustup's active one, under the same paths.
+toolchain=$(rustup toolchain list | awk '/default/ {print $1; exit}')
+mkdir -p "$root/root/.rustup/toolchains" "$root/root/.cargo"
+cp -a "$HOME/.rustup/settings.toml" "$root/root/.rustup/"
+cp -a "$HOME/.rustup/toolchains/$toolchain" "$root/root/.rustup/toolchains/"
+cp -a "$HOME/.cargo/bin" "$root/root/.cargo/"
+# The machine's network.
+cp /etc/resolv.conf "$root/etc/resolv.conf"
+cp -a /etc/apt/sources.list.d/*.sources "$root/etc/apt/sources.list.d/" 2>/dev/null && rm -f "$root/etc/apt/sources.list" || true
+cp -a /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/" 2>/dev/null || true
+chroot "$root" update-ca-certificates >/dev/null
+[ -f /etc/pip.conf ] && cp /etc/pip.conf "$root/etc/pip.conf"
+[ -f "$HOME/.npmrc" ] && cp "$HOME/.npmrc" "$root/root/.npmrc"
+# The clone, and ../shared beside it when there is one.
+rm -rf "$root/work"
+mkdir -p "$root/work"
+git clone -q "$repo" "$root/work/main"
+[ -d "$repo/../shared" ] && cp -a "$repo/../shared" "$root/work/shared"
+for d in proc sys dev dev/pts; do mount --bind "/$d" "$root/$d"; done
+
+bundle=/etc/ssl/certs/ca-certificates.crt
+started=$(date +%s)
+rc=0
+chroot "$root" /usr/bin/env -i HOME=/root CI=true \
+  PATH=/root/.cargo/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+  SSL_CERT_FILE=$bundle CURL_CA_BUNDLE=$bundle NODE_EXTRA_CA_CERTS=$bundle \
+  REQUESTS_CA_BUNDLE=$bundle PIP_CERT=$bundle GIT_SSL_CAINFO=$bundle \
+  /bin/bash -c 'cd /work/main && bash .ci/run' || rc=$?
+echo "fresh-root .ci/run: exit $rc after $(( $(date +%s) - started )) s"
+umount_all
+[ "$keep" = 1 ] || rm -rf "$root"
+exit "$rc"
