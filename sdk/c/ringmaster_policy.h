@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef __cplusplus
@@ -204,6 +206,32 @@ static inline const rm_server *rm_cheapest_prefill(const rm_server *servers, siz
     }
   }
   return best != NULL ? best : rm_least_in_flight(servers, n, order, n_order);
+}
+
+/* For unit tests, natively: RM_CHECK(cond) counts and reports a failed check without stopping;
+ * `return rm_test_finish("name");` at the end of main says how it went and gives the exit
+ * status. */
+static inline int *rm_test_failures(void) {
+  static int failures = 0;
+  return &failures;
+}
+
+#define RM_CHECK(cond)                                                   \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      fprintf(stderr, "%s:%d: failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++*rm_test_failures();                                             \
+    }                                                                    \
+  } while (0)
+
+static inline int rm_test_finish(const char *suite) {
+  int failures = *rm_test_failures();
+  if (failures > 0) {
+    fprintf(stderr, "%s: %d check(s) failed\n", suite, failures);
+    return EXIT_FAILURE;
+  }
+  printf("%s: all tests passed\n", suite);
+  return EXIT_SUCCESS;
 }
 
 /* For unit tests: a healthy server called `id` (a C string) of weight 1 with nothing in
