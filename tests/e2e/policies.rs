@@ -305,6 +305,20 @@ async fn ab_variants_are_sticky_per_session_and_compared() {
     let enough = samples.iter().all(|n| n.as_u64().unwrap() >= 30);
     let verdict = diff["verdict"].as_str().unwrap();
     assert_eq!(verdict == "collecting", !enough, "{diff}");
+    // The hit ratio's comparison: an interval once both arms have 30 requests, around the
+    // difference of the two ratios.
+    let hits = &variants[1]["hit_ratio_vs_control"];
+    assert_eq!(hits["control"], "default");
+    let difference = hits["difference"].as_f64().unwrap();
+    assert!((-1.0..=1.0).contains(&difference), "{hits}");
+    match hits["ci95"].as_array() {
+        Some(ci) => {
+            assert!(enough, "{hits}");
+            let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+            assert!(lo <= hi && (-1.0..=1.0).contains(&lo) && (-1.0..=1.0).contains(&hi));
+        }
+        None => assert!(!enough, "{hits}"),
+    }
     let metrics = gw.metrics().await;
     assert!(
         metric_sum(

@@ -582,6 +582,23 @@ fn experiments_json(gateway: &Gateway) -> serde_json::Value {
                     "method": "verdict from the always-valid interval (mixture SPRT, Johari et al. 2017) once both arms have 30 samples; Welch with Satterthwaite df for a single look; percentile bootstrap for p50 and p99",
                 });
             }
+            if i > 0 {
+                let control_stats = &set.variants[0].stats;
+                let ratio = |s: &crate::policy::VariantStats| {
+                    let prompt = s.prompt_tokens.load(Relaxed);
+                    (prompt > 0).then(|| s.cached_tokens.load(Relaxed) as f64 / prompt as f64)
+                };
+                entry["hit_ratio_vs_control"] = json!({
+                    "control": &*set.variants[0].name,
+                    "difference": ratio(stats).zip(ratio(control_stats)).map(|(b, a)| b - a),
+                    // For one look, over the last requests of each arm (the TTFT window).
+                    "ci95": experiment_stats::bootstrap_hit_ratio_difference(
+                        &control_stats.cache_samples(),
+                        &stats.cache_samples(),
+                    ),
+                    "method": "percentile bootstrap over requests of the token-weighted hit ratio (sum cached / sum prompt), once both arms have 30 requests",
+                });
+            }
             entry
         })
         .collect();

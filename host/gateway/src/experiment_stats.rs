@@ -276,6 +276,44 @@ pub fn bootstrap_quantile_difference(
     Some([quantile(&diffs, 0.025), quantile(&diffs, 0.975)])
 }
 
+/// A percentile-bootstrap 95 % interval for the difference of prefix-cache hit ratios,
+/// candidate − control, each the token-weighted ratio `Σ cached / Σ prompt` of its requests'
+/// `(cached, prompt)` pairs, resampling requests (so a few long prompts weigh as they do in
+/// the ratio). Fixed seed; `None` unless both arms have [`MIN_SAMPLES`] requests with prompt
+/// tokens.
+pub fn bootstrap_hit_ratio_difference(
+    control: &[(u32, u32)],
+    candidate: &[(u32, u32)],
+) -> Option<[f64; 2]> {
+    let usable = |xs: &[(u32, u32)]| -> Vec<(u32, u32)> {
+        let kept: Vec<_> = xs.iter().copied().filter(|&(_, p)| p > 0).collect();
+        let step = kept.len().div_ceil(BOOTSTRAP_MAX_SAMPLES).max(1);
+        kept.into_iter().step_by(step).collect()
+    };
+    let (a, b) = (usable(control), usable(candidate));
+    if a.len() < MIN_SAMPLES || b.len() < MIN_SAMPLES {
+        return None;
+    }
+    let mut rng = SplitMix64(0x41_7a71_0c0f_fee5);
+    let mut resampled_ratio = |xs: &[(u32, u32)]| {
+        let (mut cached, mut prompt) = (0u64, 0u64);
+        for _ in 0..xs.len() {
+            let (c, p) = xs[(rng.next() % xs.len() as u64) as usize];
+            cached += u64::from(c.min(p));
+            prompt += u64::from(p);
+        }
+        cached as f64 / prompt as f64
+    };
+    let mut diffs: Vec<f64> = (0..BOOTSTRAP_RESAMPLES)
+        .map(|_| {
+            let control_ratio = resampled_ratio(&a);
+            resampled_ratio(&b) - control_ratio
+        })
+        .collect();
+    diffs.sort_by(f64::total_cmp);
+    Some([quantile(&diffs, 0.025), quantile(&diffs, 0.975)])
+}
+
 /// A small deterministic generator for the bootstrap (and the tests).
 struct SplitMix64(u64);
 
@@ -313,6 +351,42 @@ mod tests {
 
     fn summary_of(xs: &[f64]) -> Summary {
         summarize(xs).unwrap()
+    }
+
+    /// Requests with prompts of 100–4,000 tokens, each cached with probability `hit`.
+    fn cache_pairs(rng: &mut SplitMix64, n: usize, hit: f64) -> Vec<(u32, u32)> {
+        (0..n)
+            .map(|_| {
+                let prompt = 100 + (rng.next() % 3_901) as u32;
+                let cached = if rng.uniform() < hit { prompt } else { 0 };
+                (cached, prompt)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_hit_ratio_interval_finds_a_real_difference_and_no_false_one() {
+        let mut rng = SplitMix64(7);
+        let control = cache_pairs(&mut rng, 400, 0.2);
+        let better = cache_pairs(&mut rng, 400, 0.5);
+        let [lo, hi] = bootstrap_hit_ratio_difference(&control, &better).unwrap();
+        assert!(
+            lo > 0.15 && hi < 0.45 && lo < 0.3 && hi > 0.3,
+            "[{lo}, {hi}]"
+        );
+        // A/A: over 100 pairs of equal arms, the 95 % interval misses 0 about 5 times.
+        let misses = (0..100)
+            .filter(|_| {
+                let a = cache_pairs(&mut rng, 200, 0.3);
+                let b = cache_pairs(&mut rng, 200, 0.3);
+                let [lo, hi] = bootstrap_hit_ratio_difference(&a, &b).unwrap();
+                lo > 0.0 || hi < 0.0
+            })
+            .count();
+        assert!(misses <= 12, "{misses} of 100 A/A intervals excluded 0");
+        // Too few requests (or none with a prompt): no interval.
+        assert!(bootstrap_hit_ratio_difference(&control[..29], &better).is_none());
+        assert!(bootstrap_hit_ratio_difference(&[(0, 0); 100], &better).is_none());
     }
 
     #[test]

@@ -74,6 +74,9 @@ pub struct VariantStats {
     /// Of which served from the prefix cache.
     pub cached_tokens: AtomicU64,
     ttft: Mutex<VecDeque<f64>>,
+    /// Each finished request's (cached, prompt) tokens, the same window as `ttft`: the
+    /// samples behind the hit ratio's interval.
+    cache: Mutex<VecDeque<(u32, u32)>>,
     /// Shadow only: decisions compared with the live one.
     pub shadow_decisions: AtomicU64,
     /// Shadow only: decisions equal to the live one.
@@ -89,6 +92,34 @@ impl VariantStats {
             samples.pop_front();
         }
         samples.push_back(seconds);
+    }
+
+    /// Records a finished request's prompt tokens and how many of them were cached: adds them
+    /// to the totals and keeps the pair for the hit ratio's interval.
+    pub fn record_cache(&self, cached_tokens: u32, prompt_tokens: u32) {
+        self.prompt_tokens.fetch_add(
+            u64::from(prompt_tokens),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        self.cached_tokens.fetch_add(
+            u64::from(cached_tokens),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        let mut samples = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.len() == TTFT_SAMPLES_PER_VARIANT {
+            samples.pop_front();
+        }
+        samples.push_back((cached_tokens, prompt_tokens));
+    }
+
+    /// A copy of the (cached, prompt) token samples.
+    pub fn cache_samples(&self) -> Vec<(u32, u32)> {
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect()
     }
 
     /// A copy of the TTFT samples.

@@ -224,6 +224,7 @@ impl PolicyEngine {
             export_indices,
             warm: Mutex::new(Vec::new()),
             faults: FaultCounters::default(),
+            last_call_fuel: std::sync::atomic::AtomicU64::new(u64::MAX),
         });
         let warm = core.instantiate().map_err(|e| match e {
             InstantiateError::Exports(e) => PolicyError::WrongWorld(format!(
@@ -493,6 +494,8 @@ pub(crate) struct Core<W: World> {
     export_indices: Vec<ComponentExportIndex>,
     warm: Mutex<Vec<Warm<W::Exports>>>,
     pub(crate) faults: FaultCounters,
+    /// In fuel mode, the fuel the last successful call burned (`u64::MAX`: none yet).
+    last_call_fuel: std::sync::atomic::AtomicU64,
 }
 
 impl<W: World> Core<W> {
@@ -512,11 +515,20 @@ impl<W: World> Core<W> {
         // gateway, and is each instance's first call: copy-on-write memory is still being
         // paged in. It gets the instantiate deadline so a load under traffic is not refused
         // for a few milliseconds of scheduling; an endless loop is still caught.
+        let cx_counting = cx.counting;
         self.arm(&mut warm.store, Budget::call(cx.counting));
         let exports = warm.exports;
         let store = &mut warm.store;
         match host::with_call(cx, || call(store, exports)) {
             Ok(value) => {
+                if let (Some(budget), Ok(left)) = (self.engine.config.fuel, warm.store.get_fuel())
+                    && cx_counting
+                {
+                    self.last_call_fuel.store(
+                        budget.saturating_sub(left),
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
                 self.put(warm);
                 Ok(value)
             }
@@ -614,6 +626,15 @@ impl<W: World> Core<W> {
 
     pub(crate) fn faults(&self) -> crate::FaultCounts {
         self.faults.snapshot()
+    }
+
+    /// In fuel mode, the fuel (about one unit per Wasm instruction) the last successful
+    /// ordinary call burned; `None` in epoch mode or before the first call.
+    pub(crate) fn last_call_fuel(&self) -> Option<u64> {
+        let fuel = self
+            .last_call_fuel
+            .load(std::sync::atomic::Ordering::Relaxed);
+        (fuel != u64::MAX).then_some(fuel)
     }
 
     /// Instantiates the component afresh, outside the warm pool, and drops the instance: what

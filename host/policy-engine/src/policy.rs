@@ -314,6 +314,11 @@ impl RouterPolicy {
         self.core.time_instantiation()
     }
 
+    /// In fuel mode, the fuel the last successful call burned (`ringmaster policy check`).
+    pub fn last_call_fuel(&self) -> Option<u64> {
+        self.core.last_call_fuel()
+    }
+
     #[cfg(test)]
     pub(crate) fn core(&self) -> &Core<RouterWorld> {
         &self.core

@@ -30,6 +30,9 @@ pub const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 /// 1.35 fails on this layout; componentize-js itself works).
 pub const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
 
+/// The wit-bindgen C generator's version (the `wit-bindgen-c` dependency), for people.
+pub const WIT_BINDGEN_C: &str = "0.61.1";
+
 /// The Zig release (PyPI's `ziglang`, which carries clang and wasi-libc) C policies are
 /// compiled with.
 pub const ZIGLANG: &str = "ziglang==0.17.1";
@@ -542,7 +545,7 @@ fn build_c(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<S
     }
     let core = target.join(format!("{}.core.wasm", project.name));
     say(&format!(
-        "compiling {} C file(s) with {ZIGLANG} (the first build also builds wasi-libc, a few minutes)",
+        "compiling {} C file(s) with {ZIGLANG} (the first build also builds wasi-libc: about a minute)",
         sources.len()
     ));
     let mut cmd = Command::new(&python);
@@ -573,8 +576,7 @@ fn build_c(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<S
     say("encoding the component");
     std::fs::write(out, wasm::componentize(&bytes, None)?).map_err(io_error(out))?;
     Ok(format!(
-        "{ZIGLANG} (zig cc, wasm32-wasi) with wit-bindgen-c {}",
-        "0.61.1"
+        "{ZIGLANG} (zig cc, wasm32-wasi) with wit-bindgen-c {WIT_BINDGEN_C}"
     ))
 }
 

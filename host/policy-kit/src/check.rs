@@ -38,6 +38,9 @@ pub struct Report {
     pub call_median: Option<Duration>,
     /// The 99th percentile of the same.
     pub call_p99: Option<Duration>,
+    /// Median fuel (about one unit per Wasm instruction) per call, on an engine in fuel mode
+    /// (routers only): its cost in instructions, the same on every machine.
+    pub call_fuel: Option<u64>,
     /// What it answered to the first synthetic request it answered (routers only).
     pub sample_answer: Option<String>,
     /// Calls that faulted (each would have fallen back to the ring), and the first fault.
@@ -60,6 +63,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     load_any(&warm, &bytes)?;
     let cached_load = started.elapsed();
     let (mut call_median, mut call_p99, mut sample_answer) = (None, None, None);
+    let mut call_fuel = None;
     let mut faults = (0, None);
     if let Some(router) = router {
         let fleet = SyntheticFleet::eight();
@@ -87,6 +91,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
         times.sort();
         call_median = Some(times[times.len() / 2]);
         call_p99 = Some(times[times.len() * 99 / 100]);
+        call_fuel = fuel_per_call(&bytes, scratch)?;
     }
     Ok(Report {
         world,
@@ -96,9 +101,34 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
         instantiate,
         call_median,
         call_p99,
+        call_fuel,
         sample_answer,
         faults,
     })
+}
+
+/// Fuel calls measured per check (fuel is deterministic: fewer calls suffice).
+const FUEL_CALLS: usize = 200;
+
+/// The median fuel a router burns per call on the synthetic fleet, from an engine in fuel
+/// mode with a generous budget.
+fn fuel_per_call(bytes: &[u8], scratch: &Path) -> Result<Option<u64>> {
+    let engine = PolicyEngine::new(EngineConfig {
+        fuel: Some(1_000_000_000),
+        cache_dir: Some(scratch.join("fuel")),
+        ..EngineConfig::default()
+    })?;
+    let router = engine.load_router("check-fuel", bytes, BTreeMap::new())?;
+    let fleet = SyntheticFleet::eight();
+    let mut burned: Vec<u64> = (0..FUEL_CALLS)
+        .filter_map(|i| {
+            let request = SyntheticFleet::request(i as u64, 16, 1_000);
+            router.route(&fleet, &request).ok()?;
+            router.last_call_fuel()
+        })
+        .collect();
+    burned.sort_unstable();
+    Ok(burned.get(burned.len() / 2).copied())
 }
 
 /// Loads `bytes` as a router, else an admission policy, else a safety filter; with the

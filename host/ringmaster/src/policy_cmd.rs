@@ -171,6 +171,11 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
                     check::CALLS
                 );
             }
+            if let Some(fuel) = report.call_fuel {
+                println!(
+                    "  fuel          {fuel} per call (median; about one per Wasm instruction)"
+                );
+            }
             if let Some(answer) = report.sample_answer {
                 println!("  first answer  {answer}");
             }

@@ -510,14 +510,7 @@ impl Tracker {
             .get_or_create(&self.label)
             .observe(self.started.elapsed().as_secs_f64());
         if let Some(variant) = &self.variant {
-            variant
-                .stats
-                .prompt_tokens
-                .fetch_add(u64::from(prompt_tokens), Ordering::Relaxed);
-            variant
-                .stats
-                .cached_tokens
-                .fetch_add(u64::from(cached_tokens), Ordering::Relaxed);
+            variant.stats.record_cache(cached_tokens, prompt_tokens);
         }
     }
 
