@@ -105,6 +105,9 @@ const JS_SDK: &str = include_str!("../../../sdk/js/ringmaster-policy.js");
 
 const C_SDK: &str = include_str!("../../../sdk/c/ringmaster_policy.h");
 
+/// Every C project's build file (the examples link to it).
+const C_MAKEFILE: &str = include_str!("../templates/c/Makefile");
+
 /// A sample policy: one of the projects under `examples/`, which `tests/run` builds and
 /// serves. `new` writes its files with the example's name replaced by the new project's, so
 /// each sample exists once and what users get is what is tested.
@@ -251,10 +254,6 @@ const C_ROUTER: Sample = Sample {
             "tests/test_policy.c",
             include_str!("../../../examples/c-router/tests/test_policy.c"),
         ),
-        (
-            "Makefile",
-            include_str!("../../../examples/c-router/Makefile"),
-        ),
     ],
 };
 
@@ -274,10 +273,6 @@ const C_ADMISSION: Sample = Sample {
             "tests/test_policy.c",
             include_str!("../../../examples/c-admission/tests/test_policy.c"),
         ),
-        (
-            "Makefile",
-            include_str!("../../../examples/c-admission/Makefile"),
-        ),
     ],
 };
 
@@ -296,10 +291,6 @@ const C_SAFETY: Sample = Sample {
         (
             "tests/test_policy.c",
             include_str!("../../../examples/c-safety/tests/test_policy.c"),
-        ),
-        (
-            "Makefile",
-            include_str!("../../../examples/c-safety/Makefile"),
         ),
     ],
 };
@@ -402,6 +393,7 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             }
             files.push((".gitignore".into(), "target/\n*.wasm\n".into()));
             files.push(("ringmaster_policy.h".into(), C_SDK.to_owned()));
+            files.push(("Makefile".into(), C_MAKEFILE.to_owned()));
         }
         Lang::Python => {
             let sample = match world {
