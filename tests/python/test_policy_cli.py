@@ -112,19 +112,23 @@ def test_a_scaffolded_c_router_tests_natively_builds_and_checks():
         assert "is a router component" in out and "per call" in out, out
 
 
-def test_a_scaffolded_rust_router_tests_natively_builds_and_checks():
-    """`new --lang rust` gives a project that builds as it is: `cargo test` natively, then the
-    component with the Wasm toolchain `tests/run` already set up for the built-in policies
-    (rustup's target, else Debian's rustc-web with std built from source, ~1 minute)."""
+def test_scaffolded_rust_policies_test_natively_build_and_check():
+    """`new --lang rust` gives a project that builds as it is, in each world: `cargo test`
+    natively, then the component with the Wasm toolchain `tests/run` already set up for the
+    built-in policies (rustup's target, else Debian's rustc-web with std built from source,
+    under a minute each)."""
     ringmaster = binary()
     with tempfile.TemporaryDirectory() as tmp:
-        out = run([ringmaster, "policy", "new", "edge-router", "--lang", "rust"], cwd=tmp)
-        assert "wrote a rust router" in out
-        project = os.path.join(tmp, "edge-router")
-        out = run(["cargo", "test", "--quiet"], cwd=project,
-                  env={**os.environ, "CARGO_TARGET_DIR": os.path.join(tmp, "native")})
-        run([ringmaster, "policy", "build"], cwd=project)
-        component = os.path.join(project, "edge-router.wasm")
-        assert 1_000 < os.path.getsize(component) < 500_000
-        out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component" in out and "per call" in out, out
+        for world in ["router", "admission", "safety-filter"]:
+            name = f"edge-{world}"
+            out = run([ringmaster, "policy", "new", name, "--lang", "rust", "--world", world],
+                      cwd=tmp)
+            assert f"wrote a rust {world}" in out, out
+            project = os.path.join(tmp, name)
+            out = run(["cargo", "test", "--quiet"], cwd=project,
+                      env={**os.environ, "CARGO_TARGET_DIR": os.path.join(tmp, "native")})
+            run([ringmaster, "policy", "build"], cwd=project)
+            component = os.path.join(project, f"{name}.wasm")
+            assert 1_000 < os.path.getsize(component) < 500_000
+            out = run([ringmaster, "policy", "check", component], cwd=project)
+            assert f"is a {world} component" in out or f"is an {world} component" in out, out

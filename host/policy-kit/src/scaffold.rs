@@ -308,14 +308,6 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
              safety-filter)"
         )));
     }
-    if world != "router" && lang == Lang::Rust {
-        return Err(KitError::Project(format!(
-            "--world {world} --lang rust: `ringmaster policy new` scaffolds Rust routers only \
-             so far; Rust admission policies and safety filters are written the same way \
-             against their world in wit/policy.wit (see policies/tiered and policies/blocklist \
-             in Ringmaster's repository), and every other language scaffolds all three worlds"
-        )));
-    }
     if dir
         .read_dir()
         .is_ok_and(|mut entries| entries.next().is_some())
@@ -358,10 +350,12 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
                 "Cargo.toml".into(),
                 vars(include_str!("../templates/rust/Cargo.toml.in")),
             ));
-            files.push((
-                "src/lib.rs".into(),
-                vars(include_str!("../templates/rust/src/lib.rs")),
-            ));
+            let lib = match world {
+                "safety-filter" => include_str!("../templates/rust-safety/src/lib.rs"),
+                "admission" => include_str!("../templates/rust-admission/src/lib.rs"),
+                _ => include_str!("../templates/rust/src/lib.rs"),
+            };
+            files.push(("src/lib.rs".into(), vars(lib)));
             files.push((".gitignore".into(), "/target\n*.wasm\n".into()));
             for (path, text) in RUST_SDK {
                 files.push((Path::new("ringmaster-policy-sdk").join(path), vars(text)));
@@ -570,6 +564,8 @@ mod tests {
             (Lang::JavaScript, "admission", "export function admit"),
             (Lang::C, "admission", "exports_admission_admit"),
             (Lang::Python, "safety-filter", "def check_input"),
+            (Lang::Rust, "admission", "fn admit(req: Request"),
+            (Lang::Rust, "safety-filter", "fn check_input(text: String)"),
             (
                 Lang::JavaScript,
                 "safety-filter",
@@ -607,8 +603,6 @@ mod tests {
                 .to_string()
                 .contains("rust, python, js, c")
         );
-        let err = new_project(&dir, "ok", Lang::Rust, "admission").unwrap_err();
-        assert!(err.to_string().contains("Rust routers only"), "{err}");
         let err = new_project(&dir, "ok", Lang::Python, "proxy").unwrap_err();
         assert!(err.to_string().contains("not a world"), "{err}");
         assert!(!dir.exists());
