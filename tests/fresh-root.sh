@@ -3,7 +3,7 @@
 # --variant=minbase) with nothing in it but the Rust toolchain, then `.ci/run` on a fresh clone
 # of HEAD inside it (chroot). Everything else the test command needs (a C compiler, Python,
 # Node.js, Debian's Wasm toolchain, PyPI and npm packages, the model, every cache) it must
-# install itself. Not part of tests/run: it takes 25-35 minutes on 2 cores.
+# install itself. Not part of tests/run: it took 20 minutes on 2 cores (2026-12-01).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--keep]
 #

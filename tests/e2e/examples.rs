@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use crate::support::{TestGateway, metric_sum};
+use crate::support::{TestGateway, metric_sum, required_file};
 
 /// The built component of `examples/NAME` (`NAME.wasm` beside its sources), or `None` when
 /// it was not built and the run does not require it.
@@ -12,19 +12,11 @@ fn built_example(name: &str) -> Option<std::path::PathBuf> {
         .join("../examples")
         .join(name)
         .join(format!("{name}.wasm"));
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("RINGMASTER_REQUIRE_POLICIES").is_none(),
-        "{} is missing: tests/run builds it with `ringmaster policy build examples/{name}`",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} is not built (ringmaster policy build examples/{name})",
-        path.display()
-    );
-    None
+    required_file(
+        path,
+        "RINGMASTER_REQUIRE_POLICIES",
+        &format!("tests/run builds it with `ringmaster policy build examples/{name}`"),
+    )
 }
 
 /// Serves a growing conversation through the router component at `path` (variant `name`):

@@ -184,6 +184,25 @@ pub async fn eventually(timeout: Duration, mut check: impl AsyncFnMut() -> bool)
     }
 }
 
+/// `path` when it is a file; otherwise `None` with a note, or a failure when `require` (an
+/// environment variable `tests/run` sets) is set: `make` says how to get the file.
+pub fn required_file(
+    path: std::path::PathBuf,
+    require: &str,
+    make: &str,
+) -> Option<std::path::PathBuf> {
+    if path.is_file() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os(require).is_none(),
+        "{require} is set but {} is missing: {make}",
+        path.display()
+    );
+    eprintln!("skipping: {} is missing ({make})", path.display());
+    None
+}
+
 /// SmolLM2's path (`RINGMASTER_MODEL`, else the cache `cargo xtask model` fills), or `None`
 /// with a note when it is missing; a missing model fails instead when
 /// `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`.
@@ -191,14 +210,5 @@ pub fn model_path() -> Option<std::path::PathBuf> {
     let path = std::env::var_os("RINGMASTER_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(ringmaster_gpu_runtime::model::default_model_path);
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("RINGMASTER_REQUIRE_MODEL").is_none(),
-        "RINGMASTER_REQUIRE_MODEL is set but {} is missing: run `cargo xtask model`",
-        path.display()
-    );
-    eprintln!("skipping: SmolLM2 is not at {}", path.display());
-    None
+    required_file(path, "RINGMASTER_REQUIRE_MODEL", "run `cargo xtask model`")
 }

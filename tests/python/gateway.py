@@ -19,6 +19,17 @@ def binary():
     return path
 
 
+# Two simulated servers on a fast modelled clock: the fleet every Python test serves from.
+SIMULATED_FLEET = """
+[simulator]
+time_scale = 0.01
+[[servers]]
+address = "sim://gpu-0"
+[[servers]]
+address = "sim://gpu-1"
+"""
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

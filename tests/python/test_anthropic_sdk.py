@@ -9,7 +9,7 @@ and stops it at the end.
 import anthropic
 import pytest
 
-from gateway import running
+from gateway import SIMULATED_FLEET, running
 
 API_KEY = "sk-ringmaster-sdk-test"
 MODEL = "sim-llama-3-8b"
@@ -26,13 +26,7 @@ key = "{API_KEY}"
 [policies.safety]
 source = "builtin:blocklist"
 config = {{ patterns = "{BLOCKED}" }}
-[simulator]
-time_scale = 0.01
-[[servers]]
-address = "sim://gpu-0"
-[[servers]]
-address = "sim://gpu-1"
-"""
+""" + SIMULATED_FLEET
     with running(config) as url:
         yield url
 

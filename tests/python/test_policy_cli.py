@@ -15,7 +15,7 @@ import urllib.request
 
 import anthropic
 
-from gateway import binary, running
+from gateway import SIMULATED_FLEET, binary, running
 
 ADMIN_TOKEN = "policy-cli-test-token-0123456789"
 API_KEY = "sk-ringmaster-policy-cli"
@@ -63,13 +63,7 @@ models = ["{MODEL}"]
 admin_token = "{ADMIN_TOKEN}"
 [[api_keys]]
 key = "{API_KEY}"
-[simulator]
-time_scale = 0.01
-[[servers]]
-address = "sim://gpu-0"
-[[servers]]
-address = "sim://gpu-1"
-"""
+""" + SIMULATED_FLEET
         with running(config) as url:
             # The default variant keeps weight 100: the new one gets 10 / 110 of traffic.
             env = dict(os.environ, RINGMASTER_ADMIN_TOKEN=ADMIN_TOKEN)

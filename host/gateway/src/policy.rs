@@ -87,11 +87,7 @@ pub struct VariantStats {
 impl VariantStats {
     /// Records a time to first token, in seconds.
     pub fn record_ttft(&self, seconds: f64) {
-        let mut samples = self.ttft.lock().unwrap_or_else(|e| e.into_inner());
-        if samples.len() == TTFT_SAMPLES_PER_VARIANT {
-            samples.pop_front();
-        }
-        samples.push_back(seconds);
+        push_to_window(&self.ttft, seconds);
     }
 
     /// Records a finished request's prompt tokens and how many of them were cached: adds them
@@ -105,31 +101,17 @@ impl VariantStats {
             u64::from(cached_tokens),
             std::sync::atomic::Ordering::Relaxed,
         );
-        let mut samples = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if samples.len() == TTFT_SAMPLES_PER_VARIANT {
-            samples.pop_front();
-        }
-        samples.push_back((cached_tokens, prompt_tokens));
+        push_to_window(&self.cache, (cached_tokens, prompt_tokens));
     }
 
     /// A copy of the (cached, prompt) token samples.
     pub fn cache_samples(&self) -> Vec<(u32, u32)> {
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect()
+        copy_of_window(&self.cache)
     }
 
     /// A copy of the TTFT samples.
     pub fn ttft_samples(&self) -> Vec<f64> {
-        self.ttft
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .copied()
-            .collect()
+        copy_of_window(&self.ttft)
     }
 
     /// Shadow only: decisions per server it would have made.
@@ -139,6 +121,25 @@ impl VariantStats {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+}
+
+/// Appends to a variant's sliding window of the last [`TTFT_SAMPLES_PER_VARIANT`] samples.
+fn push_to_window<T>(window: &Mutex<VecDeque<T>>, sample: T) {
+    let mut samples = window.lock().unwrap_or_else(|e| e.into_inner());
+    if samples.len() == TTFT_SAMPLES_PER_VARIANT {
+        samples.pop_front();
+    }
+    samples.push_back(sample);
+}
+
+/// A copy of a sliding window's samples, oldest first.
+fn copy_of_window<T: Copy>(window: &Mutex<VecDeque<T>>) -> Vec<T> {
+    window
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .copied()
+        .collect()
 }
 
 /// One router variant at one version.

@@ -323,6 +323,7 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             .replace("{{lang}}", lang.as_str())
             .replace("{{wit_bindgen}}", WIT_BINDGEN_VERSION)
             .replace("{{test_command}}", lang.test_command())
+            .replace("{{world_commands}}", &world_commands(name, world))
             .replace(
                 "{{sdk_dir}}",
                 match lang {
@@ -412,6 +413,20 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
         std::fs::write(&full, text).map_err(io_error(&full))?;
     }
     Ok(files.into_iter().map(|(path, _)| path).collect())
+}
+
+/// The README's lines for what only some worlds do: a router is replayed on a trace and
+/// pushed as an A/B variant; the other worlds go into their own slot.
+fn world_commands(name: &str, world: &str) -> String {
+    let push = "RINGMASTER_ADMIN_TOKEN=... ringmaster policy push";
+    if world == "router" {
+        format!(
+            "ringmaster policy test {name}.wasm --trace TRACE.jsonl --against \
+             builtin:prefix-affinity\n{push} {name}.wasm --variant {name} --weight 10"
+        )
+    } else {
+        format!("{push} {name}.wasm --slot {world}")
+    }
 }
 
 /// A name that works as a crate name, a Python module's file name and a variant name.
@@ -533,6 +548,11 @@ mod tests {
             assert_eq!(wit, WIT);
             let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
             assert!(!readme.contains("{{"), "{readme}");
+            assert!(
+                readme.contains("policy test my-router.wasm")
+                    && readme.contains("--variant my-router"),
+                "{readme}"
+            );
             // The sample's files name the new project, not the example they come from.
             for file in &files {
                 let text = std::fs::read_to_string(dir.join(file)).unwrap();
@@ -586,6 +606,11 @@ mod tests {
                 .map(|f| std::fs::read_to_string(dir.join(f)).unwrap())
                 .collect();
             assert!(texts.contains(marker), "{lang} {world}");
+            let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
+            assert!(
+                readme.contains(&format!("--slot {world}")) && !readme.contains("policy test"),
+                "{readme}"
+            );
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }

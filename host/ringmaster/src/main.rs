@@ -9,7 +9,7 @@ mod policy_cmd;
 
 /// The gateway allocates and frees a few dozen small buffers per request (headers, JSON,
 /// bodies) across tasks; mimalloc's per-thread free lists do that for a fraction of glibc's
-/// cost (measured in BENCHMARKS.md, "Allocator").
+/// cost (paired runs in BENCHMARKS.md, "Latest run").
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
