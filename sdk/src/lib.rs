@@ -1,16 +1,21 @@
 //! Write Ringmaster policies in Rust.
 //!
-//! A Ringmaster policy is a WebAssembly component that targets one of the three worlds of the
-//! WIT package `ringmaster:policy@0.1.0` (see `wit/policy.wit`): a **router** picks the GPU
-//! server for a request, an **admission** policy decides whether a request runs now, waits or
-//! is refused, and a **safety filter** checks the text going in and coming out. This crate
+//! A Ringmaster policy is a WebAssembly component that targets one of the worlds of the WIT
+//! package `ringmaster:policy@0.2.0` (see `wit/policy.wit`): a **router** picks the GPU server
+//! for a request (a **learning router** also hears how each request went), an **admission**
+//! policy decides whether a request runs now, waits or is refused, and a **safety filter**
+//! checks the text going in and coming out. This crate
 //! owns what a policy author in Rust needs and nothing of the gateway: it must not depend on
 //! `host/`.
 //!
-//! - [`router`], [`admission`] and [`safety`]: the bindings `wit-bindgen` generates for each
-//!   world: the `Guest` trait to implement, the world's types, and an `export!` macro.
-//! - [`types`] and [`host`]: the records shared by every world and the host's interfaces a
-//!   policy may call (the ring, the cluster view, log lines, counters, its configuration).
+//! - [`router`], [`learning_router`], [`admission`] and [`safety`]: the bindings `wit-bindgen`
+//!   generates for each world: the `Guest` trait to implement, the world's types, and an
+//!   `export!` macro.
+//! - [`types`] and [`host`]: the request (a resource: each getter is one host call, so a
+//!   policy pays only for what it reads), the records shared by every world, and the host's
+//!   interfaces a policy may call (the ring, the cluster view, the shared `state` store, log
+//!   lines, counters, its configuration).
+//! - [`store`]: typed helpers over `state` (numbers, strings).
 //! - [`config`]: typed configuration values with defaults and clear errors
 //!   ([`config_f64`], [`config_u32`], …).
 //! - [`decide`]: pure decision helpers over plain inputs (server lists, prefix matches), the
@@ -29,8 +34,8 @@
 //! struct Sticky;
 //!
 //! impl Guest for Sticky {
-//!     fn route(req: Request) -> Decision {
-//!         match ring::lookup(req.routing_key) {
+//!     fn route(req: &Request) -> Decision {
+//!         match ring::lookup(req.routing_key()) {
 //!             Some(server) => Decision::Route(server),
 //!             None => Decision::Reject("no healthy GPU server".into()),
 //!         }
@@ -68,8 +73,9 @@
 //!   (see [`config::OrTrap`]) never goes live with it.
 //! - Every call has a deadline and a memory cap; a policy that loops or allocates without bound
 //!   is stopped and treated as a trap.
-//! - The gateway may create a fresh instance for any call: keep no state a decision depends on
-//!   for correctness (a round-robin counter is fine, a session table is not).
+//! - The gateway may create a fresh instance for any call, and runs several at once: keep what
+//!   decisions share (a session table, what a learning router learned) in
+//!   [`host::state`] (see [`store`]), not in the instance's own memory.
 //! - Prompt text reaches only the safety filter. Never write it (or anything derived from it)
 //!   to a log line.
 
@@ -77,6 +83,7 @@
 
 pub mod config;
 pub mod decide;
+pub mod store;
 pub mod testing;
 
 pub use config::{
@@ -94,10 +101,32 @@ pub use config::{
 pub mod router {
     wit_bindgen::generate!({
         world: "router",
-        path: "../wit",
+        path: "../wit/policy.wit",
         pub_export_macro: true,
         default_bindings_module: "ringmaster_policy_sdk::router",
         additional_derives: [PartialEq, Eq],
+    });
+}
+
+/// Bindings for the `learning-router` world: implement [`learning_router::Guest`] (`route`
+/// and `observe`) and call [`learning_router::export!`](crate::learning_router::export).
+#[allow(unsafe_code, missing_docs, clippy::all)]
+pub mod learning_router {
+    wit_bindgen::generate!({
+        world: "learning-router",
+        path: "../wit/policy.wit",
+        pub_export_macro: true,
+        default_bindings_module: "ringmaster_policy_sdk::learning_router",
+        additional_derives: [PartialEq, Eq],
+        with: {
+            "ringmaster:policy/types@0.2.0": crate::router::ringmaster::policy::types,
+            "ringmaster:policy/ring@0.2.0": crate::router::ringmaster::policy::ring,
+            "ringmaster:policy/cluster@0.2.0": crate::router::ringmaster::policy::cluster,
+            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
+        },
     });
 }
 
@@ -107,16 +136,17 @@ pub mod router {
 pub mod admission {
     wit_bindgen::generate!({
         world: "admission",
-        path: "../wit",
+        path: "../wit/policy.wit",
         pub_export_macro: true,
         default_bindings_module: "ringmaster_policy_sdk::admission",
         additional_derives: [PartialEq, Eq],
         with: {
-            "ringmaster:policy/types@0.1.0": crate::router::ringmaster::policy::types,
-            "ringmaster:policy/cluster@0.1.0": crate::router::ringmaster::policy::cluster,
-            "ringmaster:policy/log@0.1.0": crate::router::ringmaster::policy::log,
-            "ringmaster:policy/metrics@0.1.0": crate::router::ringmaster::policy::metrics,
-            "ringmaster:policy/config@0.1.0": crate::router::ringmaster::policy::config,
+            "ringmaster:policy/types@0.2.0": crate::router::ringmaster::policy::types,
+            "ringmaster:policy/cluster@0.2.0": crate::router::ringmaster::policy::cluster,
+            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
         },
     });
 }
@@ -127,21 +157,23 @@ pub mod admission {
 pub mod safety {
     wit_bindgen::generate!({
         world: "safety-filter",
-        path: "../wit",
+        path: "../wit/policy.wit",
         pub_export_macro: true,
         default_bindings_module: "ringmaster_policy_sdk::safety",
         additional_derives: [PartialEq, Eq],
         with: {
-            "ringmaster:policy/log@0.1.0": crate::router::ringmaster::policy::log,
-            "ringmaster:policy/metrics@0.1.0": crate::router::ringmaster::policy::metrics,
-            "ringmaster:policy/config@0.1.0": crate::router::ringmaster::policy::config,
+            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
         },
     });
 }
 
-/// The records every world shares: [`Request`](types::Request) and [`Server`](types::Server).
+/// What every world shares: the [`Request`](types::Request) resource, the
+/// [`Server`](types::Server) record and a learning router's [`Outcome`](types::Outcome).
 pub mod types {
-    pub use crate::router::ringmaster::policy::types::{Request, Server};
+    pub use crate::router::ringmaster::policy::types::{Outcome, Request, Server};
 }
 
 /// The host's interfaces a policy may import.
@@ -151,7 +183,7 @@ pub mod types {
 /// [`log`](host::log), [`metrics`](host::metrics) and [`config`](host::config). Outside the
 /// gateway (in a native test) every function here panics.
 pub mod host {
-    pub use crate::router::ringmaster::policy::{cluster, config, log, metrics, ring};
+    pub use crate::router::ringmaster::policy::{cluster, config, log, metrics, ring, state};
 
     /// Writes a `debug` log line; the host tags it with the policy and the request id.
     pub fn debug(message: &str) {
@@ -178,10 +210,10 @@ pub mod host {
         metrics::counter_add(name, 1);
     }
 
-    /// `cluster.prefix-matches` for `req`, without the host call when the request has no
-    /// prefix hashes (nothing of it can be cached).
-    pub fn prefix_matches_for(req: &crate::types::Request) -> Vec<(String, u32)> {
-        if req.prefix_hashes.is_empty() {
+    /// `cluster.prefix-matches` for a request with `prefix_hashes` prefix hashes, without the
+    /// host call when it has none (nothing of it can be cached).
+    pub fn prefix_matches_for(prefix_hashes: u32) -> Vec<(String, u32)> {
+        if prefix_hashes == 0 {
             Vec::new()
         } else {
             cluster::prefix_matches()

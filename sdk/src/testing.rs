@@ -1,18 +1,18 @@
 //! Builders for native unit tests of policy logic.
 //!
 //! The decision helpers in [`decide`](crate::decide) and a policy's own pure functions take
-//! plain [`Server`] and [`Request`] values; these builders make them short to write:
+//! plain values: [`Server`] records, and the few request fields a decision reads (the request
+//! itself is a resource that exists only inside the gateway, so the `Guest` shim reads those
+//! fields and hands them down). These builders make servers short to write:
 //!
 //! ```
-//! use ringmaster_policy_sdk::testing::{request, server, RequestBuilder, ServerBuilder};
+//! use ringmaster_policy_sdk::testing::{server, ServerBuilder};
 //!
 //! let servers = [server("gpu-0").in_flight(3), server("gpu-1").unhealthy()];
-//! let req = request().tier("pro").prefix_len(4);
 //! assert!(servers[0].healthy && !servers[1].healthy);
-//! assert_eq!(req.prefix_hashes.len(), 4);
 //! ```
 
-use crate::types::{Request, Server};
+use crate::types::Server;
 
 /// A healthy server of weight 1 with no load and an empty KV cache of 1024 blocks.
 pub fn server(id: &str) -> Server {
@@ -61,57 +61,6 @@ impl ServerBuilder for Server {
     fn kv_blocks(mut self, used: u32, total: u32) -> Self {
         self.kv_blocks_used = used;
         self.kv_blocks_total = total;
-        self
-    }
-}
-
-/// A request `req_test` for model `test-model` from tier `anonymous`, routing key 0, no
-/// prefix hashes, 100 prompt tokens, 64 max tokens, priority 1, not streamed, no headers.
-pub fn request() -> Request {
-    Request {
-        id: "req_test".to_owned(),
-        model: "test-model".to_owned(),
-        tier: "anonymous".to_owned(),
-        session_id: None,
-        routing_key: 0,
-        prefix_hashes: Vec::new(),
-        prompt_tokens: 100,
-        max_tokens: 64,
-        priority: 1,
-        stream: false,
-        headers: Vec::new(),
-    }
-}
-
-/// Chainable setters for a [`Request`].
-pub trait RequestBuilder: Sized {
-    /// Sets the caller's tier.
-    fn tier(self, tier: &str) -> Self;
-    /// Sets the routing key.
-    fn routing_key(self, key: u64) -> Self;
-    /// Gives the request `n` (distinct, made-up) prefix hashes.
-    fn prefix_len(self, n: usize) -> Self;
-    /// Sets the session id.
-    fn session(self, id: &str) -> Self;
-}
-
-impl RequestBuilder for Request {
-    fn tier(mut self, tier: &str) -> Self {
-        self.tier = tier.to_owned();
-        self
-    }
-    fn routing_key(mut self, key: u64) -> Self {
-        self.routing_key = key;
-        self
-    }
-    fn prefix_len(mut self, n: usize) -> Self {
-        self.prefix_hashes = (0..n as u64)
-            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xA5A5)
-            .collect();
-        self
-    }
-    fn session(mut self, id: &str) -> Self {
-        self.session_id = Some(id.to_owned());
         self
     }
 }

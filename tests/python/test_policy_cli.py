@@ -49,7 +49,7 @@ def test_scaffold_test_build_replay_push_and_compare():
         assert os.path.getsize(component) > 1_000_000, out
 
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.1.0)" in out and "per call" in out, out
 
         out = run([ringmaster, "policy", "test", component, "--trace", TRACE,
                    "--requests", "120", "--out", os.path.join(tmp, "replay")], cwd=project)
@@ -103,7 +103,7 @@ def test_a_scaffolded_c_router_tests_natively_builds_and_checks():
         component = os.path.join(project, "edge-router.wasm")
         assert 1_000 < os.path.getsize(component) < 200_000
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.1.0)" in out and "per call" in out, out
 
 
 def test_scaffolded_rust_policies_test_natively_build_and_check():
@@ -125,4 +125,6 @@ def test_scaffolded_rust_policies_test_natively_build_and_check():
             component = os.path.join(project, f"{name}.wasm")
             assert 1_000 < os.path.getsize(component) < 500_000
             out = run([ringmaster, "policy", "check", component], cwd=project)
-            assert f"is a {world} component" in out or f"is an {world} component" in out, out
+            # Rust scaffolds target the current contract.
+            assert (f"is a {world} component (ringmaster:policy@0.2.0)" in out
+                    or f"is an {world} component (ringmaster:policy@0.2.0)" in out), out

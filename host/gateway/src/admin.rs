@@ -21,6 +21,7 @@ use crate::experiment_stats::{self, summarize};
 use crate::policy::{SlotError, Variant};
 use crate::respond::{json_response, read_json_body};
 use crate::routing::routing_input;
+use ringmaster_policy_engine::StateMode;
 use ringmaster_pool::{PoolError, Server};
 
 /// Handles `/admin/…`.
@@ -397,8 +398,9 @@ async fn load_and_answer(
     Ok(json_response(StatusCode::OK, &body))
 }
 
-/// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true]` with the component's
-/// bytes as the body: creates the variant or swaps its version.
+/// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true][&state=keep|fresh]` with
+/// the component's bytes as the body: creates the variant or swaps its version. `state`
+/// (default `keep`) says whether the new version keeps the variant's `state` store.
 async fn put_router(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
@@ -416,10 +418,19 @@ async fn put_router(
         ),
     };
     let shadow = matches!(query_param(&req, "shadow").as_deref(), Some("true" | "1"));
+    let state = match query_param(&req, "state") {
+        None => StateMode::Keep,
+        Some(text) => StateMode::parse(&text).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "state: {text:?} is neither `keep` (the new version keeps the variant's state \
+                 store) nor `fresh` (it starts with an empty one)"
+            ))
+        })?,
+    };
     let bytes = component_bytes(req).await?;
     let router = gateway.router.clone();
     load_and_answer(gateway, move || {
-        router.install(&variant, &bytes, weight, shadow, None)
+        router.install_with_state(&variant, &bytes, weight, shadow, None, state)
     })
     .await
 }
@@ -503,6 +514,15 @@ fn variant_json(variant: &Variant, shadow: bool) -> serde_json::Value {
     entry["shadow"] = json!(shadow);
     entry["weight"] = json!(variant.weight);
     entry["config"] = json!(variant.config);
+    entry["contract"] = json!(variant.policy.contract());
+    entry["learns"] = json!(variant.policy.learns());
+    let state = variant.policy.state_usage();
+    entry["state"] = json!({
+        "entries": state.entries,
+        "bytes": state.bytes,
+        "max_entries": state.max_entries,
+        "max_bytes": state.max_bytes,
+    });
     entry
 }
 

@@ -40,6 +40,10 @@ pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
         include_bytes!("../../../policies/dist/round-robin.wasm"),
     ),
     (
+        "learned-ttft",
+        include_bytes!("../../../policies/dist/learned-ttft.wasm"),
+    ),
+    (
         "tiered",
         include_bytes!("../../../policies/dist/tiered.wasm"),
     ),

@@ -23,7 +23,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use ringmaster_policy_engine::{
     PolicyEngine, PolicyError, PolicyFault, PolicyRequest, RouteDecision, RouterHost, RouterPolicy,
-    ServerView,
+    ServerView, StateMode,
 };
 use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -308,6 +308,8 @@ impl RouterSlot {
     /// Loads `bytes` as variant `name` (or the shadow): creates it with `weight` if it does
     /// not exist, else swaps its version (and weight, if given). Returns whether anything
     /// changed (`false`: the same bytes are already running).
+    ///
+    /// The new version keeps the variant's `state` store, as a swap should by default.
     pub fn install(
         &self,
         name: &str,
@@ -315,6 +317,21 @@ impl RouterSlot {
         weight: Option<u32>,
         shadow: bool,
         config: Option<BTreeMap<String, String>>,
+    ) -> Result<bool, SlotError> {
+        self.install_with_state(name, bytes, weight, shadow, config, StateMode::Keep)
+    }
+
+    /// [`install`](Self::install), saying whether the new version keeps the variant's `state`
+    /// store or starts with a fresh one (the old version keeps its own until it is dropped).
+    /// A fresh store with the same bytes still counts as a change.
+    pub fn install_with_state(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        weight: Option<u32>,
+        shadow: bool,
+        config: Option<BTreeMap<String, String>>,
+        state: StateMode,
     ) -> Result<bool, SlotError> {
         if name.is_empty()
             || name.len() > 64
@@ -340,13 +357,14 @@ impl RouterSlot {
             && old.policy.info().hash == ringmaster_policy_engine::content_hash(bytes)
             && old.config == config
             && weight.is_none_or(|w| w == old.weight)
+            && state == StateMode::Keep
         {
             return Ok(false);
         }
         let started = Instant::now();
-        let policy = self
-            .engine
-            .load_router(name, bytes, self.policy_config(&config))?;
+        let policy =
+            self.engine
+                .load_router_with_state(name, bytes, self.policy_config(&config), state)?;
         let mut next = RouterSet {
             variants: current.variants.clone(),
             shadow: current.shadow.clone(),
@@ -377,6 +395,9 @@ impl RouterSlot {
             shadow,
             hash = %variant.policy.info().hash,
             weight = variant.weight,
+            contract = variant.policy.contract(),
+            learns = variant.policy.learns(),
+            state = state.as_str(),
             load_ms = started.elapsed().as_millis() as u64,
             "policy.swapped"
         );

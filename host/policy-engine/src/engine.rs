@@ -16,10 +16,12 @@ use std::time::{Duration, SystemTime};
 use wasmtime::component::{Component, ComponentExportIndex, Instance, InstancePre, Linker};
 use wasmtime::{
     Cache, CacheConfig, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store, Trap,
+    UpdateDeadline,
 };
 
 use crate::error::{FaultCounters, PolicyError, PolicyFault};
 use crate::host::{self, CallCx, CounterSet, PolicyShared, StoreData};
+use crate::state::{StateMode, StateStore};
 use crate::types::PolicyInfo;
 use crate::{EngineConfig, INSTANTIATE_FUEL_FACTOR, TABLE_ELEMENTS_LIMIT};
 
@@ -56,6 +58,9 @@ pub(crate) struct EngineInner {
     instantiate_ticks: u64,
     cache: Option<Cache>,
     counters: Mutex<BTreeMap<String, Arc<CounterSet>>>,
+    /// Each policy's `state` store, by world and name: what the next version loaded under
+    /// that name starts with ([`StateMode::Keep`]).
+    states: Mutex<BTreeMap<(&'static str, String), Arc<StateStore>>>,
 }
 
 impl fmt::Debug for PolicyEngine {
@@ -119,7 +124,7 @@ impl PolicyEngine {
             ))
         })?;
         let mut linker = Linker::new(&engine);
-        host::define_imports(&mut linker)
+        crate::imports::define_imports(&mut linker)
             .map_err(|e| PolicyError::Engine(format!("cannot link the policy imports: {e:#}")))?;
         if config.fuel.is_none() {
             spawn_ticker(&engine, config.epoch_tick)?;
@@ -133,6 +138,7 @@ impl PolicyEngine {
                 config,
                 cache,
                 counters: Mutex::new(BTreeMap::new()),
+                states: Mutex::new(BTreeMap::new()),
             }),
         })
     }
@@ -175,12 +181,14 @@ impl PolicyEngine {
     }
 
     /// Compiles and checks a component for world `W`, and instantiates it once. Probing is the
-    /// caller's (it knows the world's calls).
+    /// caller's (it knows the world's calls). `state` says which `state` store it gets; a fresh
+    /// one becomes the name's store only once the load succeeded.
     pub(crate) fn load<W: World>(
         &self,
         name: &str,
         bytes: &[u8],
         config: BTreeMap<String, String>,
+        state: StateMode,
     ) -> Result<Arc<Core<W>>, PolicyError> {
         let inner = &self.inner;
         check_header::<W>(name, bytes)?;
@@ -188,14 +196,14 @@ impl PolicyEngine {
         let component = Component::new(&inner.engine, bytes)
             .map_err(|e| PolicyError::Compile(format!("`{name}` failed to compile: {e:#}")))?;
         let compile_ms = started.elapsed().as_secs_f64() * 1000.0;
-        check_world::<W>(name, &component, &inner.engine)?;
+        let version = check_world::<W>(name, &component, &inner.engine)?;
         let pre = inner.linker.instantiate_pre(&component).map_err(|e| {
             PolicyError::WrongWorld(format!(
                 "`{name}` cannot be linked as a {} policy: {e:#}",
                 W::NAME
             ))
         })?;
-        let export_indices = W::EXPORTS
+        let mut export_indices = W::EXPORTS
             .iter()
             .map(|export| {
                 component.get_export_index(None, export).ok_or_else(|| {
@@ -203,6 +211,16 @@ impl PolicyEngine {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let optional: Vec<bool> = W::OPTIONAL_EXPORTS
+            .iter()
+            .map(|export| match component.get_export_index(None, export) {
+                Some(index) if version == Version::V0_2 => {
+                    export_indices.push(index);
+                    true
+                }
+                _ => false,
+            })
+            .collect();
 
         let counters = {
             let mut registry = inner
@@ -210,6 +228,17 @@ impl PolicyEngine {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             registry.entry(name.to_owned()).or_default().clone()
+        };
+        let state_key = (W::NAME, name.to_owned());
+        let state_store = match state {
+            StateMode::Keep => inner
+                .states
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(state_key.clone())
+                .or_insert_with(|| Arc::new(inner.new_state()))
+                .clone(),
+            StateMode::Fresh => Arc::new(inner.new_state()),
         };
         let core = Arc::new(Core {
             info: PolicyInfo {
@@ -219,9 +248,16 @@ impl PolicyEngine {
                 size: bytes.len(),
             },
             engine: self.inner.clone(),
-            shared: Arc::new(PolicyShared::new(name, config, counters)),
+            shared: Arc::new(PolicyShared::new(
+                name,
+                config,
+                counters,
+                state_store.clone(),
+            )),
             pre,
+            version,
             export_indices,
+            optional,
             warm: Mutex::new(Vec::new()),
             faults: FaultCounters::default(),
             last_call_fuel: std::sync::atomic::AtomicU64::new(u64::MAX),
@@ -237,9 +273,17 @@ impl PolicyEngine {
             )),
         })?;
         core.put(warm);
+        if state == StateMode::Fresh {
+            inner
+                .states
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(state_key, state_store);
+        }
         tracing::debug!(
             policy = name,
             world = W::NAME,
+            contract = version.as_str(),
             hash = %core.info.hash,
             compile_ms,
             "policy.loaded"
@@ -254,6 +298,10 @@ impl PolicyEngine {
 }
 
 impl EngineInner {
+    fn new_state(&self) -> StateStore {
+        StateStore::new(self.config.state_max_entries, self.config.state_max_bytes)
+    }
+
     fn explain(&self, fault: &PolicyFault, instantiating: bool) -> String {
         let config = &self.config;
         match fault {
@@ -375,13 +423,65 @@ fn check_header<W: World>(name: &str, bytes: &[u8]) -> Result<(), PolicyError> {
     }
 }
 
+/// Which `ringmaster:policy` contract a component was built against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Version {
+    /// `0.1.0`: the request is a record, copied whole into every call.
+    V0_1,
+    /// `0.2.0`: the request is a resource with getters; `state` and `observe` exist.
+    V0_2,
+}
+
+impl Version {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::V0_1 => "0.1.0",
+            Self::V0_2 => "0.2.0",
+        }
+    }
+}
+
+/// The contract version a component's `ringmaster:policy` imports name. A component that
+/// imports none of them (a safety filter that logs nothing) has the same calls in both
+/// versions and is called as 0.1.0.
+fn contract_version(
+    name: &str,
+    component: &Component,
+    engine: &Engine,
+) -> Result<Version, PolicyError> {
+    let ty = component.component_type();
+    let mut seen: Vec<&str> = Vec::new();
+    for (import, _) in ty.imports(engine) {
+        if let Some(rest) = import.strip_prefix("ringmaster:policy/") {
+            let version = rest.split_once('@').map_or("", |(_, v)| v);
+            if !seen.contains(&version) {
+                seen.push(version);
+            }
+        }
+    }
+    match seen.as_slice() {
+        [] | ["0.1.0"] => Ok(Version::V0_1),
+        ["0.2.0"] => Ok(Version::V0_2),
+        [one] => Err(PolicyError::WrongWorld(format!(
+            "`{name}` was built against ringmaster:policy@{one}, which this gateway does not \
+             know (it loads 0.2.0 and 0.1.0)",
+            one = if one.is_empty() { "(no version)" } else { one }
+        ))),
+        many => Err(PolicyError::WrongWorld(format!(
+            "`{name}` imports more than one version of ringmaster:policy ({}): build it against one",
+            many.join(", ")
+        ))),
+    }
+}
+
 /// Checks the component's exports and imports against world `W` by name, so a mismatch gets
-/// a message naming what is missing or extra (the linker then checks the types).
+/// a message naming what is missing or extra (the linker then checks the types), and says
+/// which contract version it targets.
 fn check_world<W: World>(
     name: &str,
     component: &Component,
     engine: &Engine,
-) -> Result<(), PolicyError> {
+) -> Result<Version, PolicyError> {
     let ty = component.component_type();
     let exports: Vec<&str> = ty.exports(engine).map(|(n, _)| n).collect();
     let missing: Vec<&str> = W::EXPORTS
@@ -410,7 +510,16 @@ fn check_world<W: World>(
             },
         )));
     }
-    for (import, _) in ty.imports(engine) {
+    for (import, item) in ty.imports(engine) {
+        if matches!(
+            item.ty,
+            wasmtime::component::types::ComponentItem::Type(_)
+                | wasmtime::component::types::ComponentItem::Resource(_)
+        ) {
+            // A type the world `use`s at its top level (0.2.0's `request`) is imported as a
+            // type: an alias of the interface's, which grants nothing.
+            continue;
+        }
         if import.starts_with("wasi:") {
             // WASI 0.2 is linked with nothing granted; an interface outside it (wasi:http...)
             // fails in the linker, which names it.
@@ -426,7 +535,7 @@ fn check_world<W: World>(
             )));
         }
     }
-    Ok(())
+    contract_version(name, component, engine)
 }
 
 fn quoted(names: &[&str]) -> String {
@@ -443,15 +552,21 @@ pub(crate) trait World: Sized + 'static {
     const NAME: &'static str;
     /// The functions it must export.
     const EXPORTS: &'static [&'static str];
+    /// The functions it may also export (0.2.0 only: `observe` for a learning router).
+    const OPTIONAL_EXPORTS: &'static [&'static str] = &[];
     /// The `ringmaster:policy` interfaces it may import (unversioned).
     const IMPORTS: &'static [&'static str];
     /// Its typed exports, looked up once per instance.
     type Exports: Copy + Send + Sync + 'static;
-    /// Looks up and type-checks the exports of a fresh instance; `indices` follow `EXPORTS`.
+    /// Looks up and type-checks the exports of a fresh instance of contract `version`.
+    /// `indices` follow `EXPORTS`, then the `OPTIONAL_EXPORTS` that are present (`optional`
+    /// says which: one flag per optional export).
     fn exports(
         instance: &Instance,
         store: &mut Store<StoreData>,
+        version: Version,
         indices: &[ComponentExportIndex],
+        optional: &[bool],
     ) -> wasmtime::Result<Self::Exports>;
 }
 
@@ -491,7 +606,11 @@ pub(crate) struct Core<W: World> {
     pub(crate) engine: Arc<EngineInner>,
     shared: Arc<PolicyShared>,
     pre: InstancePre<StoreData>,
+    /// The contract it was built against.
+    pub(crate) version: Version,
     export_indices: Vec<ComponentExportIndex>,
+    /// Which of `W::OPTIONAL_EXPORTS` it has.
+    pub(crate) optional: Vec<bool>,
     warm: Mutex<Vec<Warm<W::Exports>>>,
     pub(crate) faults: FaultCounters,
     /// In fuel mode, the fuel the last successful call burned (`u64::MAX`: none yet).
@@ -580,6 +699,7 @@ impl<W: World> Core<W> {
     fn arm(&self, store: &mut Store<StoreData>, budget: Budget) {
         store.data_mut().limiter.denied = false;
         store.data_mut().prefix_matches_given = false;
+        store.data_mut().deadline_extension = None;
         store.data_mut().call_ticks = match (self.engine.config.fuel, budget) {
             (Some(_), _) => None,
             (None, Budget::Call) => Some(self.engine.call_ticks),
@@ -611,21 +731,40 @@ impl<W: World> Core<W> {
             StoreData::new(self.shared.clone(), engine.config.memory_limit_bytes),
         );
         store.limiter(|data| &mut data.limiter);
+        if engine.config.fuel.is_none() {
+            // Reaching the deadline interrupts the call, unless host work the deadline must
+            // not count (`StoreData::prefix_matches`) granted one extension.
+            store.epoch_deadline_callback(|mut cx| match cx.data_mut().deadline_extension.take() {
+                Some(ticks) => Ok(UpdateDeadline::Continue(ticks)),
+                None => Err(Trap::Interrupt.into()),
+            });
+        }
         self.arm(&mut store, Budget::Instantiate);
         let cx = CallCx {
             host: None,
+            request: None,
             request_id: "",
             counting: true,
         };
         let instance = host::with_call(cx, || self.pre.instantiate(&mut store))
             .map_err(|e| InstantiateError::Failed(classify_instantiate(&e, store.data())))?;
-        let exports = W::exports(&instance, &mut store, &self.export_indices)
-            .map_err(InstantiateError::Exports)?;
+        let exports = W::exports(
+            &instance,
+            &mut store,
+            self.version,
+            &self.export_indices,
+            &self.optional,
+        )
+        .map_err(InstantiateError::Exports)?;
         Ok(Warm { store, exports })
     }
 
     pub(crate) fn faults(&self) -> crate::FaultCounts {
         self.faults.snapshot()
+    }
+
+    pub(crate) fn state_usage(&self) -> crate::StateUsage {
+        self.shared.state.usage()
     }
 
     /// In fuel mode, the fuel (about one unit per Wasm instruction) the last successful

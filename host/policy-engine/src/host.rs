@@ -23,12 +23,14 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
 use scoped_tls_hkt::scoped_thread_local;
-use wasmtime::component::{Linker, WasmStr};
-use wasmtime::{ResourceLimiter, StoreContextMut};
+use wasmtime::ResourceLimiter;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
 
 use crate::TABLE_ELEMENTS_LIMIT;
-use crate::types::{Level, RouterHost, ServerView};
+use crate::state::StateStore;
+#[cfg(test)]
+use crate::types::ServerView;
+use crate::types::{Level, PolicyRequest, RouterHost};
 
 /// Log lines a policy may write per second, over all its instances (the bucket refills at
 /// this rate); lines over the limit are dropped and counted.
@@ -41,6 +43,9 @@ pub const MAX_LOG_LINE_BYTES: usize = 1024;
 pub const MAX_COUNTER_NAME_BYTES: usize = 64;
 /// Distinct counter names one policy may create; adds to further names are ignored.
 pub const MAX_COUNTERS_PER_POLICY: usize = 256;
+/// The probe calls' scratch `state` store's caps (a handful of synthetic requests).
+const PROBE_STATE_ENTRIES: u32 = 1024;
+const PROBE_STATE_BYTES: u64 = 1 << 20;
 /// Distinct invalid counter names reported per policy before the engine stops reporting.
 const MAX_INVALID_NAMES_REPORTED: usize = 32;
 
@@ -49,6 +54,9 @@ const MAX_INVALID_NAMES_REPORTED: usize = 32;
 pub(crate) struct CallCx<'a> {
     /// Who answers `ring` and `cluster` (none for the safety filter).
     pub host: Option<&'a (dyn RouterHost + 'a)>,
+    /// The request being decided, which 0.2.0's `request` getters read (none for the
+    /// safety filter and `observe`).
+    pub request: Option<&'a PolicyRequest>,
     /// The request's id, for log lines.
     pub request_id: &'a str,
     /// Whether `metrics.counter-add` counts (false while the engine probes a new policy, so
@@ -63,7 +71,7 @@ pub(crate) fn with_call<R>(cx: CallCx<'_>, f: impl FnOnce() -> R) -> R {
     CALL.set(cx, f)
 }
 
-fn current<R>(f: impl FnOnce(CallCx<'_>) -> R) -> Option<R> {
+pub(crate) fn current<R>(f: impl FnOnce(CallCx<'_>) -> R) -> Option<R> {
     if CALL.is_set() {
         Some(CALL.with(f))
     } else {
@@ -71,8 +79,14 @@ fn current<R>(f: impl FnOnce(CallCx<'_>) -> R) -> Option<R> {
     }
 }
 
-fn ask<R: Default>(f: impl FnOnce(&dyn RouterHost) -> R) -> R {
+/// Asks the call's [`RouterHost`]; outside a call (or for a world without one), the default.
+pub(crate) fn ask<R: Default>(f: impl FnOnce(&dyn RouterHost) -> R) -> R {
     current(|cx| cx.host.map(f)).flatten().unwrap_or_default()
+}
+
+/// Reads the call's request; `None` outside a call that has one.
+pub(crate) fn current_request<R>(f: impl FnOnce(&PolicyRequest) -> R) -> Option<R> {
+    current(|cx| cx.request.map(f)).flatten()
 }
 
 /// What every policy store holds.
@@ -86,6 +100,9 @@ pub(crate) struct StoreData {
     pub call_ticks: Option<u64>,
     /// Whether this call's one expensive host answer (`cluster.prefix-matches`) was given.
     pub prefix_matches_given: bool,
+    /// Ticks the deadline is extended by once, when it is reached (set by the first
+    /// `prefix-matches` answer of a call; see [`StoreData::prefix_matches`]).
+    pub deadline_extension: Option<u64>,
 }
 
 impl StoreData {
@@ -104,7 +121,23 @@ impl StoreData {
             policy,
             call_ticks: None,
             prefix_matches_given: false,
+            deadline_extension: None,
         }
+    }
+
+    /// `cluster.prefix-matches`, in either version.
+    ///
+    /// Matching the prompt against every server's cache is the host's work (it tokenizes the
+    /// prompt per server scheme, milliseconds for a long one): it must not count against the
+    /// policy's deadline. The first answer of a call grants one extension of a whole call
+    /// deadline, taken when the deadline is reached (the store's epoch callback); later
+    /// answers (the host memoizes) grant nothing, so a loop of calls cannot extend it.
+    pub(crate) fn prefix_matches(&mut self) -> Vec<(String, u32)> {
+        let matches = ask(|h| h.prefix_matches());
+        if !std::mem::replace(&mut self.prefix_matches_given, true) {
+            self.deadline_extension = self.call_ticks;
+        }
+        matches
     }
 }
 
@@ -178,6 +211,11 @@ pub(crate) struct PolicyShared {
     pub name: String,
     pub config: BTreeMap<String, String>,
     pub counters: Arc<CounterSet>,
+    /// The `state` store (shared with the versions before and after it, as its slot chose).
+    pub state: Arc<StateStore>,
+    /// The store the probe calls of a load see instead, so their synthetic requests leave
+    /// nothing in the live one.
+    probe_state: StateStore,
     log_budget: Mutex<TokenBucket>,
     logs_dropped: AtomicU64,
     invalid_names: Mutex<HashSet<String>>,
@@ -188,18 +226,21 @@ impl PolicyShared {
         name: &str,
         config: BTreeMap<String, String>,
         counters: Arc<CounterSet>,
+        state: Arc<StateStore>,
     ) -> Self {
         Self {
             name: name.to_owned(),
             config,
             counters,
+            state,
+            probe_state: StateStore::new(PROBE_STATE_ENTRIES, PROBE_STATE_BYTES),
             log_budget: Mutex::new(TokenBucket::new(LOG_BURST, LOG_LINES_PER_SECOND)),
             logs_dropped: AtomicU64::new(0),
             invalid_names: Mutex::new(HashSet::new()),
         }
     }
 
-    fn write_log(&self, level: Level, message: &str) {
+    pub(crate) fn write_log(&self, level: Level, message: &str) {
         // `try_lock`: a contended bucket means another instance is logging right now; dropping
         // this line is better than waiting for it.
         let admitted = match self.log_budget.try_lock() {
@@ -231,7 +272,24 @@ impl PolicyShared {
         }
     }
 
-    fn counter_add(&self, name: &str, value: u64) {
+    /// The `state` store the running call sees: the live one, or the probes' scratch store.
+    pub(crate) fn state(&self) -> &StateStore {
+        if current(|cx| cx.counting).unwrap_or(true) {
+            &self.state
+        } else {
+            &self.probe_state
+        }
+    }
+
+    /// Every configuration pair, sorted by key (`config.entries`).
+    pub(crate) fn config_entries(&self) -> Vec<(String, String)> {
+        self.config
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    pub(crate) fn counter_add(&self, name: &str, value: u64) {
         if !current(|cx| cx.counting).unwrap_or(true) {
             return;
         }
@@ -360,98 +418,6 @@ impl TokenBucket {
     }
 }
 
-/// The versioned names of the interfaces the host implements.
-pub(crate) mod names {
-    pub const TYPES: &str = "ringmaster:policy/types@0.1.0";
-    pub const RING: &str = "ringmaster:policy/ring@0.1.0";
-    pub const CLUSTER: &str = "ringmaster:policy/cluster@0.1.0";
-    pub const LOG: &str = "ringmaster:policy/log@0.1.0";
-    pub const METRICS: &str = "ringmaster:policy/metrics@0.1.0";
-    pub const CONFIG: &str = "ringmaster:policy/config@0.1.0";
-}
-
-type Cx<'a> = StoreContextMut<'a, StoreData>;
-
-/// Defines every import a policy may have: the `ringmaster:policy` interfaces and WASI 0.2
-/// (with the empty context of [`StoreData::new`]). Which of them a given world may use is
-/// checked when a policy is loaded.
-pub(crate) fn define_imports(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
-
-    // `types` only defines records; a component may still import it as an instance.
-    linker.instance(names::TYPES)?;
-
-    let mut ring = linker.instance(names::RING)?;
-    ring.func_wrap("lookup", |_: Cx<'_>, (key,): (u64,)| {
-        Ok((ask(|h| h.ring_lookup(key)),))
-    })?;
-    ring.func_wrap("candidates", |_: Cx<'_>, (key, n): (u64, u32)| {
-        Ok((ask(|h| h.ring_candidates(key, n)),))
-    })?;
-    ring.func_wrap("lookup-bounded", |_: Cx<'_>, (key,): (u64,)| {
-        Ok((ask(|h| h.ring_lookup_bounded(key)),))
-    })?;
-
-    let mut cluster = linker.instance(names::CLUSTER)?;
-    cluster.func_wrap("servers", |_: Cx<'_>, (): ()| Ok((ask(|h| h.servers()),)))?;
-    cluster.func_wrap("get", |cx: Cx<'_>, (id,): (WasmStr,)| {
-        let id = id.to_str(&cx)?;
-        Ok((ask::<Option<ServerView>>(|h| h.server(&id)),))
-    })?;
-    // Matching the prompt against every server's cache is the host's work (it tokenizes the
-    // prompt per server scheme, milliseconds for a long one): it must not count against the
-    // policy's deadline. The first answer of a call re-arms the deadline; later ones (the
-    // host memoizes) do not, so a loop of calls cannot extend it.
-    cluster.func_wrap("prefix-matches", |mut cx: Cx<'_>, (): ()| {
-        let matches = ask(|h| h.prefix_matches());
-        let data = cx.data_mut();
-        if !std::mem::replace(&mut data.prefix_matches_given, true)
-            && let Some(ticks) = data.call_ticks
-        {
-            cx.set_epoch_deadline(ticks);
-        }
-        Ok((matches,))
-    })?;
-
-    cluster.func_wrap("prefill-backlog", |_: Cx<'_>, (): ()| {
-        Ok((ask(|h| h.prefill_backlog()),))
-    })?;
-
-    let mut log = linker.instance(names::LOG)?;
-    log.func_wrap("write", |cx: Cx<'_>, (level, message): (Level, WasmStr)| {
-        let message = message.to_str(&cx)?;
-        cx.data().policy.write_log(level, &message);
-        Ok(())
-    })?;
-
-    let mut metrics = linker.instance(names::METRICS)?;
-    metrics.func_wrap(
-        "counter-add",
-        |cx: Cx<'_>, (name, value): (WasmStr, u64)| {
-            let name = name.to_str(&cx)?;
-            cx.data().policy.counter_add(&name, value);
-            Ok(())
-        },
-    )?;
-
-    let mut config = linker.instance(names::CONFIG)?;
-    config.func_wrap("get", |cx: Cx<'_>, (key,): (WasmStr,)| {
-        let key = key.to_str(&cx)?;
-        Ok((cx.data().policy.config.get(&*key).cloned(),))
-    })?;
-    config.func_wrap("entries", |cx: Cx<'_>, (): ()| {
-        let entries: Vec<(String, String)> = cx
-            .data()
-            .policy
-            .config
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        Ok((entries,))
-    })?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -553,6 +519,7 @@ mod cost {
         for i in 0..N {
             let cx = CallCx {
                 host: Some(&host),
+                request: None,
                 request_id: "req",
                 counting: true,
             };

@@ -10,14 +10,16 @@ use std::fmt;
 use std::sync::Arc;
 
 use wasmtime::Store;
-use wasmtime::component::{ComponentExportIndex, Instance, TypedFunc};
+use wasmtime::component::{ComponentExportIndex, Instance, Resource, TypedFunc};
 
-use crate::engine::{Core, PolicyEngine, World};
+use crate::engine::{Core, PolicyEngine, Version, World};
 use crate::error::{FaultCounts, PolicyError, PolicyFault};
 use crate::host::{CallCx, StoreData};
+use crate::imports::{RequestRep, request_borrow};
 use crate::probe::{self, PROBE_SERVERS, ProbeCluster};
+use crate::state::{StateMode, StateUsage};
 use crate::types::{
-    AdmissionLoad, AdmissionVerdict, PolicyInfo, PolicyRequest, RouteDecision, RouterHost,
+    AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, RouteDecision, RouterHost,
     SafetyVerdict, WitVerdict,
 };
 
@@ -28,29 +30,63 @@ pub(crate) struct RouterWorld;
 pub(crate) struct AdmissionWorld;
 pub(crate) struct SafetyWorld;
 
-type RouteFn = TypedFunc<(&'static PolicyRequest,), (RouteDecision,)>;
-type AdmitFn = TypedFunc<(&'static PolicyRequest, AdmissionLoad), (WitVerdict,)>;
+/// `route` in each contract version: 0.1.0 copies the request record in, 0.2.0 lends a
+/// borrow of the request resource.
+#[derive(Clone, Copy)]
+pub(crate) enum RouteFn {
+    V0_1(TypedFunc<(&'static PolicyRequest,), (RouteDecision,)>),
+    V0_2(TypedFunc<(Resource<RequestRep>,), (RouteDecision,)>),
+}
+
+type ObserveFn = TypedFunc<(&'static Outcome,), ()>;
+
+/// A router's exports: `route`, and `observe` for a 0.2.0 learning router.
+#[derive(Clone, Copy)]
+pub(crate) struct RouterExports {
+    route: RouteFn,
+    observe: Option<ObserveFn>,
+}
+
+/// `admit` in each contract version.
+#[derive(Clone, Copy)]
+pub(crate) enum AdmitFn {
+    V0_1(TypedFunc<(&'static PolicyRequest, AdmissionLoad), (WitVerdict,)>),
+    V0_2(TypedFunc<(Resource<RequestRep>, AdmissionLoad), (WitVerdict,)>),
+}
+
 type CheckInputFn = TypedFunc<(&'static str,), (SafetyVerdict,)>;
 type CheckOutputFn = TypedFunc<(&'static str, bool), (SafetyVerdict,)>;
 
 impl World for RouterWorld {
     const NAME: &'static str = "router";
     const EXPORTS: &'static [&'static str] = &["route"];
+    const OPTIONAL_EXPORTS: &'static [&'static str] = &["observe"];
     const IMPORTS: &'static [&'static str] = &[
         "ringmaster:policy/ring",
         "ringmaster:policy/cluster",
+        "ringmaster:policy/state",
         "ringmaster:policy/log",
         "ringmaster:policy/metrics",
         "ringmaster:policy/config",
     ];
-    type Exports = RouteFn;
+    type Exports = RouterExports;
 
     fn exports(
         instance: &Instance,
         store: &mut Store<StoreData>,
+        version: Version,
         indices: &[ComponentExportIndex],
-    ) -> wasmtime::Result<RouteFn> {
-        instance.get_typed_func(store, indices[0])
+        optional: &[bool],
+    ) -> wasmtime::Result<RouterExports> {
+        let route = match version {
+            Version::V0_1 => RouteFn::V0_1(instance.get_typed_func(&mut *store, indices[0])?),
+            Version::V0_2 => RouteFn::V0_2(instance.get_typed_func(&mut *store, indices[0])?),
+        };
+        let observe = match optional.first() {
+            Some(true) => Some(instance.get_typed_func(&mut *store, indices[1])?),
+            _ => None,
+        };
+        Ok(RouterExports { route, observe })
     }
 }
 
@@ -59,6 +95,7 @@ impl World for AdmissionWorld {
     const EXPORTS: &'static [&'static str] = &["admit"];
     const IMPORTS: &'static [&'static str] = &[
         "ringmaster:policy/cluster",
+        "ringmaster:policy/state",
         "ringmaster:policy/log",
         "ringmaster:policy/metrics",
         "ringmaster:policy/config",
@@ -68,9 +105,14 @@ impl World for AdmissionWorld {
     fn exports(
         instance: &Instance,
         store: &mut Store<StoreData>,
+        version: Version,
         indices: &[ComponentExportIndex],
+        _optional: &[bool],
     ) -> wasmtime::Result<AdmitFn> {
-        instance.get_typed_func(store, indices[0])
+        Ok(match version {
+            Version::V0_1 => AdmitFn::V0_1(instance.get_typed_func(store, indices[0])?),
+            Version::V0_2 => AdmitFn::V0_2(instance.get_typed_func(store, indices[0])?),
+        })
     }
 }
 
@@ -78,6 +120,7 @@ impl World for SafetyWorld {
     const NAME: &'static str = "safety-filter";
     const EXPORTS: &'static [&'static str] = &["check-input", "check-output"];
     const IMPORTS: &'static [&'static str] = &[
+        "ringmaster:policy/state",
         "ringmaster:policy/log",
         "ringmaster:policy/metrics",
         "ringmaster:policy/config",
@@ -87,7 +130,9 @@ impl World for SafetyWorld {
     fn exports(
         instance: &Instance,
         store: &mut Store<StoreData>,
+        _version: Version,
         indices: &[ComponentExportIndex],
+        _optional: &[bool],
     ) -> wasmtime::Result<Self::Exports> {
         let input = instance.get_typed_func(&mut *store, indices[0])?;
         let output = instance.get_typed_func(&mut *store, indices[1])?;
@@ -115,9 +160,22 @@ impl PolicyEngine {
         bytes: &[u8],
         config: BTreeMap<String, String>,
     ) -> Result<RouterPolicy, PolicyError> {
-        self.load_router_with(name, bytes, config, Probe::Run)
+        self.load_router_with_state(name, bytes, config, StateMode::Keep)
     }
 
+    /// [`load_router`](Self::load_router), saying which `state` store the new version gets:
+    /// the one of the version it replaces under `name`, or a fresh one.
+    pub fn load_router_with_state(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+        state: StateMode,
+    ) -> Result<RouterPolicy, PolicyError> {
+        self.load_router_opts(name, bytes, config, state, Probe::Run)
+    }
+
+    #[cfg(test)]
     pub(crate) fn load_router_with(
         &self,
         name: &str,
@@ -125,8 +183,19 @@ impl PolicyEngine {
         config: BTreeMap<String, String>,
         probe: Probe,
     ) -> Result<RouterPolicy, PolicyError> {
+        self.load_router_opts(name, bytes, config, StateMode::Keep, probe)
+    }
+
+    fn load_router_opts(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        config: BTreeMap<String, String>,
+        state: StateMode,
+        probe: Probe,
+    ) -> Result<RouterPolicy, PolicyError> {
         let policy = RouterPolicy {
-            core: self.load::<RouterWorld>(name, bytes, config)?,
+            core: self.load::<RouterWorld>(name, bytes, config, state)?,
         };
         if probe == Probe::Run {
             for (i, (what, request)) in probe::requests().iter().enumerate() {
@@ -170,7 +239,7 @@ impl PolicyEngine {
         probe: Probe,
     ) -> Result<AdmissionPolicy, PolicyError> {
         let policy = AdmissionPolicy {
-            core: self.load::<AdmissionWorld>(name, bytes, config)?,
+            core: self.load::<AdmissionWorld>(name, bytes, config, StateMode::Keep)?,
         };
         if probe == Probe::Run {
             let requests = probe::requests();
@@ -210,7 +279,7 @@ impl PolicyEngine {
         probe: Probe,
     ) -> Result<SafetyPolicy, PolicyError> {
         let policy = SafetyPolicy {
-            core: self.load::<SafetyWorld>(name, bytes, config)?,
+            core: self.load::<SafetyWorld>(name, bytes, config, StateMode::Keep)?,
         };
         if probe == Probe::Run {
             for (i, (what, text, output, last)) in probe::texts().into_iter().enumerate() {
@@ -281,12 +350,16 @@ impl RouterPolicy {
     ) -> Result<RouteDecision, PolicyFault> {
         let cx = CallCx {
             host: Some(host),
+            request: Some(request),
             request_id: &request.id,
             counting,
         };
-        let decision = self.core.call(cx, |store, route| {
-            let route: TypedFunc<(&PolicyRequest,), (RouteDecision,)> = route;
-            Ok(route.call(store, (request,))?.0)
+        let decision = self.core.call(cx, |store, exports| match exports.route {
+            RouteFn::V0_1(route) => {
+                let route: TypedFunc<(&PolicyRequest,), (RouteDecision,)> = route;
+                Ok(route.call(store, (request,))?.0)
+            }
+            RouteFn::V0_2(route) => Ok(route.call(store, (request_borrow(),))?.0),
         })?;
         if let RouteDecision::Route(id) = &decision
             && !host.routable(id)
@@ -297,6 +370,44 @@ impl RouterPolicy {
             ))));
         }
         Ok(decision)
+    }
+
+    /// Whether it is a learning router (0.2.0, exporting `observe`).
+    pub fn learns(&self) -> bool {
+        self.core.optional.first().copied().unwrap_or(false)
+    }
+
+    /// Hands a learning router what happened to a request it decided; a no-op (`Ok`) for a
+    /// router that does not learn. During the call `ring` and `cluster` answer as an empty
+    /// pool would: the request is over, and the pool has moved on. A fault is counted like a
+    /// routing fault and leaves the policy usable.
+    pub fn observe(&self, outcome: &Outcome) -> Result<(), PolicyFault> {
+        if !self.learns() {
+            return Ok(());
+        }
+        let cx = CallCx {
+            host: None,
+            request: None,
+            request_id: &outcome.request_id,
+            counting: true,
+        };
+        self.core.call(cx, |store, exports| match exports.observe {
+            Some(observe) => {
+                let observe: TypedFunc<(&Outcome,), ()> = observe;
+                observe.call(store, (outcome,))
+            }
+            None => Ok(()),
+        })
+    }
+
+    /// The contract version it was built against (`0.1.0` or `0.2.0`).
+    pub fn contract(&self) -> &'static str {
+        self.core.version.as_str()
+    }
+
+    /// How full its `state` store is.
+    pub fn state_usage(&self) -> StateUsage {
+        self.core.state_usage()
     }
 
     /// What was loaded.
@@ -358,12 +469,16 @@ impl AdmissionPolicy {
     ) -> Result<AdmissionVerdict, PolicyFault> {
         let cx = CallCx {
             host: Some(host),
+            request: Some(request),
             request_id: &request.id,
             counting,
         };
-        let verdict = self.core.call(cx, |store, admit| {
-            let admit: TypedFunc<(&PolicyRequest, AdmissionLoad), (WitVerdict,)> = admit;
-            Ok(admit.call(store, (request, *load))?.0)
+        let verdict = self.core.call(cx, |store, admit| match admit {
+            AdmitFn::V0_1(admit) => {
+                let admit: TypedFunc<(&PolicyRequest, AdmissionLoad), (WitVerdict,)> = admit;
+                Ok(admit.call(store, (request, *load))?.0)
+            }
+            AdmitFn::V0_2(admit) => Ok(admit.call(store, (request_borrow(), *load))?.0),
         })?;
         Ok(verdict.into())
     }
@@ -381,6 +496,13 @@ impl AdmissionPolicy {
     /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
     pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
         self.core.time_instantiation()
+    }
+}
+
+impl AdmissionPolicy {
+    /// The contract version it was built against (`0.1.0` or `0.2.0`).
+    pub fn contract(&self) -> &'static str {
+        self.core.version.as_str()
     }
 }
 
@@ -415,6 +537,7 @@ impl SafetyPolicy {
     fn check(&self, text: Text<'_>, counting: bool) -> Result<SafetyVerdict, PolicyFault> {
         let cx = CallCx {
             host: None,
+            request: None,
             request_id: "",
             counting,
         };
@@ -442,6 +565,13 @@ impl SafetyPolicy {
     /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
     pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
         self.core.time_instantiation()
+    }
+}
+
+impl SafetyPolicy {
+    /// The contract version it was built against (`0.1.0` or `0.2.0`).
+    pub fn contract(&self) -> &'static str {
+        self.core.version.as_str()
     }
 }
 

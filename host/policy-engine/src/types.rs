@@ -191,20 +191,45 @@ pub enum SafetyVerdict {
     Block(String),
 }
 
-/// `log.level`. Its values are only ever made by lifting them from a guest.
-#[allow(dead_code)]
-#[derive(Debug, Clone, Copy, ComponentType, Lift)]
-#[component(enum)]
-#[repr(u8)]
+/// `log.level`, in either version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Level {
-    #[component(name = "debug")]
     Debug,
-    #[component(name = "info")]
     Info,
-    #[component(name = "warn")]
     Warn,
-    #[component(name = "error")]
     Error,
+}
+
+/// What happened to a request a learning router decided (`types.outcome`, 0.2.0), handed to
+/// its `observe` export once the request ended.
+#[derive(Debug, Clone, Default, PartialEq, Eq, ComponentType, Lower)]
+#[component(record)]
+pub struct Outcome {
+    /// The request's id.
+    #[component(name = "request-id")]
+    pub request_id: String,
+    /// Its routing key.
+    #[component(name = "routing-key")]
+    pub routing_key: u64,
+    /// The server that served it.
+    pub server: String,
+    /// Whether the router's own choice served it (false after a retry or a spill).
+    #[component(name = "as-decided")]
+    pub as_decided: bool,
+    /// Time to the first token in microseconds; `None` when it failed before one.
+    #[component(name = "ttft-us")]
+    pub ttft_us: Option<u64>,
+    /// Prompt tokens, as the server counted them.
+    #[component(name = "prompt-tokens")]
+    pub prompt_tokens: u32,
+    /// Of those, the tokens its prefix cache held.
+    #[component(name = "cached-tokens")]
+    pub cached_tokens: u32,
+    /// Tokens generated.
+    #[component(name = "output-tokens")]
+    pub output_tokens: u32,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
 }
 
 /// What was loaded: shown by the admin API and used to make an unchanged reload a no-op.

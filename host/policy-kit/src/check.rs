@@ -23,8 +23,10 @@ pub const INSTANTIATIONS: usize = 25;
 /// What a check found.
 #[derive(Clone, Debug)]
 pub struct Report {
-    /// The world the component targets.
+    /// The world the component targets (`learning-router` for a router exporting `observe`).
     pub world: &'static str,
+    /// The `ringmaster:policy` version it was built against.
+    pub contract: &'static str,
     /// Its size in bytes.
     pub size: usize,
     /// Compiling it and running the load probes, with an empty cache.
@@ -56,7 +58,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     };
     let cold = PolicyEngine::new(config(Some(scratch)))?;
     let started = Instant::now();
-    let (world, router, instantiate) = load_any(&cold, &bytes)?;
+    let (world, contract, router, instantiate) = load_any(&cold, &bytes)?;
     let compile = started.elapsed();
     let warm = PolicyEngine::new(config(Some(scratch)))?;
     let started = Instant::now();
@@ -95,6 +97,7 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
     }
     Ok(Report {
         world,
+        contract,
         size: bytes.len(),
         compile,
         cached_load,
@@ -138,6 +141,7 @@ fn load_any(
     bytes: &[u8],
 ) -> Result<(
     &'static str,
+    &'static str,
     Option<ringmaster_policy_engine::RouterPolicy>,
     Duration,
 )> {
@@ -155,14 +159,20 @@ fn load_any(
     let router = match engine.load_router("check", bytes, config.clone()) {
         Ok(router) => {
             let instantiate = median(|| router.time_instantiation())?;
-            return Ok(("router", Some(router), instantiate));
+            let world = if router.learns() {
+                "learning-router"
+            } else {
+                "router"
+            };
+            return Ok((world, router.contract(), Some(router), instantiate));
         }
         Err(PolicyError::WrongWorld(why)) => why,
         Err(other) => return Err(other.into()),
     };
     let admission = match engine.load_admission("check", bytes, config.clone()) {
         Ok(policy) => {
-            return Ok(("admission", None, median(|| policy.time_instantiation())?));
+            let instantiate = median(|| policy.time_instantiation())?;
+            return Ok(("admission", policy.contract(), None, instantiate));
         }
         Err(PolicyError::WrongWorld(why)) => why,
         Err(other) => return Err(other.into()),
@@ -170,6 +180,7 @@ fn load_any(
     match engine.load_safety("check", bytes, config) {
         Ok(policy) => Ok((
             "safety-filter",
+            policy.contract(),
             None,
             median(|| policy.time_instantiation())?,
         )),

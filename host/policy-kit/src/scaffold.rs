@@ -70,13 +70,26 @@ impl fmt::Display for Lang {
 /// The project file every scaffolded project carries: what it is, for `build`.
 pub const PROJECT_FILE: &str = "ringmaster-policy.toml";
 
-/// The contract, as this binary was built with it.
+/// The contract, as this binary was built with it: `ringmaster:policy@0.2.0`.
 pub const WIT: &str = include_str!("../../../wit/policy.wit");
 
-const RUST_SDK: [(&str, &str); 5] = [
+/// The superseded contract, `ringmaster:policy@0.1.0`, which the gateway still loads.
+pub const WIT_0_1: &str = include_str!("../../../wit/deps/policy-0.1.0/policy.wit");
+
+/// The contract a new project in `lang` targets: 0.2.0 for Rust, whose SDK is ported to it;
+/// 0.1.0 for Python, JavaScript and C, whose SDKs are not yet (their components keep loading).
+pub fn wit_for(lang: Lang) -> &'static str {
+    match lang {
+        Lang::Rust => WIT,
+        Lang::Python | Lang::JavaScript | Lang::C => WIT_0_1,
+    }
+}
+
+const RUST_SDK: [(&str, &str); 6] = [
     ("src/lib.rs", include_str!("../../../sdk/src/lib.rs")),
     ("src/config.rs", include_str!("../../../sdk/src/config.rs")),
     ("src/decide.rs", include_str!("../../../sdk/src/decide.rs")),
+    ("src/store.rs", include_str!("../../../sdk/src/store.rs")),
     (
         "src/testing.rs",
         include_str!("../../../sdk/src/testing.rs"),
@@ -335,7 +348,7 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             )
     };
     let mut files: Vec<(PathBuf, String)> = vec![
-        ("wit/policy.wit".into(), WIT.to_owned()),
+        ("wit/policy.wit".into(), wit_for(lang).to_owned()),
         (
             PROJECT_FILE.into(),
             format!("name = \"{name}\"\nlang = \"{lang}\"\nworld = \"{world}\"\n"),
@@ -545,7 +558,7 @@ mod tests {
                 ("my-router", lang, "router")
             );
             let wit = std::fs::read_to_string(dir.join("wit/policy.wit")).unwrap();
-            assert_eq!(wit, WIT);
+            assert_eq!(wit, wit_for(lang));
             let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
             assert!(!readme.contains("{{"), "{readme}");
             assert!(
@@ -584,7 +597,7 @@ mod tests {
             (Lang::JavaScript, "admission", "export function admit"),
             (Lang::C, "admission", "exports_admission_admit"),
             (Lang::Python, "safety-filter", "def check_input"),
-            (Lang::Rust, "admission", "fn admit(req: Request"),
+            (Lang::Rust, "admission", "fn admit(req: &Request"),
             (Lang::Rust, "safety-filter", "fn check_input(text: String)"),
             (
                 Lang::JavaScript,

@@ -148,9 +148,10 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
                 "a"
             };
             println!(
-                "{} is {article} {} component:",
+                "{} is {article} {} component (ringmaster:policy@{}):",
                 file.display(),
-                report.world
+                report.world,
+                report.contract
             );
             println!("  size          {} bytes", report.size);
             println!(

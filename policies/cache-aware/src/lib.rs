@@ -124,11 +124,16 @@ pub fn choose(
 pub struct CacheAware;
 
 impl Guest for CacheAware {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let settings = Settings::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = host::prefix_matches_for(&req);
-        match choose(&settings, req.prefix_hashes.len(), &servers, &matches) {
+        let matches = host::prefix_matches_for(req.prefix_hash_count());
+        match choose(
+            &settings,
+            req.prefix_hash_count() as usize,
+            &servers,
+            &matches,
+        ) {
             Choice::Balance(id) => {
                 host::count("decision_balance");
                 Decision::Route(id)
@@ -139,7 +144,7 @@ impl Guest for CacheAware {
             }
             Choice::Ring => {
                 host::count("decision_ring");
-                match ring::lookup_bounded(req.routing_key) {
+                match ring::lookup_bounded(req.routing_key()) {
                     Some(id) => Decision::Route(id),
                     None => Decision::Reject(NO_SERVER.to_owned()),
                 }

@@ -25,8 +25,8 @@ pub fn decide(owner: Option<String>) -> Decision {
 pub struct ConsistentHash;
 
 impl Guest for ConsistentHash {
-    fn route(req: Request) -> Decision {
-        decide(ring::lookup_bounded(req.routing_key))
+    fn route(req: &Request) -> Decision {
+        decide(ring::lookup_bounded(req.routing_key()))
     }
 }
 

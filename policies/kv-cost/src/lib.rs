@@ -95,18 +95,18 @@ pub fn choose<'a>(
 pub struct KvCost;
 
 impl Guest for KvCost {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let weight = overlap_weight(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = host::prefix_matches_for(&req);
-        let order = ring::candidates(req.routing_key, servers.len() as u32);
+        let matches = host::prefix_matches_for(req.prefix_hash_count());
+        let order = ring::candidates(req.routing_key(), servers.len() as u32);
         match choose(
             weight,
             &servers,
             &matches,
             &cluster::prefill_backlog(),
-            req.prompt_tokens,
-            req.prefix_hashes.len(),
+            req.prompt_tokens(),
+            req.prefix_hash_count() as usize,
             &order,
         ) {
             Some((server, cached)) => {

@@ -38,9 +38,9 @@ pub fn pick(servers: &[Server], ring_order: impl FnOnce(u32) -> Vec<String>) -> 
 pub struct LeastLoaded;
 
 impl Guest for LeastLoaded {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let servers = cluster::servers();
-        match pick(&servers, |n| ring::candidates(req.routing_key, n)) {
+        match pick(&servers, |n| ring::candidates(req.routing_key(), n)) {
             Some(id) => Decision::Route(id),
             None => Decision::Reject(NO_SERVER.to_owned()),
         }

@@ -176,7 +176,7 @@ pub fn choose(settings: &Settings, servers: &[Server], facts: &Facts) -> Option<
 pub struct PrefixAffinity;
 
 impl Guest for PrefixAffinity {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         // The configuration is fixed for an instance's life (a new one loads the policy
         // again), so it is read on the first call only: this is the default router, on
         // every request's path.
@@ -184,11 +184,11 @@ impl Guest for PrefixAffinity {
         let settings = *SETTINGS.get_or_init(|| Settings::from_config(&HostConfig).or_trap());
         let servers = cluster::servers();
         let facts = Facts {
-            prompt_tokens: req.prompt_tokens,
-            prefix_hashes: req.prefix_hashes.len(),
-            matches: host::prefix_matches_for(&req),
+            prompt_tokens: req.prompt_tokens(),
+            prefix_hashes: req.prefix_hash_count() as usize,
+            matches: host::prefix_matches_for(req.prefix_hash_count()),
             backlogs: cluster::prefill_backlog(),
-            ring_order: ring::candidates(req.routing_key, servers.len() as u32),
+            ring_order: ring::candidates(req.routing_key(), servers.len() as u32),
         };
         match choose(&settings, &servers, &facts) {
             Some(Choice::Cache(id)) => {

@@ -100,16 +100,16 @@ pub fn choose<'a>(
 pub struct PrefixCache;
 
 impl Guest for PrefixCache {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let settings = Settings::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = host::prefix_matches_for(&req);
-        let order = ring::candidates(req.routing_key, servers.len() as u32);
+        let matches = host::prefix_matches_for(req.prefix_hash_count());
+        let order = ring::candidates(req.routing_key(), servers.len() as u32);
         match choose(
             &settings,
             &servers,
             &matches,
-            req.prefix_hashes.len(),
+            req.prefix_hash_count() as usize,
             &order,
         ) {
             Some((server, branch)) => {

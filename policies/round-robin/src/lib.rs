@@ -33,7 +33,7 @@ pub fn decide(servers: &[Server], counter: u64) -> Decision {
 pub struct RoundRobin;
 
 impl Guest for RoundRobin {
-    fn route(_req: Request) -> Decision {
+    fn route(_req: &Request) -> Decision {
         let counter = CALLS.fetch_add(1, Ordering::Relaxed);
         decide(&cluster::servers(), counter)
     }

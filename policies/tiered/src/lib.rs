@@ -85,8 +85,8 @@ pub fn decide(settings: &Settings, load: &Load) -> Verdict {
 pub struct Tiered;
 
 impl Guest for Tiered {
-    fn admit(req: Request, current: Load) -> Verdict {
-        let settings = Settings::for_tier(&HostConfig, &req.tier).or_trap();
+    fn admit(req: &Request, current: Load) -> Verdict {
+        let settings = Settings::for_tier(&HostConfig, &req.tier()).or_trap();
         decide(&settings, &current)
     }
 }

@@ -115,16 +115,16 @@ pub fn choose<'a>(
 pub struct WeightedScorers;
 
 impl Guest for WeightedScorers {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let weights = Weights::from_config(&HostConfig).or_trap();
         let servers = cluster::servers();
-        let matches = host::prefix_matches_for(&req);
-        let order = ring::candidates(req.routing_key, servers.len() as u32);
+        let matches = host::prefix_matches_for(req.prefix_hash_count());
+        let order = ring::candidates(req.routing_key(), servers.len() as u32);
         match choose(
             &weights,
             &servers,
             &matches,
-            req.prefix_hashes.len(),
+            req.prefix_hash_count() as usize,
             &order,
         ) {
             Some(server) => Decision::Route(server.id.clone()),

@@ -128,6 +128,24 @@ pub(crate) fn policies_config(
         }
         engine.memory_limit_bytes = mb * 1024 * 1024;
     }
+    if let Some(entries) = raw.state_max_entries {
+        if !(1..=16_777_216).contains(&entries) {
+            return Err(invalid(
+                "policies.state_max_entries",
+                "must be between 1 and 16777216",
+            ));
+        }
+        engine.state_max_entries = entries;
+    }
+    if let Some(mb) = raw.state_max_mb {
+        if !(1..=4096).contains(&mb) {
+            return Err(invalid(
+                "policies.state_max_mb",
+                "must be between 1 and 4096",
+            ));
+        }
+        engine.state_max_bytes = mb * 1024 * 1024;
+    }
     // The compiled-component cache is on unless turned off with an empty path: a Python
     // component compiles for seconds and loads from the cache in milliseconds.
     engine.cache_dir = match raw.cache_dir.as_deref() {

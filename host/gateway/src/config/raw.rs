@@ -67,6 +67,10 @@ pub struct RawPolicies {
     pub call_deadline_ms: Option<u64>,
     /// Memory cap per policy instance, MiB.
     pub memory_limit_mb: Option<usize>,
+    /// Most entries in one policy's `state` store.
+    pub state_max_entries: Option<u32>,
+    /// Most MiB (keys and values) in one policy's `state` store.
+    pub state_max_mb: Option<u64>,
     /// Directory for compiled components (default: `~/.cache/ringmaster/policies`; `""`: off).
     pub cache_dir: Option<String>,
     /// `[[policies.router]]`: router variants and the shadow.

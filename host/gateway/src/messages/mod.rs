@@ -6,14 +6,14 @@
 mod reply;
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::header::HeaderValue;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream, SamplingParams};
-use ringmaster_policy_engine::{PolicyFault, PolicyRequest};
+use ringmaster_policy_engine::{Outcome, PolicyFault, PolicyRequest};
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
 use tracing::debug;
@@ -167,8 +167,21 @@ pub async fn handle(
         variant,
         fault,
     } = routed;
-    let tracker = Tracker {
+    // A learning router hears how each request it decided went (`observe`).
+    let observation = variant
+        .as_ref()
+        .filter(|v| v.policy.learns() && fault.is_none())
+        .map(|_| Observation {
+            request_id: request_id.to_owned(),
+            routing_key: policy_request.routing_key,
+            decided: matches!(decision.reason, DecisionReason::Policy)
+                .then(|| decision.server.id().to_owned()),
+            server: decision.server.id().to_owned(),
+            ttft_us: AtomicU64::new(u64::MAX),
+        });
+    let mut tracker = Tracker {
         gateway: gateway.clone(),
+        observation,
         label: VariantLabel {
             variant: variant
                 .as_ref()
@@ -217,10 +230,13 @@ pub async fn handle(
         match start_generation(gateway, target, generate, decision, in_flight, started).await {
             Ok(started) => started,
             Err(e) => {
-                tracker.failed();
+                tracker.failed(e.message());
                 return Err(e);
             }
         };
+    if let Some(observation) = tracker.observation.as_mut() {
+        decision.server.id().clone_into(&mut observation.server);
+    }
     let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
     let server_id = decision.server.id().to_owned();
     let variant_name = tracker.label.variant.clone();
@@ -477,10 +493,24 @@ fn policy_request(
     }
 }
 
+/// What a learning router is told about a request it decided, gathered as the request runs.
+struct Observation {
+    request_id: String,
+    routing_key: u64,
+    /// The server the router chose (`None`: the host's ring chose, over its cap).
+    decided: Option<String>,
+    /// The server that served it (after retries).
+    server: String,
+    /// Microseconds to the first token (`u64::MAX`: none yet).
+    ttft_us: AtomicU64,
+}
+
 /// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
 struct Tracker {
     gateway: Arc<Gateway>,
     variant: Option<Arc<Variant>>,
+    /// Set when the deciding variant learns.
+    observation: Option<Observation>,
     label: VariantLabel,
     started: Instant,
     /// The request's start as the traffic recording has it, when recording.
@@ -498,6 +528,34 @@ impl Tracker {
         if let Some(variant) = &self.variant {
             variant.stats.record_ttft(ttft);
         }
+        if let Some(observation) = &self.observation {
+            let micros = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+            observation.ttft_us.store(micros, Ordering::Relaxed);
+        }
+    }
+
+    /// Tells a learning router how the request went. Runs after the client has its answer
+    /// (or its last event is queued); a fault is counted like a routing fault.
+    fn observe(&self, tokens: (u32, u32, u32), error: Option<&str>) {
+        let (Some(variant), Some(observation)) = (&self.variant, &self.observation) else {
+            return;
+        };
+        let ttft = observation.ttft_us.load(Ordering::Relaxed);
+        let outcome = Outcome {
+            request_id: observation.request_id.clone(),
+            routing_key: observation.routing_key,
+            server: observation.server.clone(),
+            as_decided: observation.decided.as_deref() == Some(observation.server.as_str()),
+            ttft_us: (ttft != u64::MAX).then_some(ttft),
+            prompt_tokens: tokens.0,
+            cached_tokens: tokens.1,
+            output_tokens: tokens.2,
+            error: error.map(str::to_owned),
+        };
+        if let Err(fault) = variant.policy.observe(&outcome) {
+            debug!(variant = %variant.name, kind = fault.kind(), "policy.observe_fault");
+            variant.stats.faults.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     fn finished(&self, prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) {
@@ -512,12 +570,14 @@ impl Tracker {
         if let Some(variant) = &self.variant {
             variant.stats.record_cache(cached_tokens, prompt_tokens);
         }
+        self.observe((prompt_tokens, cached_tokens, output_tokens), None);
     }
 
-    fn failed(&self) {
+    fn failed(&self, why: &str) {
         if let Some(variant) = &self.variant {
             variant.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
+        self.observe((0, 0, 0), Some(why));
     }
 }
 

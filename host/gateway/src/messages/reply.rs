@@ -164,7 +164,7 @@ impl ReplyMachine {
     }
 
     fn fail(&self, tracker: &Tracker, message: String, out: &mut Vec<StreamEvent>) -> Ended {
-        tracker.failed();
+        tracker.failed(&message);
         let error = ApiError::internal(message);
         out.push(StreamEvent::Error {
             error: error.body()["error"].clone(),

@@ -1018,3 +1018,150 @@ fn abi_floor() {
         per_call[25]
     );
 }
+
+/// A 0.2.0 router is called through the request resource; a 0.1.0 one (the component-text
+/// routers here) with the record, in the same engine.
+#[test]
+fn fixture_both_contract_versions_load_side_by_side() {
+    let Some(v2) = dist("consistent-hash.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let new = engine.load_router("v2", &v2, no_config()).unwrap();
+    let old = engine
+        .load_router("v1", &components::router(Router::Lookup), no_config())
+        .unwrap();
+    assert_eq!((new.contract(), old.contract()), ("0.2.0", "0.1.0"));
+    assert!(!new.learns() && !old.learns());
+    let host = FakeHost::eight();
+    for key in 0..20u64 {
+        // consistent-hash asks `lookup-bounded` (the next server in FakeHost), the 0.1.0
+        // component `lookup`: each read its key through its own contract.
+        let next = host.owner(key.wrapping_add(1)).to_owned();
+        assert_eq!(
+            new.route(&host, &request(key)).unwrap(),
+            RouteDecision::Route(next)
+        );
+        let owner = host.owner(key).to_owned();
+        assert_eq!(
+            old.route(&host, &request(key)).unwrap(),
+            RouteDecision::Route(owner)
+        );
+    }
+}
+
+fn outcome(server: &str, key: u64, ttft_us: Option<u64>, error: Option<&str>) -> Outcome {
+    Outcome {
+        request_id: format!("req_{key}"),
+        routing_key: key,
+        server: server.to_owned(),
+        as_decided: true,
+        ttft_us,
+        prompt_tokens: 100,
+        cached_tokens: 50,
+        output_tokens: 10,
+        error: error.map(str::to_owned),
+    }
+}
+
+/// `learned-ttft` keeps its routing history and what it learned in `state`, which every warm
+/// instance shares, and learns from `observe`: a server that gets slow loses its keys.
+#[test]
+fn fixture_a_learning_router_shares_state_across_instances_and_learns() {
+    let Some(bytes) = dist("learned-ttft.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let policy = engine.load_router("learner", &bytes, no_config()).unwrap();
+    assert!(policy.learns());
+    let host = FakeHost::eight();
+    // FakeHost's candidates for key k are s(k), s(k+1): both unmeasured, the first wins.
+    let first = policy.route(&host, &request(3)).unwrap();
+    assert_eq!(first, RouteDecision::Route("s3".into()));
+    // Another instance (the warm ones are dropped) remembers the key through `state`.
+    policy.core().drain();
+    policy
+        .observe(&outcome("s4", 3, Some(100_000), None))
+        .unwrap();
+    assert_eq!(policy.route(&host, &request(3)).unwrap(), first, "sticky");
+    // s3 turns out far slower than s4: the key moves.
+    for _ in 0..20 {
+        policy
+            .observe(&outcome("s3", 3, Some(2_000_000), None))
+            .unwrap();
+    }
+    policy.core().drain();
+    assert_eq!(
+        policy.route(&host, &request(3)).unwrap(),
+        RouteDecision::Route("s4".into())
+    );
+    let usage = policy.state_usage();
+    assert!(
+        usage.entries >= 3,
+        "{usage:?}: the key's route, two servers' TTFT, the count"
+    );
+    assert_eq!(policy.faults(), FaultCounts::default());
+    // A router that does not learn ignores outcomes.
+    let Some(plain) = dist("consistent-hash.wasm") else {
+        return;
+    };
+    let plain = engine.load_router("plain", &plain, no_config()).unwrap();
+    plain
+        .observe(&outcome("s1", 1, None, Some("reset")))
+        .unwrap();
+}
+
+/// A new version keeps its name's `state` store unless loaded with `StateMode::Fresh`; the
+/// version it replaces keeps its own store until it is dropped.
+#[test]
+fn fixture_state_is_kept_or_fresh_across_a_swap() {
+    let Some(bytes) = dist("learned-ttft.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let host = FakeHost::eight();
+    let v1 = engine.load_router("slot", &bytes, no_config()).unwrap();
+    v1.route(&host, &request(1)).unwrap();
+    let held = v1.state_usage().entries;
+    assert!(held >= 1);
+    let kept = engine
+        .load_router_with_state("slot", &bytes, no_config(), StateMode::Keep)
+        .unwrap();
+    assert_eq!(kept.state_usage().entries, held);
+    let fresh = engine
+        .load_router_with_state("slot", &bytes, no_config(), StateMode::Fresh)
+        .unwrap();
+    assert_eq!(fresh.state_usage().entries, 0);
+    assert_eq!(
+        v1.state_usage().entries,
+        held,
+        "the old version's store is untouched"
+    );
+    // The fresh store is now the name's: the next kept version shares it.
+    fresh.route(&host, &request(2)).unwrap();
+    let next = engine.load_router("slot", &bytes, no_config()).unwrap();
+    assert_eq!(next.state_usage().entries, fresh.state_usage().entries);
+    // Another name has its own store.
+    let other = engine.load_router("other", &bytes, no_config()).unwrap();
+    assert_eq!(other.state_usage().entries, 0);
+}
+
+/// The state store's caps hold whatever a policy writes.
+#[test]
+fn fixture_state_is_bounded() {
+    let Some(bytes) = dist("learned-ttft.wasm") else {
+        return;
+    };
+    let engine = PolicyEngine::new(EngineConfig {
+        state_max_entries: 16,
+        ..config()
+    })
+    .unwrap();
+    let policy = engine.load_router("bounded", &bytes, no_config()).unwrap();
+    let host = FakeHost::eight();
+    for key in 0..200u64 {
+        policy.route(&host, &request(key)).unwrap();
+    }
+    let usage = policy.state_usage();
+    assert_eq!((usage.entries, usage.max_entries), (16, 16), "{usage:?}");
+}

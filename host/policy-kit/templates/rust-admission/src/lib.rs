@@ -43,8 +43,8 @@ pub fn admit(tier: &str, prompt_tokens: u32, current: &Load) -> Verdict {
 pub struct Policy;
 
 impl Guest for Policy {
-    fn admit(req: Request, current: Load) -> Verdict {
-        admit(&req.tier, req.prompt_tokens, &current)
+    fn admit(req: &Request, current: Load) -> Verdict {
+        admit(&req.tier(), req.prompt_tokens(), &current)
     }
 }
 

@@ -30,13 +30,13 @@ pub fn choose<'a>(
 pub struct Policy;
 
 impl Guest for Policy {
-    fn route(req: Request) -> Decision {
+    fn route(req: &Request) -> Decision {
         let servers = cluster::servers();
-        let matches = host::prefix_matches_for(&req);
+        let matches = host::prefix_matches_for(req.prefix_hash_count());
         let backlogs = cluster::prefill_backlog();
-        let order = ring::candidates(req.routing_key, servers.len() as u32);
-        let prefix_hashes = req.prefix_hashes.len();
-        match choose(&servers, &matches, &backlogs, req.prompt_tokens, prefix_hashes, &order) {
+        let order = ring::candidates(req.routing_key(), servers.len() as u32);
+        let prefix_hashes = req.prefix_hash_count() as usize;
+        match choose(&servers, &matches, &backlogs, req.prompt_tokens(), prefix_hashes, &order) {
             Some(server) => Decision::Route(server.id.clone()),
             None => Decision::Reject("no healthy GPU server".to_owned()),
         }

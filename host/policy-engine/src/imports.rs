@@ -1,0 +1,290 @@
+//! The host side of every `ringmaster:policy` interface, for both contract versions, generated
+//! by `wasmtime::component::bindgen!` from the WIT files (`wit/policy.wit` for 0.2.0,
+//! `wit/deps/policy-0.1.0/policy.wit` for 0.1.0) and implemented here on [`StoreData`].
+//!
+//! This module owns the mapping from each generated trait method to the host's answer and
+//! nothing else: what a call may see comes from [`crate::host`]'s call context, state from
+//! [`crate::state`]. The two versions share their answers; they differ only in the generated
+//! types (0.2.0's request is a resource whose getters read the request of the call).
+//!
+//! The request resource carries no data of its own: the host passes every call a borrow of
+//! one placeholder handle, and each getter reads the request of the call running on this
+//! thread. A borrow cannot outlive the call it was passed to (the component model checks it),
+//! so a guest cannot read another call's request through it.
+
+use wasmtime::component::{HasSelf, Linker, Resource};
+
+use crate::host::{self, StoreData};
+use crate::types::{Level, PolicyRequest, ServerView};
+
+/// Bindings for `ringmaster:policy@0.1.0`. The `router` world imports every interface the
+/// other worlds do, so its bindings cover all of them.
+pub(crate) mod v0_1 {
+    wasmtime::component::bindgen!({
+        world: "router",
+        path: "../../wit/deps/policy-0.1.0",
+    });
+}
+
+/// Bindings for `ringmaster:policy@0.2.0`; `learning-router` imports every interface.
+pub(crate) mod v0_2 {
+    wasmtime::component::bindgen!({
+        world: "learning-router",
+        path: "../../wit",
+        with: {
+            "ringmaster:policy/types.request": super::RequestRep,
+        },
+    });
+}
+
+use v0_1::ringmaster::policy as p1;
+use v0_2::ringmaster::policy0_2_0 as p2;
+
+/// The host's type for 0.2.0's `request` resource: a placeholder, see the module docs.
+#[derive(Debug)]
+pub struct RequestRep;
+
+/// The borrow every 0.2.0 call passes its guest as the request.
+pub(crate) fn request_borrow() -> Resource<RequestRep> {
+    Resource::new_borrow(0)
+}
+
+/// Links both versions' interfaces (and WASI 0.2, with nothing granted). Which of them a
+/// given world may use is checked when a policy is loaded.
+pub(crate) fn define_imports(linker: &mut Linker<StoreData>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p2::add_to_linker_sync(linker)?;
+    v0_1::Router::add_to_linker::<StoreData, HasSelf<StoreData>>(linker, |s| s)?;
+    v0_2::LearningRouter::add_to_linker::<StoreData, HasSelf<StoreData>>(linker, |s| s)?;
+    Ok(())
+}
+
+fn request<R: Default>(f: impl FnOnce(&PolicyRequest) -> R) -> R {
+    host::current_request(f).unwrap_or_default()
+}
+
+// ---- 0.2.0 ----
+
+impl p2::types::Host for StoreData {}
+
+impl p2::types::HostRequest for StoreData {
+    fn id(&mut self, _: Resource<RequestRep>) -> String {
+        request(|r| r.id.clone())
+    }
+    fn model(&mut self, _: Resource<RequestRep>) -> String {
+        request(|r| r.model.clone())
+    }
+    fn tier(&mut self, _: Resource<RequestRep>) -> String {
+        request(|r| r.tier.clone())
+    }
+    fn session_id(&mut self, _: Resource<RequestRep>) -> Option<String> {
+        request(|r| r.session_id.clone())
+    }
+    fn routing_key(&mut self, _: Resource<RequestRep>) -> u64 {
+        request(|r| r.routing_key)
+    }
+    fn prefix_hash_count(&mut self, _: Resource<RequestRep>) -> u32 {
+        request(|r| u32::try_from(r.prefix_hashes.len()).unwrap_or(u32::MAX))
+    }
+    fn prefix_hashes(&mut self, _: Resource<RequestRep>, start: u32, max: u32) -> Vec<u64> {
+        request(|r| {
+            let start = (start as usize).min(r.prefix_hashes.len());
+            let end = start
+                .saturating_add(max as usize)
+                .min(r.prefix_hashes.len());
+            r.prefix_hashes[start..end].to_vec()
+        })
+    }
+    fn prompt_tokens(&mut self, _: Resource<RequestRep>) -> u32 {
+        request(|r| r.prompt_tokens)
+    }
+    fn max_tokens(&mut self, _: Resource<RequestRep>) -> u32 {
+        request(|r| r.max_tokens)
+    }
+    fn priority(&mut self, _: Resource<RequestRep>) -> u8 {
+        request(|r| r.priority)
+    }
+    fn stream(&mut self, _: Resource<RequestRep>) -> bool {
+        request(|r| r.stream)
+    }
+    fn header(&mut self, _: Resource<RequestRep>, name: String) -> Option<String> {
+        request(|r| {
+            r.headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(&name))
+                .map(|(_, v)| v.clone())
+        })
+    }
+    fn headers(&mut self, _: Resource<RequestRep>) -> Vec<(String, String)> {
+        request(|r| r.headers.clone())
+    }
+    fn drop(&mut self, _: Resource<RequestRep>) -> wasmtime::Result<()> {
+        // Guests only ever hold borrows, which are not dropped through the host.
+        Ok(())
+    }
+}
+
+fn server_v2(s: ServerView) -> p2::types::Server {
+    p2::types::Server {
+        id: s.id,
+        healthy: s.healthy,
+        weight: s.weight,
+        in_flight: s.in_flight,
+        waiting: s.waiting,
+        kv_blocks_used: s.kv_blocks_used,
+        kv_blocks_total: s.kv_blocks_total,
+    }
+}
+
+impl p2::ring::Host for StoreData {
+    fn lookup(&mut self, key: u64) -> Option<String> {
+        host::ask(|h| h.ring_lookup(key))
+    }
+    fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
+        host::ask(|h| h.ring_candidates(key, n))
+    }
+    fn lookup_bounded(&mut self, key: u64) -> Option<String> {
+        host::ask(|h| h.ring_lookup_bounded(key))
+    }
+}
+
+impl p2::cluster::Host for StoreData {
+    fn servers(&mut self) -> Vec<p2::types::Server> {
+        host::ask(|h| h.servers())
+            .into_iter()
+            .map(server_v2)
+            .collect()
+    }
+    fn get(&mut self, id: String) -> Option<p2::types::Server> {
+        host::ask(|h| h.server(&id)).map(server_v2)
+    }
+    fn prefix_matches(&mut self) -> Vec<(String, u32)> {
+        self.prefix_matches()
+    }
+    fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
+        host::ask(|h| h.prefill_backlog())
+    }
+}
+
+impl p2::state::Host for StoreData {
+    fn get(&mut self, key: String) -> Option<Vec<u8>> {
+        self.policy.state().get(&key)
+    }
+    fn set(&mut self, key: String, value: Vec<u8>) -> bool {
+        self.policy.state().set(key, value)
+    }
+    fn remove(&mut self, key: String) -> bool {
+        self.policy.state().remove(&key)
+    }
+    fn add(&mut self, key: String, delta: i64) -> i64 {
+        self.policy.state().add(&key, delta)
+    }
+    fn usage(&mut self) -> p2::state::Fill {
+        let usage = self.policy.state().usage();
+        p2::state::Fill {
+            entries: usage.entries,
+            bytes: usage.bytes,
+            max_entries: usage.max_entries,
+            max_bytes: usage.max_bytes,
+        }
+    }
+}
+
+impl p2::log::Host for StoreData {
+    fn write(&mut self, level: p2::log::Level, message: String) {
+        let level = match level {
+            p2::log::Level::Debug => Level::Debug,
+            p2::log::Level::Info => Level::Info,
+            p2::log::Level::Warn => Level::Warn,
+            p2::log::Level::Error => Level::Error,
+        };
+        self.policy.write_log(level, &message);
+    }
+}
+
+impl p2::metrics::Host for StoreData {
+    fn counter_add(&mut self, name: String, value: u64) {
+        self.policy.counter_add(&name, value);
+    }
+}
+
+impl p2::config::Host for StoreData {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.policy.config.get(&key).cloned()
+    }
+    fn entries(&mut self) -> Vec<(String, String)> {
+        self.policy.config_entries()
+    }
+}
+
+// ---- 0.1.0 ----
+
+impl p1::types::Host for StoreData {}
+
+fn server_v1(s: ServerView) -> p1::types::Server {
+    p1::types::Server {
+        id: s.id,
+        healthy: s.healthy,
+        weight: s.weight,
+        in_flight: s.in_flight,
+        waiting: s.waiting,
+        kv_blocks_used: s.kv_blocks_used,
+        kv_blocks_total: s.kv_blocks_total,
+    }
+}
+
+impl p1::ring::Host for StoreData {
+    fn lookup(&mut self, key: u64) -> Option<String> {
+        host::ask(|h| h.ring_lookup(key))
+    }
+    fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
+        host::ask(|h| h.ring_candidates(key, n))
+    }
+    fn lookup_bounded(&mut self, key: u64) -> Option<String> {
+        host::ask(|h| h.ring_lookup_bounded(key))
+    }
+}
+
+impl p1::cluster::Host for StoreData {
+    fn servers(&mut self) -> Vec<p1::types::Server> {
+        host::ask(|h| h.servers())
+            .into_iter()
+            .map(server_v1)
+            .collect()
+    }
+    fn get(&mut self, id: String) -> Option<p1::types::Server> {
+        host::ask(|h| h.server(&id)).map(server_v1)
+    }
+    fn prefix_matches(&mut self) -> Vec<(String, u32)> {
+        self.prefix_matches()
+    }
+    fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
+        host::ask(|h| h.prefill_backlog())
+    }
+}
+
+impl p1::log::Host for StoreData {
+    fn write(&mut self, level: p1::log::Level, message: String) {
+        let level = match level {
+            p1::log::Level::Debug => Level::Debug,
+            p1::log::Level::Info => Level::Info,
+            p1::log::Level::Warn => Level::Warn,
+            p1::log::Level::Error => Level::Error,
+        };
+        self.policy.write_log(level, &message);
+    }
+}
+
+impl p1::metrics::Host for StoreData {
+    fn counter_add(&mut self, name: String, value: u64) {
+        self.policy.counter_add(&name, value);
+    }
+}
+
+impl p1::config::Host for StoreData {
+    fn get(&mut self, key: String) -> Option<String> {
+        self.policy.config.get(&key).cloned()
+    }
+    fn entries(&mut self) -> Vec<(String, String)> {
+        self.policy.config_entries()
+    }
+}
