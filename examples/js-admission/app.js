@@ -4,7 +4,7 @@
 import { decide } from "./policy.js";
 
 export function admit(req, current) {
-  const [kind, value] = decide(req.tier, req.promptTokens, current.inFlight, current.queued,
+  const [kind, value] = decide(req.tier(), req.promptTokens(), current.inFlight, current.queued,
     current.queueCapacity, current.servers);
   if (kind === "accept") {
     return { tag: "accept", val: value };

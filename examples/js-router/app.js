@@ -1,15 +1,16 @@
 // js-router: a Ringmaster router in JavaScript (componentize-js). The decision itself lives in
 // policy.js, which imports nothing generated, so `node --test` tests it without Wasm; this
 // file only asks the host and answers.
-import { servers as listServers, prefixMatches, prefillBacklog } from "ringmaster:policy/cluster@0.1.0";
-import { candidates } from "ringmaster:policy/ring@0.1.0";
+import { servers as listServers, prefixMatches, prefillBacklog } from "ringmaster:policy/cluster@0.2.0";
+import { candidates } from "ringmaster:policy/ring@0.2.0";
 import { choose } from "./policy.js";
 
 export function route(req) {
   const servers = listServers();
-  const matches = req.prefixHashes.length > 0 ? prefixMatches() : [];
-  const order = candidates(req.routingKey, servers.length);
-  const server = choose(servers, matches, prefillBacklog(), req.promptTokens, req.prefixHashes.length, order);
+  const hashes = req.prefixHashCount();
+  const matches = hashes > 0 ? prefixMatches() : [];
+  const order = candidates(req.routingKey(), servers.length);
+  const server = choose(servers, matches, prefillBacklog(), req.promptTokens(), hashes, order);
   if (server === null) {
     return { tag: "reject", val: "no healthy GPU server" };
   }

@@ -9,7 +9,7 @@ import policy
 
 class WitWorld(wit_world.WitWorld):
     def admit(self, req, current):
-        kind, value = policy.admit(req.tier, req.prompt_tokens, current.in_flight,
+        kind, value = policy.admit(req.tier(), req.prompt_tokens(), current.in_flight,
                                    current.queued, current.queue_capacity, current.servers)
         if kind == "accept":
             return wit_world.Verdict_Accept(value)

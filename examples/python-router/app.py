@@ -11,11 +11,11 @@ import policy
 class WitWorld(wit_world.WitWorld):
     def route(self, req):
         servers = cluster.servers()
-        matches = cluster.prefix_matches() if req.prefix_hashes else []
+        hashes = req.prefix_hash_count()
+        matches = cluster.prefix_matches() if hashes else []
         backlogs = cluster.prefill_backlog()
-        order = ring.candidates(req.routing_key, len(servers))
-        server = policy.choose(servers, matches, backlogs, req.prompt_tokens,
-                               len(req.prefix_hashes), order)
+        order = ring.candidates(req.routing_key(), len(servers))
+        server = policy.choose(servers, matches, backlogs, req.prompt_tokens(), hashes, order)
         if server is None:
             return wit_world.Decision_Reject("no healthy GPU server")
         return wit_world.Decision_Route(server.id)

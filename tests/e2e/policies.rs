@@ -444,3 +444,96 @@ async fn a_faulting_router_falls_back_then_rolls_back() {
         "every request succeeded"
     );
 }
+
+fn variant<'a>(listed: &'a Value, name: &str) -> &'a Value {
+    listed["router"]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no variant {name}: {listed}"))
+}
+
+/// A 0.2.0 learning router behind a real gateway: every request it decided is handed to its
+/// `observe`, what it keeps in `state` survives a swap, and `state=fresh` starts it over.
+#[tokio::test]
+async fn a_learning_router_hears_every_outcome_and_keeps_its_state_across_swaps() {
+    let gw = TestGateway::simulated(3, 0.0, "").await;
+    let put: Value = put_router(&gw, "variant=default", component("learned-ttft"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(put["changed"], true, "{put}");
+    let listed = policies(&gw).await;
+    let learner = variant(&listed, "default");
+    assert_eq!(
+        (learner["contract"].as_str(), learner["learns"].as_bool()),
+        (Some("0.2.0"), Some(true))
+    );
+    assert_eq!(
+        learner["state"]["entries"], 0,
+        "probes leave nothing behind: {learner}"
+    );
+
+    for i in 0..6 {
+        let body = json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 4,
+            "metadata": {"user_id": format!("session-{}", i % 3)},
+            "messages": [{"role": "user", "content": format!("Hello number {i}")}],
+        });
+        let response = gw.post_messages(&body).await;
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    // `observe` runs once each request has ended: its counter, the servers' learned TTFTs
+    // and the routing history all live in `state`.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let entries = loop {
+        let listed = policies(&gw).await;
+        let entries = variant(&listed, "default")["state"]["entries"]
+            .as_u64()
+            .unwrap();
+        // 3 routing keys + at least one server's TTFT + the `observed` counter.
+        if entries >= 5 || Instant::now() > deadline {
+            break entries;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(entries >= 5, "state holds {entries} entries");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_policy_faults_total", ""),
+        0.0,
+        "no fault in route or observe"
+    );
+
+    // A swap (other config, so a new version) keeps the store; `state=fresh` empties it.
+    let kept: Value = put_router(&gw, "variant=default&weight=50", component("learned-ttft"))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(kept["changed"], true, "{kept}");
+    let listed = policies(&gw).await;
+    assert_eq!(variant(&listed, "default")["state"]["entries"], entries);
+    let fresh = put_router(
+        &gw,
+        "variant=default&state=fresh",
+        component("learned-ttft"),
+    )
+    .await;
+    assert_eq!(fresh.status(), 200);
+    let listed = policies(&gw).await;
+    assert_eq!(variant(&listed, "default")["state"]["entries"], 0);
+    let bad = put_router(
+        &gw,
+        "variant=default&state=maybe",
+        component("learned-ttft"),
+    )
+    .await;
+    assert_eq!(bad.status(), 400);
+    let text = bad.text().await.unwrap();
+    assert!(text.contains("state") && text.contains("fresh"), "{text}");
+}

@@ -49,7 +49,7 @@ def test_scaffold_test_build_replay_push_and_compare():
         assert os.path.getsize(component) > 1_000_000, out
 
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component (ringmaster:policy@0.1.0)" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.2.0)" in out and "per call" in out, out
 
         out = run([ringmaster, "policy", "test", component, "--trace", TRACE,
                    "--requests", "120", "--out", os.path.join(tmp, "replay")], cwd=project)

@@ -10,6 +10,9 @@
 //!   deadline, memory limiter, scoped call context, answer validation.
 //! - `bare`: `bindgen!` bindings, one instance kept in one store, imports answered by a plain
 //!   struct, no deadline, no pool, no validation.
+//! - `NAME@0.1.0`: the same router built against `ringmaster:policy@0.1.0` (the request record
+//!   copied in whole, `src/tests/contract-0.1.0/`), through the engine: what 0.2.0's request
+//!   resource saves on the same logic.
 //! - `bare-epoch`: `bare` on an engine with epoch interruption on, so the engine's delta splits
 //!   into the checks epoch interruption compiles into the guest and the engine's own work.
 //!
@@ -47,10 +50,17 @@ use wasmtime::component::Resource;
 pub struct BareRequest;
 
 const POLICIES: [&str; 3] = ["consistent-hash", "cache-aware", "prefix-affinity"];
+/// The same routers built against `ringmaster:policy@0.1.0` (the request copied in whole),
+/// timed through the engine beside their 0.2.0 builds.
+const POLICIES_0_1: [&str; 2] = ["consistent-hash", "prefix-affinity"];
 const SERVER_COUNTS: [usize; 2] = [8, 64];
 const PREFIX_HASHES: u64 = 32;
 /// Requests cycled through, so keys (and answers) vary between iterations.
 const REQUESTS: usize = 64;
+
+fn dist_0_1(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("src/tests/contract-0.1.0/{name}.wasm"))
+}
 
 fn dist(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../../policies/dist/{name}.wasm"))
@@ -439,8 +449,27 @@ fn bench_route(c: &mut Criterion<ThreadCpu>) {
         let loaded = engine
             .load_router(policy, &bytes, BTreeMap::new())
             .expect("load through the engine");
+        // Its 0.1.0 build, where there is one.
+        let old = POLICIES_0_1
+            .contains(&policy)
+            .then(|| std::fs::read(dist_0_1(policy)).ok())
+            .flatten()
+            .map(|bytes| {
+                engine
+                    .load_router(&format!("{policy}@0.1.0"), &bytes, BTreeMap::new())
+                    .expect("a 0.1.0 build loads")
+            });
         for n in SERVER_COUNTS {
             let cluster = Cluster::new(n);
+            if let Some(old) = &old {
+                let mut i = 0;
+                group.bench_function(format!("{policy}@0.1.0/{n}-servers/engine"), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % REQUESTS;
+                        old.route(&cluster, black_box(&requests[i]))
+                    })
+                });
+            }
 
             for request in &requests {
                 let decision = loaded.route(&cluster, request);
@@ -501,6 +530,7 @@ fn bench_route(c: &mut Criterion<ThreadCpu>) {
             interleaved(
                 &format!("{policy}/{n}-servers"),
                 &loaded,
+                old.as_ref(),
                 &cluster,
                 &requests,
                 &mut bares,
@@ -516,6 +546,7 @@ fn bench_route(c: &mut Criterion<ThreadCpu>) {
 fn interleaved(
     name: &str,
     engine: &RouterPolicy,
+    old: Option<&RouterPolicy>,
     cluster: &Cluster,
     requests: &[PolicyRequest],
     bares: &mut [(&str, Store<Bare>, bare::Router)],
@@ -523,6 +554,7 @@ fn interleaved(
     let (ring, loads) = native_ring(cluster.servers.len());
     let mut native_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
     let mut engine_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
+    let mut old_ns = Vec::with_capacity(INTERLEAVED_ROUNDS);
     let mut bare_ns: Vec<Vec<f64>> = vec![Vec::with_capacity(INTERLEAVED_ROUNDS); bares.len()];
     let time = |f: &mut dyn FnMut(usize)| {
         let started = std::time::Instant::now();
@@ -538,6 +570,11 @@ fn interleaved(
         engine_ns.push(time(&mut |i| {
             let _ = black_box(engine.route(cluster, black_box(&requests[i])));
         }));
+        if let Some(old) = old {
+            old_ns.push(time(&mut |i| {
+                let _ = black_box(old.route(cluster, black_box(&requests[i])));
+            }));
+        }
         for ((_, store, router), ns) in bares.iter_mut().zip(&mut bare_ns) {
             ns.push(time(&mut |i| {
                 black_box(bare_call(store, router, black_box(i)).ok());
@@ -553,6 +590,9 @@ fn interleaved(
         median(&mut native_ns),
         median(&mut engine_ns)
     );
+    if !old_ns.is_empty() {
+        line.push_str(&format!(", engine@0.1.0 {:.0} ns", median(&mut old_ns)));
+    }
     for ((label, _, _), ns) in bares.iter().zip(&mut bare_ns) {
         line.push_str(&format!(", {label} {:.0} ns", median(ns)));
     }

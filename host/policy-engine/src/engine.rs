@@ -640,8 +640,11 @@ impl<W: World> Core<W> {
         let store = &mut warm.store;
         match host::with_call(cx, || call(store, exports)) {
             Ok(value) => {
-                if let (Some(budget), Ok(left)) = (self.engine.config.fuel, warm.store.get_fuel())
+                // `get_fuel` only in fuel mode: elsewhere it returns an error, whose creation
+                // costs microseconds when backtraces are on (`RUST_BACKTRACE=1`).
+                if let Some(budget) = self.engine.config.fuel
                     && cx_counting
+                    && let Ok(left) = warm.store.get_fuel()
                 {
                     self.last_call_fuel.store(
                         budget.saturating_sub(left),

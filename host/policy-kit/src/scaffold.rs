@@ -76,12 +76,12 @@ pub const WIT: &str = include_str!("../../../wit/policy.wit");
 /// The superseded contract, `ringmaster:policy@0.1.0`, which the gateway still loads.
 pub const WIT_0_1: &str = include_str!("../../../wit/deps/policy-0.1.0/policy.wit");
 
-/// The contract a new project in `lang` targets: 0.2.0 for Rust, whose SDK is ported to it;
-/// 0.1.0 for Python, JavaScript and C, whose SDKs are not yet (their components keep loading).
+/// The contract a new project in `lang` targets: 0.2.0, except for C, whose SDK and sample
+/// are not yet ported (its components keep loading).
 pub fn wit_for(lang: Lang) -> &'static str {
     match lang {
-        Lang::Rust => WIT,
-        Lang::Python | Lang::JavaScript | Lang::C => WIT_0_1,
+        Lang::Rust | Lang::Python | Lang::JavaScript => WIT,
+        Lang::C => WIT_0_1,
     }
 }
 

@@ -9,10 +9,11 @@
 //!   weighted average for the server that served it (`ttft/SERVER`, weight `alpha`); a failed
 //!   request counts as `error_penalty_ms`.
 //! - **The decision.** Among the first `candidates` servers clockwise on the ring from the key
-//!   that are healthy (none: the request is rejected), the remembered server keeps the request unless its learned TTFT is worse than the best
-//!   candidate's by more than `slack` (1.0: twice as slow); otherwise, and for a new key, the
-//!   candidate with the lowest learned TTFT wins (one never measured counts as 0, so every
-//!   server is tried). Ties go to the ring's order.
+//!   that are healthy (none: the request is rejected), each has an expected wait: its learned
+//!   TTFT times the requests queued on it plus one (a server never measured is taken to be as
+//!   fast as the mean of the measured ones). The key's remembered server (else its owner on
+//!   the ring) keeps it unless its expected wait is more than `1 + slack` times the best
+//!   candidate's (1.0: twice); then the best one takes it. Ties go to the ring's order.
 //!
 //! Configuration (all optional): `candidates` (default 2), `alpha` (0.2), `slack` (1.0),
 //! `error_penalty_ms` (5000).
@@ -72,25 +73,49 @@ pub fn ttft_key(server: &str) -> String {
     format!("ttft/{server}")
 }
 
-/// The server for a request: `candidates` in ring order, the key's `remembered` server, and
-/// what was learned of each (`learned(id)`: mean TTFT in µs, `None` when never measured).
-pub fn choose(
-    candidates: &[String],
-    remembered: Option<&str>,
-    learned: impl Fn(&str) -> Option<f64>,
-    slack: f64,
-) -> Option<String> {
-    let cost = |id: &str| learned(id).unwrap_or(0.0);
+/// One candidate as the decision sees it: its id, its queue now (in flight plus waiting) and
+/// its learned TTFT in µs (`None`: never measured).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// The server's id.
+    pub id: String,
+    /// Requests in flight on it plus those waiting inside it.
+    pub queue: u32,
+    /// Its learned mean TTFT in µs.
+    pub learned_us: Option<f64>,
+}
+
+/// A candidate's expected wait: its learned TTFT (a server never measured is taken to be as
+/// fast as the mean of those measured, so a new server neither wins every key nor starves)
+/// times the requests ahead of this one plus one.
+fn expected_wait(candidate: &Candidate, prior_us: f64) -> f64 {
+    candidate.learned_us.unwrap_or(prior_us) * f64::from(candidate.queue.saturating_add(1))
+}
+
+/// The server for a request among `candidates` (healthy, in ring order: the first is the key's
+/// owner), given the key's `remembered` server. The remembered server, else the owner, keeps
+/// the key unless its expected wait is more than `1 + slack` times the best candidate's;
+/// then the best one takes it. Ties go to the ring's order.
+pub fn choose(candidates: &[Candidate], remembered: Option<&str>, slack: f64) -> Option<String> {
+    let measured: Vec<f64> = candidates.iter().filter_map(|c| c.learned_us).collect();
+    let prior = if measured.is_empty() {
+        1.0
+    } else {
+        measured.iter().sum::<f64>() / measured.len() as f64
+    };
+    let wait = |c: &Candidate| expected_wait(c, prior);
     // `min_by` keeps the first of equals: ties go to the ring's order.
     let best = candidates
         .iter()
-        .min_by(|a, b| cost(a).total_cmp(&cost(b)))?;
-    if let Some(kept) = remembered.filter(|id| candidates.iter().any(|c| c == id))
-        && cost(kept) <= cost(best) * (1.0 + slack)
-    {
-        return Some(kept.to_owned());
+        .min_by(|a, b| wait(a).total_cmp(&wait(b)))?;
+    let keeper = remembered
+        .and_then(|id| candidates.iter().find(|c| c.id == id))
+        .unwrap_or(&candidates[0]);
+    if wait(keeper) <= wait(best) * (1.0 + slack) {
+        Some(keeper.id.clone())
+    } else {
+        Some(best.id.clone())
     }
-    Some(best.clone())
 }
 
 /// The sample an outcome contributes to its server's average, in µs (`None`: nothing to learn).
@@ -102,18 +127,27 @@ pub fn sample_us(outcome: &Outcome, error_penalty_ms: f64) -> Option<f64> {
     }
 }
 
-/// The first `n` healthy servers clockwise from `key`. The ring may still list servers that
-/// drain or fail their health checks: when the first `n` are not all healthy, the whole ring
-/// order is asked for (one more host call).
-fn healthy_candidates(key: u64, n: u32) -> Vec<String> {
-    let healthy = |id: &String| cluster::get(id).is_some_and(|s| s.healthy);
-    let first = ring::candidates(key, n);
-    if first.iter().all(healthy) {
-        return first;
+/// The first `n` healthy servers clockwise from `key`, with their queues and what was learned
+/// of each. The ring may still list servers that drain or fail their health checks: when the
+/// first `n` are not all healthy, the whole ring order is asked for (one more host call).
+fn candidates(key: u64, n: u32) -> Vec<Candidate> {
+    let view = |id: String| {
+        let server = cluster::get(&id).filter(|s| s.healthy)?;
+        Some(Candidate {
+            learned_us: store::get_f64(&ttft_key(&id)),
+            queue: server.in_flight.saturating_add(server.waiting),
+            id,
+        })
+    };
+    let first: Vec<String> = ring::candidates(key, n);
+    let wanted = first.len();
+    let healthy: Vec<Candidate> = first.into_iter().filter_map(view).collect();
+    if healthy.len() == wanted {
+        return healthy;
     }
     ring::candidates(key, u32::MAX)
         .into_iter()
-        .filter(healthy)
+        .filter_map(view)
         .take(n as usize)
         .collect()
 }
@@ -126,15 +160,10 @@ impl Guest for LearnedTtft {
     fn route(req: &Request) -> Decision {
         let settings = Settings::get();
         let key = req.routing_key();
-        let candidates = healthy_candidates(key, settings.candidates);
+        let candidates = candidates(key, settings.candidates);
         let history = route_key(key);
         let remembered = store::get_string(&history);
-        let choice = choose(
-            &candidates,
-            remembered.as_deref(),
-            |id| store::get_f64(&ttft_key(id)),
-            settings.slack,
-        );
+        let choice = choose(&candidates, remembered.as_deref(), settings.slack);
         match choice {
             Some(server) => {
                 if remembered.as_deref() != Some(server.as_str()) {
@@ -163,41 +192,39 @@ ringmaster_policy_sdk::learning_router::export!(LearnedTtft);
 mod tests {
     use super::*;
 
-    fn ids(names: &[&str]) -> Vec<String> {
-        names.iter().map(|s| (*s).to_owned()).collect()
+    fn cand(id: &str, queue: u32, learned_us: Option<f64>) -> Candidate {
+        Candidate {
+            id: id.to_owned(),
+            queue,
+            learned_us,
+        }
     }
 
     #[test]
-    fn unmeasured_servers_are_tried_first_in_ring_order() {
-        let cands = ids(&["b", "a"]);
-        let learned = |id: &str| (id == "b").then_some(900.0);
-        assert_eq!(choose(&cands, None, learned, 1.0).as_deref(), Some("a"));
-        assert_eq!(choose(&cands, None, |_| None, 1.0).as_deref(), Some("b"));
+    fn the_owner_keeps_new_keys_on_an_even_fleet() {
+        let cands = [cand("b", 2, None), cand("a", 1, None)];
+        assert_eq!(choose(&cands, None, 1.0).as_deref(), Some("b"));
+        // Unmeasured servers take the mean of the measured: no stampede to the new one.
+        let cands = [cand("b", 1, Some(100.0)), cand("a", 0, None)];
+        assert_eq!(choose(&cands, None, 1.0).as_deref(), Some("b"));
     }
 
     #[test]
     fn the_remembered_server_keeps_its_key_until_clearly_slower() {
-        let cands = ids(&["a", "b"]);
-        let learned = |id: &str| Some(if id == "a" { 100.0 } else { 180.0 });
-        assert_eq!(
-            choose(&cands, Some("b"), learned, 1.0).as_deref(),
-            Some("b")
-        );
-        let learned = |id: &str| Some(if id == "a" { 100.0 } else { 250.0 });
-        assert_eq!(
-            choose(&cands, Some("b"), learned, 1.0).as_deref(),
-            Some("a")
-        );
+        let cands = [cand("a", 0, Some(100.0)), cand("b", 0, Some(180.0))];
+        assert_eq!(choose(&cands, Some("b"), 1.0).as_deref(), Some("b"));
+        let cands = [cand("a", 0, Some(100.0)), cand("b", 0, Some(250.0))];
+        assert_eq!(choose(&cands, Some("b"), 1.0).as_deref(), Some("a"));
+        // A queue counts as much as slowness: three requests ahead are four waits.
+        let cands = [cand("a", 3, Some(100.0)), cand("b", 0, Some(100.0))];
+        assert_eq!(choose(&cands, Some("a"), 1.0).as_deref(), Some("b"));
     }
 
     #[test]
     fn a_remembered_server_off_the_candidates_is_dropped() {
-        let cands = ids(&["a", "b"]);
-        assert_eq!(
-            choose(&cands, Some("gone"), |_| None, 1.0).as_deref(),
-            Some("a")
-        );
-        assert_eq!(choose(&[], Some("a"), |_| None, 1.0), None);
+        let cands = [cand("a", 0, None), cand("b", 0, None)];
+        assert_eq!(choose(&cands, Some("gone"), 1.0).as_deref(), Some("a"));
+        assert_eq!(choose(&[], Some("a"), 1.0), None);
     }
 
     #[test]

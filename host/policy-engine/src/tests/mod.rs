@@ -1165,3 +1165,37 @@ fn fixture_state_is_bounded() {
     let usage = policy.state_usage();
     assert_eq!((usage.entries, usage.max_entries), (16, 16), "{usage:?}");
 }
+
+/// The built-in routers as built against 0.1.0 (`contract-0.1.0/`, from before the contract
+/// moved) still load, are called through the record, and decide exactly as their 0.2.0 builds
+/// of the same source do.
+#[test]
+fn fixture_routers_built_against_0_1_0_decide_as_their_0_2_0_builds() {
+    for name in ["consistent-hash", "prefix-affinity"] {
+        let Some(new) = dist(&format!("{name}.wasm")) else {
+            return;
+        };
+        let old = std::fs::read(
+            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join(format!("src/tests/contract-0.1.0/{name}.wasm")),
+        )
+        .expect("the committed 0.1.0 build");
+        let engine = engine();
+        let old = engine.load_router("old", &old, no_config()).unwrap();
+        let new = engine.load_router("new", &new, no_config()).unwrap();
+        assert_eq!((old.contract(), new.contract()), ("0.1.0", "0.2.0"));
+        let mut host = FakeHost::eight();
+        host.prefix_matches = vec![("s2".into(), 3), ("s5".into(), 1)];
+        host.prefill_backlog = vec![("s2".into(), 40_000), ("s6".into(), 900)];
+        for key in 0..64u64 {
+            let mut req = request(key.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            req.prompt_tokens = 100 + (key as u32 % 7) * 2_000;
+            req.session_id = (key % 3 == 0).then(|| format!("s-{key}"));
+            assert_eq!(
+                old.route(&host, &req).unwrap(),
+                new.route(&host, &req).unwrap(),
+                "{name}, key {key}"
+            );
+        }
+    }
+}
