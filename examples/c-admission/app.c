@@ -1,15 +1,20 @@
 /* c-admission: a Ringmaster admission policy in C (Zig's C compiler, wit-bindgen's C bindings).
  * The decision itself lives in policy.c, which includes nothing generated, so `make test` tests
- * it without Wasm; this file only translates it to the WIT verdict. The request belongs to the
- * call and is freed before it returns; a rejection's reason is allocated here and freed by the
- * bindings once the host has read it. */
+ * it without Wasm; this file only translates it to the WIT verdict. The request is a borrowed
+ * handle, read through its getters and dropped before the call returns (the tier's string
+ * with it); a rejection's reason is allocated here and freed by the bindings once the host has
+ * read it. */
 #include "admission.h"
 #include "policy.h"
 
-void exports_admission_admit(admission_request_t *req, admission_load_t *current,
+void exports_admission_admit(admission_borrow_request_t req, admission_load_t *current,
                              admission_verdict_t *ret) {
-  rm_str tier = {req->tier.ptr, req->tier.len};
-  admit_answer answer = admit(tier, req->prompt_tokens, current->in_flight, current->queued,
+  admission_string_t tier_text;
+  ringmaster_policy_types_method_request_tier(req, &tier_text);
+  uint32_t prompt_tokens = ringmaster_policy_types_method_request_prompt_tokens(req);
+  ringmaster_policy_types_request_drop_borrow(req);
+  rm_str tier = {tier_text.ptr, tier_text.len};
+  admit_answer answer = admit(tier, prompt_tokens, current->in_flight, current->queued,
                               current->queue_capacity, current->servers);
   switch (answer.kind) {
     case ADMIT_ACCEPT:
@@ -25,5 +30,5 @@ void exports_admission_admit(admission_request_t *req, admission_load_t *current
       ret->val.reject.retry_after_ms = 1000;
       break;
   }
-  admission_request_free(req);
+  admission_string_free(&tier_text);
 }

@@ -3,8 +3,9 @@
  * Wasm; this file only asks the host, hands the answers to it as the SDK's structs (pointing
  * at the same bytes) and answers.
  *
- * Memory, as the component model's C bindings have it: the request and every list the host
- * returns belong to this call and are freed before it returns; the decision's string is
+ * Memory and handles, as the component model's C bindings have it: the request is a borrowed
+ * handle, read through its getters and dropped before the call returns; every list the host
+ * returns belongs to this call and is freed before it returns; the decision's string is
  * allocated here and freed by the bindings once the host has read it. */
 #include <stdlib.h>
 
@@ -22,15 +23,20 @@ static void answer(router_decision_t *ret, uint8_t tag, rm_str text) {
                       (const char *)text.ptr, text.len);
 }
 
-void exports_router_route(router_request_t *req, router_decision_t *ret) {
+void exports_router_route(router_borrow_request_t req, router_decision_t *ret) {
+  uint32_t prefix_hashes = ringmaster_policy_types_method_request_prefix_hash_count(req);
+  uint32_t prompt_tokens = ringmaster_policy_types_method_request_prompt_tokens(req);
+  uint64_t routing_key = ringmaster_policy_types_method_request_routing_key(req);
+  ringmaster_policy_types_request_drop_borrow(req);
+
   ringmaster_policy_cluster_list_server_t listed;
   ringmaster_policy_cluster_servers(&listed);
   router_list_tuple2_string_u32_t matched = {NULL, 0};
-  if (req->prefix_hashes.len > 0) ringmaster_policy_cluster_prefix_matches(&matched);
+  if (prefix_hashes > 0) ringmaster_policy_cluster_prefix_matches(&matched);
   router_list_tuple2_string_u64_t queued;
   ringmaster_policy_cluster_prefill_backlog(&queued);
   router_list_string_t ring;
-  ringmaster_policy_ring_candidates(req->routing_key, (uint32_t)listed.len, &ring);
+  ringmaster_policy_ring_candidates(routing_key, (uint32_t)listed.len, &ring);
 
   /* One allocation for the SDK's views of all four lists (calloc(0) may give NULL). */
   size_t bytes = listed.len * sizeof(rm_server) + matched.len * sizeof(rm_match) +
@@ -60,8 +66,8 @@ void exports_router_route(router_request_t *req, router_decision_t *ret) {
     for (size_t i = 0; i < ring.len; i++) order[i] = as_str(&ring.ptr[i]);
 
     const rm_server *server =
-        choose(servers, listed.len, matches, matched.len, backlogs, queued.len, req->prompt_tokens,
-               req->prefix_hashes.len, order, ring.len);
+        choose(servers, listed.len, matches, matched.len, backlogs, queued.len, prompt_tokens,
+               prefix_hashes, order, ring.len);
     if (server == NULL) {
       answer(ret, ROUTER_DECISION_REJECT, rm_cstr("no healthy GPU server"));
     } else {
@@ -73,5 +79,4 @@ void exports_router_route(router_request_t *req, router_decision_t *ret) {
   router_list_tuple2_string_u64_free(&queued);
   if (matched.ptr != NULL) router_list_tuple2_string_u32_free(&matched);
   ringmaster_policy_cluster_list_server_free(&listed);
-  router_request_free(req);
 }

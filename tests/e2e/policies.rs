@@ -537,3 +537,47 @@ async fn a_learning_router_hears_every_outcome_and_keeps_its_state_across_swaps(
     let text = bad.text().await.unwrap();
     assert!(text.contains("state") && text.contains("fresh"), "{text}");
 }
+
+/// A component built against `ringmaster:policy@0.1.0` (the built-in consistent-hash from
+/// before the contract moved, committed in `host/policy-engine/src/tests/contract-0.1.0/`)
+/// still loads into a running gateway and serves, beside a 0.2.0 variant.
+#[tokio::test]
+async fn a_component_built_against_0_1_0_is_pushed_and_serves() {
+    let gw = TestGateway::simulated(3, 0.0, "").await;
+    let path = format!(
+        "{}/../host/policy-engine/src/tests/contract-0.1.0/consistent-hash.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let old = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let put = put_router(&gw, "variant=old&weight=100", old).await;
+    assert_eq!(put.status(), 200, "{}", put.text().await.unwrap());
+    let put = put_router(
+        &gw,
+        "variant=default&weight=0",
+        component("consistent-hash"),
+    )
+    .await;
+    assert_eq!(put.status(), 200);
+    let listed = policies(&gw).await;
+    assert_eq!(variant(&listed, "old")["contract"], "0.1.0");
+    assert_eq!(variant(&listed, "default")["contract"], "0.2.0");
+    for i in 0..5 {
+        let body = json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 4,
+            "messages": [{"role": "user", "content": format!("Hello from an old router {i}")}],
+        });
+        let response = gw.post_messages(&body).await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ringmaster-variant"], "old");
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_routing_decisions_total",
+            "variant=\"old\""
+        ),
+        5.0
+    );
+}

@@ -103,7 +103,7 @@ def test_a_scaffolded_c_router_tests_natively_builds_and_checks():
         component = os.path.join(project, "edge-router.wasm")
         assert 1_000 < os.path.getsize(component) < 200_000
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component (ringmaster:policy@0.1.0)" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.2.0)" in out and "per call" in out, out
 
 
 def test_scaffolded_rust_policies_test_natively_build_and_check():

@@ -16,6 +16,9 @@
 //!   to.
 //! - **Bootstrap intervals** (percentile, deterministic resampling) for the difference of
 //!   p50 and of p99, where no formula is trustworthy.
+//! - **Guardrails** ([`guardrail_breach`], [`tail_breach`]): the always-valid interval applied
+//!   to error rates, to mean TTFT, and to the share of requests slower than the control's
+//!   p99, so a candidate with a heavy tail and an ordinary mean is stopped too.
 //!
 //! The guarantees assume independent samples that accumulate; the gateway keeps the last
 //! [`crate::policy::TTFT_SAMPLES_PER_VARIANT`] per variant, so they hold until that window
@@ -241,6 +244,39 @@ pub fn guardrail_breach(
         ));
     }
     None
+}
+
+/// Samples per arm before the tail guardrail looks: with fewer, a 99th percentile is a
+/// handful of requests.
+pub const MIN_TAIL_SAMPLES: usize = 200;
+
+/// Why a candidate should stop for its TTFT tail, if that is heavier than the control's
+/// beyond doubt: more of its requests are slower than the control's p99 than the control's
+/// own 1 %. The two exceedance rates are compared like error rates, with the same
+/// always-valid interval (so it may be checked as often as the others); the threshold is the
+/// control's current p99. `None` while it is not heavier, or before [`MIN_TAIL_SAMPLES`] in
+/// each arm.
+pub fn tail_breach(control: &[f64], candidate: &[f64]) -> Option<String> {
+    if control.len() < MIN_TAIL_SAMPLES || candidate.len() < MIN_TAIL_SAMPLES {
+        return None;
+    }
+    let threshold = summarize(control)?.p99;
+    let over = |xs: &[f64]| xs.iter().filter(|&&x| x > threshold).count() as u64;
+    let (control_over, candidate_over) = (over(control), over(candidate));
+    let control_rate = proportion(control_over, control.len() as u64);
+    let candidate_rate = proportion(candidate_over, candidate.len() as u64);
+    let [lo, _] = always_valid_with(&control_rate, &candidate_rate, ERROR_RATE_TAU)?;
+    (lo > 0.0).then(|| {
+        format!(
+            "TTFT tail: {:.1} % of its requests slower than the control's p99 of {:.3} s, \
+             against the control's {:.1} % (always-valid 95 % interval of the difference starts \
+             at +{:.1} points)",
+            candidate_rate.mean * 100.0,
+            threshold,
+            control_rate.mean * 100.0,
+            lo * 100.0
+        )
+    })
 }
 
 /// A percentile-bootstrap 95 % interval for `quantile(candidate) − quantile(control)` at
@@ -475,6 +511,39 @@ mod tests {
         assert!(why.starts_with("mean TTFT"), "{why}");
         // Too few samples: never.
         assert!(guardrail_breach(None, None, &proportion(0, 10), &proportion(10, 10)).is_none());
+    }
+
+    #[test]
+    fn the_tail_guardrail_stops_a_heavier_tail_and_rarely_an_equal_one() {
+        let mut rng = SplitMix64(5);
+        let control = ttfts(&mut rng, 2_000, 0.2);
+        // The same median, but one request in ten stalls for 3 s: the mean barely moves, the
+        // tail does.
+        let stalls: Vec<f64> = ttfts(&mut rng, 2_000, 0.2)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| if i % 10 == 0 { 3.0 + x } else { x })
+            .collect();
+        let why = tail_breach(&control, &stalls).unwrap();
+        assert!(why.starts_with("TTFT tail: 10."), "{why}");
+        assert!(
+            tail_breach(&control[..100], &stalls[..100]).is_none(),
+            "too few"
+        );
+        // A/A with peeking every 100 requests: it stops an equal candidate far less often than
+        // its 5 % error rate allows.
+        let (experiments, peeks, step) = (200, 20, 100);
+        let mut stopped = 0;
+        for _ in 0..experiments {
+            let a = ttfts(&mut rng, peeks * step, 0.2);
+            let b = ttfts(&mut rng, peeks * step, 0.2);
+            stopped += usize::from(
+                (2..=peeks).any(|k| tail_breach(&a[..k * step], &b[..k * step]).is_some()),
+            );
+        }
+        let rate = stopped as f64 / experiments as f64;
+        eprintln!("A/A tail-guardrail stops with peeking: {rate}");
+        assert!(rate <= ALPHA, "A/A stops {rate}");
     }
 
     #[test]

@@ -120,7 +120,8 @@ pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
     let Some(control) = set.variants.first() else {
         return stopped;
     };
-    let control_ttft = crate::experiment_stats::summarize(&control.stats.ttft_samples());
+    let control_samples = control.stats.ttft_samples();
+    let control_ttft = crate::experiment_stats::summarize(&control_samples);
     let control_errors = crate::experiment_stats::proportion(
         control.stats.errors.load(Relaxed),
         control.stats.requests.load(Relaxed),
@@ -130,13 +131,15 @@ pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
             candidate.stats.errors.load(Relaxed),
             candidate.stats.requests.load(Relaxed),
         );
-        let ttft = crate::experiment_stats::summarize(&candidate.stats.ttft_samples());
+        let samples = candidate.stats.ttft_samples();
+        let ttft = crate::experiment_stats::summarize(&samples);
         let Some(why) = crate::experiment_stats::guardrail_breach(
             control_ttft.as_ref(),
             ttft.as_ref(),
             &control_errors,
             &errors,
-        ) else {
+        )
+        .or_else(|| crate::experiment_stats::tail_breach(&control_samples, &samples)) else {
             continue;
         };
         if gateway

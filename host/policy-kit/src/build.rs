@@ -589,7 +589,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ringmaster-cbind-{}", std::process::id()));
         let wit = dir.join("wit");
         std::fs::create_dir_all(&wit).unwrap();
-        std::fs::write(wit.join("policy.wit"), crate::scaffold::WIT_0_1).unwrap();
+        std::fs::write(wit.join("policy.wit"), crate::scaffold::WIT).unwrap();
         for (world, stem, export) in [
             ("router", "router", "exports_router_route"),
             ("admission", "admission", "exports_admission_admit"),

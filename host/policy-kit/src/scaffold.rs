@@ -70,20 +70,9 @@ impl fmt::Display for Lang {
 /// The project file every scaffolded project carries: what it is, for `build`.
 pub const PROJECT_FILE: &str = "ringmaster-policy.toml";
 
-/// The contract, as this binary was built with it: `ringmaster:policy@0.2.0`.
+/// The contract, as this binary was built with it: `ringmaster:policy@0.2.0`, which every
+/// new project targets (components built against 0.1.0 keep loading).
 pub const WIT: &str = include_str!("../../../wit/policy.wit");
-
-/// The superseded contract, `ringmaster:policy@0.1.0`, which the gateway still loads.
-pub const WIT_0_1: &str = include_str!("../../../wit/deps/policy-0.1.0/policy.wit");
-
-/// The contract a new project in `lang` targets: 0.2.0, except for C, whose SDK and sample
-/// are not yet ported (its components keep loading).
-pub fn wit_for(lang: Lang) -> &'static str {
-    match lang {
-        Lang::Rust | Lang::Python | Lang::JavaScript => WIT,
-        Lang::C => WIT_0_1,
-    }
-}
 
 const RUST_SDK: [(&str, &str); 6] = [
     ("src/lib.rs", include_str!("../../../sdk/src/lib.rs")),
@@ -348,7 +337,7 @@ pub fn new_project(dir: &Path, name: &str, lang: Lang, world: &str) -> Result<Ve
             )
     };
     let mut files: Vec<(PathBuf, String)> = vec![
-        ("wit/policy.wit".into(), wit_for(lang).to_owned()),
+        ("wit/policy.wit".into(), WIT.to_owned()),
         (
             PROJECT_FILE.into(),
             format!("name = \"{name}\"\nlang = \"{lang}\"\nworld = \"{world}\"\n"),
@@ -558,7 +547,7 @@ mod tests {
                 ("my-router", lang, "router")
             );
             let wit = std::fs::read_to_string(dir.join("wit/policy.wit")).unwrap();
-            assert_eq!(wit, wit_for(lang));
+            assert_eq!(wit, WIT);
             let readme = std::fs::read_to_string(dir.join("README.md")).unwrap();
             assert!(!readme.contains("{{"), "{readme}");
             assert!(
