@@ -1,12 +1,13 @@
-//! The host side of the policy interfaces: what a policy's store holds, the per-call context
-//! its imports read, and the implementations of `ring`, `cluster`, `log`, `metrics` and
-//! `config` (plus WASI 0.2 with nothing granted).
+//! What a policy's store holds (WASI 0.2 with nothing granted, the memory limiter, the
+//! version's shared name, config, counters and `state` store), the per-call context the
+//! imports read, and the log and counter machinery behind them. The imports themselves are
+//! generated and implemented in [`crate::imports`].
 //!
 //! # How a call reaches its `RouterHost`
 //!
 //! wasmtime's host functions and store data must be `'static`, but the gateway's
 //! [`RouterHost`] borrows its pool snapshot for one request. The call's context ([`CallCx`]:
-//! the host and the request id) is therefore put in a scoped thread-local for exactly the
+//! the host, the request and its id) is therefore put in a scoped thread-local for exactly the
 //! duration of the guest call ([`with_call`]); an import reads it on the same thread, which is
 //! the thread wasmtime runs synchronous host functions on. Setting it and reading it once
 //! costs about 20 ns (`cost::call_context_cost`) and allocates nothing. An import called outside a call (from a start function) sees no

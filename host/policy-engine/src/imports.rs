@@ -123,48 +123,6 @@ impl p2::types::HostRequest for StoreData {
     }
 }
 
-fn server_v2(s: ServerView) -> p2::types::Server {
-    p2::types::Server {
-        id: s.id,
-        healthy: s.healthy,
-        weight: s.weight,
-        in_flight: s.in_flight,
-        waiting: s.waiting,
-        kv_blocks_used: s.kv_blocks_used,
-        kv_blocks_total: s.kv_blocks_total,
-    }
-}
-
-impl p2::ring::Host for StoreData {
-    fn lookup(&mut self, key: u64) -> Option<String> {
-        host::ask(|h| h.ring_lookup(key))
-    }
-    fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
-        host::ask(|h| h.ring_candidates(key, n))
-    }
-    fn lookup_bounded(&mut self, key: u64) -> Option<String> {
-        host::ask(|h| h.ring_lookup_bounded(key))
-    }
-}
-
-impl p2::cluster::Host for StoreData {
-    fn servers(&mut self) -> Vec<p2::types::Server> {
-        host::ask(|h| h.servers())
-            .into_iter()
-            .map(server_v2)
-            .collect()
-    }
-    fn get(&mut self, id: String) -> Option<p2::types::Server> {
-        host::ask(|h| h.server(&id)).map(server_v2)
-    }
-    fn prefix_matches(&mut self) -> Vec<(String, u32)> {
-        self.prefix_matches()
-    }
-    fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
-        host::ask(|h| h.prefill_backlog())
-    }
-}
-
 impl p2::state::Host for StoreData {
     fn get(&mut self, key: String) -> Option<Vec<u8>> {
         self.policy.state().get(&key)
@@ -189,102 +147,89 @@ impl p2::state::Host for StoreData {
     }
 }
 
-impl p2::log::Host for StoreData {
-    fn write(&mut self, level: p2::log::Level, message: String) {
-        let level = match level {
-            p2::log::Level::Debug => Level::Debug,
-            p2::log::Level::Info => Level::Info,
-            p2::log::Level::Warn => Level::Warn,
-            p2::log::Level::Error => Level::Error,
-        };
-        self.policy.write_log(level, &message);
-    }
-}
-
-impl p2::metrics::Host for StoreData {
-    fn counter_add(&mut self, name: String, value: u64) {
-        self.policy.counter_add(&name, value);
-    }
-}
-
-impl p2::config::Host for StoreData {
-    fn get(&mut self, key: String) -> Option<String> {
-        self.policy.config.get(&key).cloned()
-    }
-    fn entries(&mut self) -> Vec<(String, String)> {
-        self.policy.config_entries()
-    }
-}
-
 // ---- 0.1.0 ----
 
 impl p1::types::Host for StoreData {}
 
-fn server_v1(s: ServerView) -> p1::types::Server {
-    p1::types::Server {
-        id: s.id,
-        healthy: s.healthy,
-        weight: s.weight,
-        in_flight: s.in_flight,
-        waiting: s.waiting,
-        kv_blocks_used: s.kv_blocks_used,
-        kv_blocks_total: s.kv_blocks_total,
-    }
+// ---- what both versions share ----
+
+/// Implements the interfaces whose functions are the same in both versions (`ring`,
+/// `cluster`, `log`, `metrics`, `config`) for one version's generated module: only the
+/// generated types differ.
+macro_rules! shared_imports {
+    ($p:ident) => {
+        impl $p::ring::Host for StoreData {
+            fn lookup(&mut self, key: u64) -> Option<String> {
+                host::ask(|h| h.ring_lookup(key))
+            }
+            fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
+                host::ask(|h| h.ring_candidates(key, n))
+            }
+            fn lookup_bounded(&mut self, key: u64) -> Option<String> {
+                host::ask(|h| h.ring_lookup_bounded(key))
+            }
+        }
+
+        impl $p::cluster::Host for StoreData {
+            fn servers(&mut self) -> Vec<$p::types::Server> {
+                host::ask(|h| h.servers())
+                    .into_iter()
+                    .map(Into::into)
+                    .collect()
+            }
+            fn get(&mut self, id: String) -> Option<$p::types::Server> {
+                host::ask(|h| h.server(&id)).map(Into::into)
+            }
+            fn prefix_matches(&mut self) -> Vec<(String, u32)> {
+                StoreData::prefix_matches(self)
+            }
+            fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
+                host::ask(|h| h.prefill_backlog())
+            }
+        }
+
+        impl From<ServerView> for $p::types::Server {
+            fn from(s: ServerView) -> Self {
+                Self {
+                    id: s.id,
+                    healthy: s.healthy,
+                    weight: s.weight,
+                    in_flight: s.in_flight,
+                    waiting: s.waiting,
+                    kv_blocks_used: s.kv_blocks_used,
+                    kv_blocks_total: s.kv_blocks_total,
+                }
+            }
+        }
+
+        impl $p::log::Host for StoreData {
+            fn write(&mut self, level: $p::log::Level, message: String) {
+                let level = match level {
+                    $p::log::Level::Debug => Level::Debug,
+                    $p::log::Level::Info => Level::Info,
+                    $p::log::Level::Warn => Level::Warn,
+                    $p::log::Level::Error => Level::Error,
+                };
+                self.policy.write_log(level, &message);
+            }
+        }
+
+        impl $p::metrics::Host for StoreData {
+            fn counter_add(&mut self, name: String, value: u64) {
+                self.policy.counter_add(&name, value);
+            }
+        }
+
+        impl $p::config::Host for StoreData {
+            fn get(&mut self, key: String) -> Option<String> {
+                self.policy.config.get(&key).cloned()
+            }
+            fn entries(&mut self) -> Vec<(String, String)> {
+                self.policy.config_entries()
+            }
+        }
+    };
 }
 
-impl p1::ring::Host for StoreData {
-    fn lookup(&mut self, key: u64) -> Option<String> {
-        host::ask(|h| h.ring_lookup(key))
-    }
-    fn candidates(&mut self, key: u64, n: u32) -> Vec<String> {
-        host::ask(|h| h.ring_candidates(key, n))
-    }
-    fn lookup_bounded(&mut self, key: u64) -> Option<String> {
-        host::ask(|h| h.ring_lookup_bounded(key))
-    }
-}
-
-impl p1::cluster::Host for StoreData {
-    fn servers(&mut self) -> Vec<p1::types::Server> {
-        host::ask(|h| h.servers())
-            .into_iter()
-            .map(server_v1)
-            .collect()
-    }
-    fn get(&mut self, id: String) -> Option<p1::types::Server> {
-        host::ask(|h| h.server(&id)).map(server_v1)
-    }
-    fn prefix_matches(&mut self) -> Vec<(String, u32)> {
-        self.prefix_matches()
-    }
-    fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
-        host::ask(|h| h.prefill_backlog())
-    }
-}
-
-impl p1::log::Host for StoreData {
-    fn write(&mut self, level: p1::log::Level, message: String) {
-        let level = match level {
-            p1::log::Level::Debug => Level::Debug,
-            p1::log::Level::Info => Level::Info,
-            p1::log::Level::Warn => Level::Warn,
-            p1::log::Level::Error => Level::Error,
-        };
-        self.policy.write_log(level, &message);
-    }
-}
-
-impl p1::metrics::Host for StoreData {
-    fn counter_add(&mut self, name: String, value: u64) {
-        self.policy.counter_add(&name, value);
-    }
-}
-
-impl p1::config::Host for StoreData {
-    fn get(&mut self, key: String) -> Option<String> {
-        self.policy.config.get(&key).cloned()
-    }
-    fn entries(&mut self) -> Vec<(String, String)> {
-        self.policy.config_entries()
-    }
-}
+shared_imports!(p1);
+shared_imports!(p2);
