@@ -319,6 +319,20 @@ async fn ab_variants_are_sticky_per_session_and_compared() {
         }
         None => assert!(!enough, "{hits}"),
     }
+    // And the always-valid one, over the same requests (each counted once).
+    match hits["per_request_always_valid_ci95"].as_array() {
+        Some(ci) => {
+            let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+            assert!(lo <= hi, "{hits}");
+        }
+        // None only where the bootstrap has nothing either, or found no variation at all.
+        None => assert!(
+            hits["ci95"]
+                .as_array()
+                .is_none_or(|ci| ci[0].as_f64() == ci[1].as_f64()),
+            "{hits}"
+        ),
+    }
     let metrics = gw.metrics().await;
     assert!(
         metric_sum(

@@ -608,15 +608,16 @@ fn experiments_json(gateway: &Gateway) -> serde_json::Value {
                     let prompt = s.prompt_tokens.load(Relaxed);
                     (prompt > 0).then(|| s.cached_tokens.load(Relaxed) as f64 / prompt as f64)
                 };
+                let (control_cache, cache) = (control_stats.cache_samples(), stats.cache_samples());
                 entry["hit_ratio_vs_control"] = json!({
                     "control": &*set.variants[0].name,
                     "difference": ratio(stats).zip(ratio(control_stats)).map(|(b, a)| b - a),
                     // For one look, over the last requests of each arm (the TTFT window).
-                    "ci95": experiment_stats::bootstrap_hit_ratio_difference(
-                        &control_stats.cache_samples(),
-                        &stats.cache_samples(),
-                    ),
-                    "method": "percentile bootstrap over requests of the token-weighted hit ratio (sum cached / sum prompt), once both arms have 30 requests",
+                    "ci95": experiment_stats::bootstrap_hit_ratio_difference(&control_cache, &cache),
+                    // Valid however often it is read: the mean per-request hit fraction.
+                    "per_request_always_valid_ci95":
+                        experiment_stats::always_valid_hit_fraction(&control_cache, &cache),
+                    "method": "ci95: percentile bootstrap over requests of the token-weighted hit ratio (sum cached / sum prompt), for one look, once both arms have 30 requests; per_request_always_valid_ci95: mixture SPRT (as for TTFT) on the difference of the mean per-request hit fraction, valid at every look",
                 });
             }
             entry

@@ -279,6 +279,36 @@ pub fn tail_breach(control: &[f64], candidate: &[f64]) -> Option<String> {
     })
 }
 
+/// The mixing prior's scale for hit-ratio differences: five percentage points, the size of
+/// difference a routing change is tried for.
+pub const HIT_RATIO_TAU: f64 = 0.05;
+
+/// The always-valid 95 % interval (as for TTFT, module docs) for the difference of the mean
+/// per-request hit fraction (`cached / prompt` of each request, requests without a prompt
+/// left out), candidate minus control: valid however often it is read. Each request counts
+/// once whatever its length, unlike the token-weighted ratio's bootstrap, which is for one
+/// look. `None` before [`MIN_SAMPLES`] in each arm or without variance.
+pub fn always_valid_hit_fraction(
+    control: &[(u32, u32)],
+    candidate: &[(u32, u32)],
+) -> Option<[f64; 2]> {
+    let fractions = |pairs: &[(u32, u32)]| -> Vec<f64> {
+        pairs
+            .iter()
+            .filter(|(_, prompt)| *prompt > 0)
+            .map(|&(cached, prompt)| f64::from(cached.min(prompt)) / f64::from(prompt))
+            .collect()
+    };
+    let (a, b) = (
+        summarize(&fractions(control))?,
+        summarize(&fractions(candidate))?,
+    );
+    if a.n < MIN_SAMPLES || b.n < MIN_SAMPLES {
+        return None;
+    }
+    always_valid_with(&a, &b, HIT_RATIO_TAU)
+}
+
 /// A percentile-bootstrap 95 % interval for `quantile(candidate) − quantile(control)` at
 /// `q`, with a fixed seed (the same samples give the same interval); `None` unless both arms
 /// have [`MIN_SAMPLES`].
@@ -511,6 +541,30 @@ mod tests {
         assert!(why.starts_with("mean TTFT"), "{why}");
         // Too few samples: never.
         assert!(guardrail_breach(None, None, &proportion(0, 10), &proportion(10, 10)).is_none());
+    }
+
+    #[test]
+    fn the_always_valid_hit_fraction_interval_survives_peeking_and_finds_a_real_gain() {
+        let mut rng = SplitMix64(9);
+        let control = cache_pairs(&mut rng, 3_000, 0.3);
+        let better = cache_pairs(&mut rng, 3_000, 0.45);
+        let [lo, hi] = always_valid_hit_fraction(&control, &better).unwrap();
+        assert!(lo > 0.0 && lo < 0.15 && 0.15 < hi, "[{lo}, {hi}]");
+        assert!(always_valid_hit_fraction(&control[..10], &better[..10]).is_none());
+        // A/A, read every 100 requests 30 times: it excludes 0 in at most its 5 %.
+        let (experiments, peeks, step) = (200, 30, 100);
+        let mut called = 0;
+        for _ in 0..experiments {
+            let a = cache_pairs(&mut rng, peeks * step, 0.3);
+            let b = cache_pairs(&mut rng, peeks * step, 0.3);
+            called += usize::from((1..=peeks).any(|k| {
+                always_valid_hit_fraction(&a[..k * step], &b[..k * step])
+                    .is_some_and(|[lo, hi]| lo > 0.0 || hi < 0.0)
+            }));
+        }
+        let rate = called as f64 / experiments as f64;
+        eprintln!("A/A hit-fraction winners with peeking: {rate}");
+        assert!(rate <= ALPHA, "A/A winners {rate}");
     }
 
     #[test]
