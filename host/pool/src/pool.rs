@@ -245,6 +245,7 @@ mod tests {
                 id: format!("gpu-{i}"),
                 address: ServerAddress::Simulated {
                     name: format!("gpu-{i}"),
+                    slowdown_percent: 100,
                 },
                 weight: 1,
                 models: None,

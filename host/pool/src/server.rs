@@ -332,9 +332,14 @@ pub(crate) fn start_server(
 ) -> Result<Arc<Server>, PoolError> {
     let mut model_load = None;
     let engine = match &spec.address {
-        ServerAddress::Simulated { name } => {
+        ServerAddress::Simulated {
+            name,
+            slowdown_percent,
+        } => {
             let mut config = templates.simulator.clone();
             config.name = name.clone();
+            // Modelled time runs `slowdown` times slower on this one server.
+            config.time_scale *= f64::from(*slowdown_percent) / 100.0;
             Backend::Local(
                 EngineHandle::spawn(config).map_err(|source| PoolError::Engine {
                     id: spec.id.clone(),

@@ -33,10 +33,13 @@ impl Strategy {
 /// Where a GPU server is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ServerAddress {
-    /// A simulated server in this process: `sim://NAME`.
+    /// A simulated server in this process: `sim://NAME`, or `sim://NAME?slowdown=F` for one
+    /// that takes `F` times as long for everything (a slower or busier machine in a fleet).
     Simulated {
         /// The name after `sim://`.
         name: String,
+        /// How much slower than the simulator's model it runs, in percent (100: as modelled).
+        slowdown_percent: u32,
     },
     /// A llama GGUF model run on this machine's CPU: `gguf:PATH`.
     Model {
@@ -56,9 +59,25 @@ pub enum ServerAddress {
 }
 
 impl ServerAddress {
-    /// Parses `sim://NAME`.
+    /// Parses `sim://NAME[?slowdown=F]`, `gguf:PATH` or `http://HOST:PORT`.
     pub fn parse(text: &str) -> Result<Self, String> {
-        if let Some(name) = text.strip_prefix("sim://") {
+        if let Some(rest) = text.strip_prefix("sim://") {
+            let (name, slowdown_percent) = match rest.split_once('?') {
+                None => (rest, 100),
+                Some((name, query)) => {
+                    let factor = query
+                        .strip_prefix("slowdown=")
+                        .and_then(|f| f.parse::<f64>().ok())
+                        .filter(|f| (0.1..=100.0).contains(f))
+                        .ok_or_else(|| {
+                            format!(
+                                "{text:?}: the only option of a sim:// address is \
+                                 `?slowdown=F`, F between 0.1 and 100"
+                            )
+                        })?;
+                    (name, (factor * 100.0).round() as u32)
+                }
+            };
             if name.is_empty()
                 || !name
                     .chars()
@@ -70,6 +89,7 @@ impl ServerAddress {
             }
             return Ok(Self::Simulated {
                 name: name.to_owned(),
+                slowdown_percent,
             });
         }
         if let Some(path) = text.strip_prefix("gguf:") {
@@ -113,7 +133,9 @@ impl ServerAddress {
     /// The default ring id for this address.
     pub fn default_id(&self) -> &str {
         match self {
-            Self::Simulated { name } | Self::Model { name, .. } | Self::Remote { name, .. } => name,
+            Self::Simulated { name, .. } | Self::Model { name, .. } | Self::Remote { name, .. } => {
+                name
+            }
         }
     }
 }
@@ -121,7 +143,18 @@ impl ServerAddress {
 impl std::fmt::Display for ServerAddress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Simulated { name } => write!(f, "sim://{name}"),
+            Self::Simulated {
+                name,
+                slowdown_percent: 100,
+            } => write!(f, "sim://{name}"),
+            Self::Simulated {
+                name,
+                slowdown_percent,
+            } => write!(
+                f,
+                "sim://{name}?slowdown={}",
+                f64::from(*slowdown_percent) / 100.0
+            ),
             Self::Model { path, .. } => write!(f, "gguf:{}", path.display()),
             Self::Remote { url, .. } => f.write_str(url),
         }
@@ -174,5 +207,36 @@ impl ServerSpec {
             weight,
             models,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_simulated_server_may_be_slowed_down() {
+        let slow = ServerAddress::parse("sim://gpu-3?slowdown=2.5").unwrap();
+        assert_eq!(
+            slow,
+            ServerAddress::Simulated {
+                name: "gpu-3".into(),
+                slowdown_percent: 250
+            }
+        );
+        assert_eq!(slow.default_id(), "gpu-3");
+        assert_eq!(slow.to_string(), "sim://gpu-3?slowdown=2.5");
+        assert_eq!(
+            ServerAddress::parse("sim://gpu-3").unwrap().to_string(),
+            "sim://gpu-3"
+        );
+        for bad in [
+            "sim://a?slowdown=0",
+            "sim://a?slowdown=x",
+            "sim://a?speed=2",
+            "sim://?slowdown=2",
+        ] {
+            assert!(ServerAddress::parse(bad).is_err(), "{bad}");
+        }
     }
 }

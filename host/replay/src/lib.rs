@@ -61,6 +61,8 @@ pub struct Fleet {
     pub router_load_factor: Option<f64>,
     /// `[record] path`: the gateway records the replayed traffic as a trace there.
     pub record: Option<PathBuf>,
+    /// Servers (`replay-N`) that run this many times slower than the others.
+    pub slowdown: std::collections::BTreeMap<String, f64>,
 }
 
 /// What to replay, as a TOML file says it.
@@ -84,6 +86,8 @@ struct RawScenario {
     load_factor: Option<f64>,
     /// Prefix hashes per request (default 512).
     max_prefix_hashes: Option<usize>,
+    /// `{ "replay-N" = F }`: servers that run F times slower than the simulator's model.
+    slowdown: Option<std::collections::BTreeMap<String, f64>>,
     /// How the host guards the routers' choices: `policy` (the default: each router decides
     /// alone, as the peers' algorithms do) or `host`.
     router_bounded_load: Option<String>,
@@ -182,6 +186,20 @@ impl Scenario {
         if raw.routers.is_empty() {
             return Err("routers: name at least one (native, builtin:NAME or a path)".into());
         }
+        let slowdown = raw.slowdown.clone().unwrap_or_default();
+        for (server, factor) in &slowdown {
+            let known = server
+                .strip_prefix("replay-")
+                .and_then(|i| i.parse::<usize>().ok())
+                .is_some_and(|i| i < servers);
+            if !known || !(0.1..=100.0).contains(factor) {
+                return Err(format!(
+                    "slowdown: {server:?} = {factor}: name a server replay-0..replay-{} and a \
+                     factor between 0.1 and 100",
+                    servers - 1
+                ));
+            }
+        }
         let load_factor = raw.load_factor.unwrap_or(1.25);
         if !(load_factor.is_finite() && load_factor >= 1.0) {
             return Err("load_factor: must be at least 1.0".into());
@@ -254,6 +272,7 @@ impl Scenario {
                 router_bounded_load: raw.router_bounded_load,
                 router_load_factor: raw.router_load_factor,
                 record: raw.record.map(|r| base.join(r)),
+                slowdown,
             },
             routers,
         })

@@ -151,7 +151,13 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
         toml.push_str(&format!("kv_blocks = {blocks}\n"));
     }
     for i in 0..fleet.servers {
-        toml.push_str(&format!("[[servers]]\naddress = \"sim://replay-{i}\"\n"));
+        let name = format!("replay-{i}");
+        match fleet.slowdown.get(&name) {
+            Some(factor) => toml.push_str(&format!(
+                "[[servers]]\naddress = \"sim://{name}?slowdown={factor}\"\n"
+            )),
+            None => toml.push_str(&format!("[[servers]]\naddress = \"sim://{name}\"\n")),
+        }
     }
     if router != "native" {
         // `SOURCE?key=value&key=value`: the policy's own configuration.

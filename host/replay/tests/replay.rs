@@ -207,3 +207,49 @@ fn shared_prefixes_without_conversations_need_more_than_a_key() {
         ring.token_hit_ratio
     );
 }
+
+/// One server four times slower than the others: the learning router (`learned-ttft`, which
+/// learns each server's TTFT through `observe`) sends it less than the ring does and keeps
+/// the tail shorter; a scenario naming a server the fleet lacks is refused.
+#[test]
+fn a_learning_router_sends_less_to_a_slow_server_than_the_ring() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = format!(
+        "trace = \"mooncake_conversation_head.jsonl\"\nrequests = {REQUESTS}\nservers = 4\n\
+         routers = [\"builtin:consistent-hash\", \"builtin:learned-ttft\"]\n\
+         slowdown = {{ \"replay-3\" = 4.0 }}\n"
+    );
+    let scenario = Scenario::from_toml(&text, &base).unwrap();
+    assert_eq!(scenario.fleet.slowdown.get("replay-3"), Some(&4.0));
+    let report = replay(&scenario);
+    eprintln!("{}", report.table());
+    let served_by_slow = |i: usize| {
+        report.runs[i]
+            .servers
+            .iter()
+            .find(|s| s.id == "replay-3")
+            .map_or(0, |s| s.requests)
+    };
+    let (ring, learner) = (served_by_slow(0), served_by_slow(1));
+    assert!(
+        learner < ring,
+        "the slow server served {learner} (learned) against {ring} (ring)"
+    );
+    let (ring, learner) = (
+        router(&report, "builtin:consistent-hash"),
+        router(&report, "builtin:learned-ttft"),
+    );
+    assert!(
+        learner.ttft_p99_s < ring.ttft_p99_s,
+        "TTFT p99 {} (learned) against {} (ring)",
+        learner.ttft_p99_s,
+        ring.ttft_p99_s
+    );
+    assert_eq!(report.runs[1].policy_faults, 0);
+    let err = Scenario::from_toml(
+        "trace = \"t\"\nservers = 4\nrouters = [\"native\"]\nslowdown = { \"replay-9\" = 2.0 }\n",
+        &base,
+    )
+    .unwrap_err();
+    assert!(err.contains("replay-0..replay-3"), "{err}");
+}

@@ -54,6 +54,10 @@ pub enum PolicyCommand {
         /// Routers to compare against (`builtin:NAME` or a component path).
         #[arg(long, default_values_t = ["builtin:prefix-affinity".to_owned(), "builtin:consistent-hash".to_owned()])]
         against: Vec<String>,
+        /// A server that runs slower than the others, as `replay-N=FACTOR` (repeatable): how a
+        /// router copes with a slow or busy machine.
+        #[arg(long = "slow", value_name = "replay-N=FACTOR")]
+        slow: Vec<String>,
         /// Where the JSON, Markdown and plots go.
         #[arg(long, default_value = "target/policy-test")]
         out: PathBuf,
@@ -194,8 +198,9 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             servers,
             requests,
             against,
+            slow,
             out,
-        } => replay(&file, &trace, servers, requests, &against, &out),
+        } => replay(&file, &trace, servers, requests, &against, &slow, &out),
         PolicyCommand::Push {
             file,
             slot,
@@ -231,6 +236,7 @@ fn replay(
     servers: usize,
     requests: Option<usize>,
     against: &[String],
+    slow: &[String],
     out: &Path,
 ) -> anyhow::Result<()> {
     let absolute = |p: &Path| -> anyhow::Result<String> {
@@ -249,6 +255,19 @@ fn replay(
     );
     if let Some(n) = requests {
         text.push_str(&format!("requests = {n}\n"));
+    }
+    if !slow.is_empty() {
+        let mut pairs = Vec::new();
+        for entry in slow {
+            let (server, factor) = entry
+                .split_once('=')
+                .and_then(|(s, f)| Some((s, f.parse::<f64>().ok()?)))
+                .with_context(|| {
+                    format!("--slow {entry:?}: write replay-N=FACTOR, e.g. replay-7=3")
+                })?;
+            pairs.push(format!("{server:?} = {factor}"));
+        }
+        text.push_str(&format!("slowdown = {{ {} }}\n", pairs.join(", ")));
     }
     if azure {
         text.push_str("format = \"azure\"\n[synthetic]\n");
