@@ -82,6 +82,72 @@ struct RawRequest {
     metadata: Option<RawMetadata>,
     #[serde(default)]
     ignore_eos: bool,
+    // Fields current SDKs send that this gateway knows but does not (fully) support: each is
+    // accepted where it changes nothing and refused by name otherwise (`unsupported_fields`),
+    // never reported as an unknown field.
+    #[serde(default)]
+    tools: Option<serde_json::Value>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
+    service_tier: Option<serde_json::Value>,
+    #[serde(default)]
+    cache_control: Option<serde_json::Value>,
+    #[serde(default)]
+    thinking: Option<serde_json::Value>,
+    #[serde(default)]
+    mcp_servers: Option<serde_json::Value>,
+    #[serde(default)]
+    container: Option<serde_json::Value>,
+}
+
+/// Refuses, by name, the known fields this gateway cannot honour, and lets through those that
+/// change nothing here: no tools (or an empty list) with `tool_choice` `auto` or `none`;
+/// `service_tier` `auto` or `standard_only` (tiers come from the API key); a top-level
+/// `cache_control` (prefix caching is always on); `thinking` disabled.
+fn unsupported_fields(raw: &RawRequest) -> Result<(), ApiError> {
+    let refuse = |field: &str, what: &str| {
+        Err(ApiError::invalid(format!(
+            "{field}: {what} is not supported by this gateway yet (the field is known, the feature \
+             is not served); leave it out"
+        )))
+    };
+    let has_tools = raw
+        .tools
+        .as_ref()
+        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
+    if has_tools {
+        return refuse("tools", "tool use");
+    }
+    if let Some(choice) = &raw.tool_choice {
+        let kind = choice.get("type").and_then(|t| t.as_str());
+        if !matches!(kind, Some("auto" | "none")) && !choice.is_null() {
+            return refuse("tool_choice", "tool use");
+        }
+    }
+    if let Some(tier) = &raw.service_tier
+        && !matches!(tier.as_str(), Some("auto" | "standard_only"))
+    {
+        return refuse(
+            "service_tier",
+            "a service tier other than \"auto\" or \"standard_only\" (tiers come from the API key)",
+        );
+    }
+    if let Some(thinking) = &raw.thinking
+        && thinking.get("type").and_then(|t| t.as_str()) != Some("disabled")
+    {
+        return refuse("thinking", "extended thinking");
+    }
+    if raw.mcp_servers.as_ref().is_some_and(|m| !m.is_null()) {
+        return refuse("mcp_servers", "the MCP connector");
+    }
+    if raw.container.as_ref().is_some_and(|c| !c.is_null()) {
+        return refuse("container", "code execution containers");
+    }
+    // A top-level `cache_control` asks for prompt caching, which the servers' prefix caches
+    // always do: accepted, nothing to change.
+    let _ = &raw.cache_control;
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -156,6 +222,7 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiErr
 }
 
 fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiError> {
+    unsupported_fields(&raw)?;
     if raw.model.trim().is_empty() {
         return Err(ApiError::invalid("model: must not be empty"));
     }
@@ -254,8 +321,20 @@ fn content_text(content: RawContent, field: &str) -> Result<String, ApiError> {
             let mut text = String::new();
             for (i, block) in blocks.into_iter().enumerate() {
                 if block.kind != "text" {
+                    let feature = match block.kind.as_str() {
+                        "tool_use" | "tool_result" | "server_tool_use" => {
+                            " (tool use is not supported by this gateway yet)"
+                        }
+                        "image" | "document" => {
+                            " (images and documents are not supported by this gateway yet)"
+                        }
+                        "thinking" | "redacted_thinking" => {
+                            " (extended thinking is not supported by this gateway yet)"
+                        }
+                        _ => "",
+                    };
                     return Err(ApiError::invalid(format!(
-                        "{field}.{i}.type: content blocks of type {:?} are not supported; only \"text\" is",
+                        "{field}.{i}.type: content blocks of type {:?} are not supported; only \"text\" is{feature}",
                         block.kind
                     )));
                 }
@@ -483,6 +562,79 @@ mod tests {
     }
 
     #[test]
+    fn fields_sdks_send_are_accepted_or_refused_by_name_never_as_unknown() {
+        let with = |extra: &str| {
+            parse(&format!(
+                r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#
+            ))
+        };
+        // Nothing to change here: accepted.
+        for ok in [
+            r#","tools":[]"#,
+            r#","tool_choice":{"type":"auto"}"#,
+            r#","service_tier":"auto""#,
+            r#","cache_control":{"type":"ephemeral"}"#,
+            r#","thinking":{"type":"disabled"}"#,
+        ] {
+            assert!(with(ok).is_ok(), "{ok}");
+        }
+        // Features not served: refused, naming the field and the feature.
+        for (extra, field, feature) in [
+            (
+                r#","tools":[{"name":"get_weather","input_schema":{"type":"object"}}]"#,
+                "tools",
+                "tool use",
+            ),
+            (
+                r#","tool_choice":{"type":"any"}"#,
+                "tool_choice",
+                "tool use",
+            ),
+            (
+                r#","service_tier":"priority""#,
+                "service_tier",
+                "service tier",
+            ),
+            (
+                r#","thinking":{"type":"enabled","budget_tokens":1024}"#,
+                "thinking",
+                "extended thinking",
+            ),
+            (
+                r#","mcp_servers":[{"type":"url","url":"https://x","name":"x"}]"#,
+                "mcp_servers",
+                "MCP",
+            ),
+        ] {
+            let err = with(extra).unwrap_err();
+            let message = err.message();
+            assert!(
+                message.starts_with(&format!("{field}: "))
+                    && message.contains(feature)
+                    && message.contains("not supported")
+                    && !message.contains("unknown field"),
+                "{extra}: {message}"
+            );
+        }
+        let err = parse(
+            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"42"}]}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.message().contains("tool use is not supported"),
+            "{}",
+            err.message()
+        );
+        // A field nobody sends is still an unknown field.
+        assert!(
+            with(r#","colour":"blue""#)
+                .unwrap_err()
+                .message()
+                .contains("unknown field")
+        );
+    }
+
+    #[test]
     fn accepts_string_and_block_content() {
         let req = parse(
             r#"{"model":"sim-llama-3-8b","max_tokens":16,
@@ -541,8 +693,8 @@ mod tests {
                 "temperature",
             ),
             (
-                r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[]}"#,
-                "unknown field `tools`",
+                r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f"}]}"#,
+                "tools: tool use is not supported",
             ),
             (
                 r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"stop_sequences":[""]}"#,

@@ -28,6 +28,10 @@ pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
 /// Default cap on prefix hashes per request (128 KiB of prompt at the default chunk size);
 /// the prompt past it is not hashed, which only makes cache estimates conservative.
 pub const DEFAULT_MAX_PREFIX_HASHES: usize = 512;
+/// The headers read for a session id unless `[routing] session_headers` says otherwise, in
+/// order: the generic one, then the one Claude Code sends on every request of a session.
+pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
+
 /// Longest session id accepted from `x-session-id`.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
 

@@ -113,6 +113,8 @@ pub struct Config {
     pub ring: RingConfig,
     /// Prefix hashing.
     pub prefix_hashing: PrefixHashing,
+    /// Headers that carry a session id, in order (lower case).
+    pub session_headers: Vec<http::HeaderName>,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
@@ -310,6 +312,24 @@ impl RawConfig {
                 "must be between 16 and 65536",
             ));
         }
+        let session_headers = match &routing.session_headers {
+            None => crate::routing::DEFAULT_SESSION_HEADERS
+                .iter()
+                .map(|h| http::HeaderName::from_static(h))
+                .collect(),
+            Some(names) => names
+                .iter()
+                .map(|name| {
+                    http::HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
+                        .map_err(|_| {
+                            invalid(
+                                "routing.session_headers",
+                                format!("{name:?} is not a valid header name"),
+                            )
+                        })
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
         if prefix_hashing.max_hashes > 65536 {
             return Err(invalid(
                 "routing.max_prefix_hashes",
@@ -361,6 +381,7 @@ impl RawConfig {
             strategy,
             ring,
             prefix_hashing,
+            session_headers,
             servers,
             simulator,
             model,

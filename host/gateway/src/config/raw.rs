@@ -180,6 +180,9 @@ pub struct RawRouting {
     pub prefix_chunk_bytes: Option<usize>,
     /// Most prefix hashes per request.
     pub max_prefix_hashes: Option<usize>,
+    /// Request headers that carry a session id, the first present one winning (default:
+    /// `x-session-id`, then Claude Code's `x-claude-code-session-id`).
+    pub session_headers: Option<Vec<String>>,
 }
 
 /// One `[[servers]]` entry.

@@ -35,7 +35,7 @@ pub(crate) async fn messages(
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller = gateway.auth.check(req.headers())?;
-    let session = session_header(req.headers())?;
+    let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let body = read_json_body(gateway, req).await?;
     let call = MessagesCall {
@@ -395,16 +395,23 @@ fn prompt_text(request: &MessagesRequest) -> String {
     text
 }
 
-fn session_header(headers: &http::HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get("x-session-id") else {
+/// The session id from the first of `names` the request carries.
+fn session_header(
+    headers: &http::HeaderMap,
+    names: &[http::HeaderName],
+) -> Result<Option<String>, ApiError> {
+    let Some((name, value)) = names
+        .iter()
+        .find_map(|name| headers.get(name).map(|value| (name, value)))
+    else {
         return Ok(None);
     };
     let text = value
         .to_str()
-        .map_err(|_| ApiError::invalid("x-session-id: must be visible ASCII"))?;
+        .map_err(|_| ApiError::invalid(format!("{name}: must be visible ASCII")))?;
     if text.len() > MAX_SESSION_ID_BYTES {
         return Err(ApiError::invalid(format!(
-            "x-session-id: longer than {MAX_SESSION_ID_BYTES} bytes"
+            "{name}: longer than {MAX_SESSION_ID_BYTES} bytes"
         )));
     }
     Ok(Some(text.to_owned()).filter(|s| !s.is_empty()))
@@ -636,5 +643,43 @@ fn engine_error(error: EngineError) -> ApiError {
         )
         .with_retry_after(Duration::from_secs(1)),
         other => ApiError::internal(format!("GPU server error: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_session_header_present_wins() {
+        let names: Vec<http::HeaderName> = crate::routing::DEFAULT_SESSION_HEADERS
+            .iter()
+            .map(|h| http::HeaderName::from_static(h))
+            .collect();
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(session_header(&headers, &names).unwrap(), None);
+        headers.insert("x-claude-code-session-id", "cc-1".parse().unwrap());
+        assert_eq!(
+            session_header(&headers, &names).unwrap().as_deref(),
+            Some("cc-1")
+        );
+        headers.insert("x-session-id", "generic".parse().unwrap());
+        assert_eq!(
+            session_header(&headers, &names).unwrap().as_deref(),
+            Some("generic")
+        );
+        headers.insert(
+            "x-session-id",
+            "a".repeat(MAX_SESSION_ID_BYTES + 1).parse().unwrap(),
+        );
+        let err = session_header(&headers, &names).unwrap_err();
+        assert!(
+            err.message().starts_with("x-session-id: longer than"),
+            "{}",
+            err.message()
+        );
+        // Only the configured names count.
+        let only: Vec<http::HeaderName> = vec![http::HeaderName::from_static("x-team-session")];
+        assert_eq!(session_header(&headers, &only).unwrap(), None);
     }
 }
