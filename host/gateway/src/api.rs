@@ -91,7 +91,9 @@ struct RawRequest {
     tool_choice: Option<serde_json::Value>,
     #[serde(default)]
     service_tier: Option<serde_json::Value>,
+    /// Prompt caching, which the servers' prefix caches always do: accepted and ignored.
     #[serde(default)]
+    #[allow(dead_code)]
     cache_control: Option<serde_json::Value>,
     #[serde(default)]
     thinking: Option<serde_json::Value>,
@@ -144,9 +146,6 @@ fn unsupported_fields(raw: &RawRequest) -> Result<(), ApiError> {
     if raw.container.as_ref().is_some_and(|c| !c.is_null()) {
         return refuse("container", "code execution containers");
     }
-    // A top-level `cache_control` asks for prompt caching, which the servers' prefix caches
-    // always do: accepted, nothing to change.
-    let _ = &raw.cache_control;
     Ok(())
 }
 

@@ -106,9 +106,10 @@ impl StateStore {
         if size > self.max_bytes {
             return false;
         }
+        let key_len = key.len() as u64;
         let mut inner = self.lock();
-        if let Some(old) = inner.map.put(key.clone(), value) {
-            inner.bytes -= entry_bytes(&key, &old);
+        if let Some(old) = inner.map.put(key, value) {
+            inner.bytes -= key_len + old.len() as u64;
         }
         inner.bytes += size;
         self.evict(&mut inner);

@@ -541,8 +541,9 @@ impl Tracker {
         }
     }
 
-    /// Tells a learning router how the request went. Runs after the client has its answer
-    /// (or its last event is queued); a fault is counted like a routing fault.
+    /// Tells a learning router how the request went. Runs once the last token (or the failure)
+    /// is in, before the reply's closing events or body go out; a fault is counted like a
+    /// routing fault.
     fn observe(&self, tokens: (u32, u32, u32), error: Option<&str>) {
         let (Some(variant), Some(observation)) = (&self.variant, &self.observation) else {
             return;
