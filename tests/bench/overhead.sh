@@ -35,16 +35,14 @@ cache=${RINGMASTER_BENCH_CACHE:-/var/cache/ringmaster/bench}
 mkdir -p "$cache"
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# shellcheck source=tests/bench/lib.sh
+source "$root/tests/bench/lib.sh"
 
 step "tools: haproxy, oha, sglang-router, vllm-router"
 if ! command -v haproxy >/dev/null; then
   apt-get update -qq && apt-get install -y -qq haproxy
 fi
-if [ ! -x "$cache/oha/bin/oha" ]; then
-  cargo install --locked --root "$cache/oha" oha
-fi
-oha=$cache/oha/bin/oha
+oha=$(bench_oha)
 for peer in sglang:sglang-router==0.3.2 vllm:vllm-router==0.1.17; do
   dir=$cache/${peer%%:*}
   if [ ! -f "$dir/.installed" ]; then
@@ -71,15 +69,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-
-wait_port() {
-  for _ in $(seq 1 300); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "nothing listens on port $1" >&2
-  return 1
-}
 
 step "upstreams on 127.0.0.1:19001 and :19002 (core 1)"
 for port in 19001 19002; do
@@ -187,31 +176,6 @@ messages_body='{"model":"fake","max_tokens":8,"messages":[{"role":"user","conten
 messages_stream='{"model":"fake","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
 openai_body='{"model":"fake","max_tokens":8,"messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
 openai_stream='{"model":"fake","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
-
-# phase NAME URL BODY [RATE] -> a JSON line
-phase() {
-  local name=$1 url=$2 body=$3 rate=${4:-} json="$work/oha.json"
-  local args=(-z "${seconds}s" --no-tui --output-format json -m POST
-    -H 'content-type: application/json' -H 'x-session-id: bench-session-1'
-    -H 'anthropic-version: 2023-06-01' -d "$body")
-  if [ -n "$rate" ]; then
-    args+=(-q "$rate" --latency-correction -c 64)
-  else
-    args+=(-c 64)
-  fi
-  taskset -c 0 "$oha" "${args[@]}" "$url" >"$json" 2>"$work/oha.err" || { cat "$work/oha.err" >&2; return 1; }
-  python3 - "$json" "$name" <<'PY'
-import json, sys
-d = json.load(open(sys.argv[1]))
-lat = d.get("latencyPercentiles", {})
-s = d.get("summary", {})
-codes = d.get("statusCodeDistribution", {})
-ok = sum(v for k, v in codes.items() if k.startswith("2"))
-print(json.dumps({"phase": sys.argv[2], "p50_us": lat.get("p50", 0) * 1e6, "p99_us": lat.get("p99", 0) * 1e6,
-                  "rps": s.get("requestsPerSec", 0), "ok": ok, "total": sum(codes.values()),
-                  "errors": d.get("errorDistribution", {})}))
-PY
-}
 
 run_target() { # target api -> JSON object
   local target=$1 api=$2 pid port url plain stream

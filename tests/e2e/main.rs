@@ -7,6 +7,7 @@ mod api;
 mod disconnect;
 mod errors;
 mod examples;
+mod front_door;
 mod gates;
 mod model;
 mod policies;

@@ -152,6 +152,8 @@ pub fn metric_sum(text: &str, name: &str, labels: &str) -> f64 {
 pub fn sse_events(body: &str) -> Vec<(String, Value)> {
     body.split("\n\n")
         .filter(|frame| !frame.trim().is_empty())
+        // Comment-only frames (`: ping` keep-alives) carry no event.
+        .filter(|frame| frame.lines().any(|l| !l.starts_with(':')))
         .map(|frame| {
             let mut event = String::new();
             let mut data = String::new();

@@ -115,3 +115,37 @@ def test_a_prompt_the_safety_filter_blocks_is_a_bad_request(client):
         )
     assert caught.value.status_code == 400
     assert "safety filter blocked the prompt" in str(caught.value)
+
+
+def test_count_tokens(client):
+    counted = client.messages.count_tokens(
+        model=MODEL,
+        system="You are terse.",
+        messages=[{"role": "user", "content": "Say hello to the whole wide world"}],
+    )
+    assert counted.input_tokens > 0
+    longer = client.messages.count_tokens(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello to the whole wide world " * 20}],
+    )
+    assert longer.input_tokens > counted.input_tokens
+
+
+def test_tools_are_refused_as_unsupported_not_unknown(client):
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(
+            model=MODEL,
+            max_tokens=8,
+            tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
+            messages=[{"role": "user", "content": "weather?"}],
+        )
+    message = err.value.body["error"]["message"]
+    assert message.startswith("tools:") and "not supported" in message
+    assert "unknown field" not in message
+
+
+def test_rate_limit_headers_are_absent_without_limits(client):
+    raw = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert "anthropic-ratelimit-requests-limit" not in raw.headers

@@ -54,6 +54,9 @@ pub(crate) async fn handle(
         (Method::GET, "/admin/record") => record_json(gateway, None),
         (Method::PUT, "/admin/record") => record_json(gateway, Some(true)),
         (Method::DELETE, "/admin/record") => record_json(gateway, Some(false)),
+        (Method::GET, "/admin/autoscale") => {
+            Ok(json_response(StatusCode::OK, &gateway.autoscale()))
+        }
         (Method::GET, "/admin/policies") => {
             Ok(json_response(StatusCode::OK, &policies_json(gateway)))
         }

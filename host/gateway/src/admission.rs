@@ -1,11 +1,13 @@
 //! The admission gate: asks the admission policy whether a request runs now, waits in the
 //! gateway's queue, or is refused, and carries the answer out.
 //!
-//! The queue is a count and a wake-up, not a list: a waiting request holds a [`QueuedTicket`]
-//! and sleeps until a request anywhere releases its server slot (or a short poll interval
-//! passes), then asks the policy again with the new load. It leaves the queue when the policy
-//! accepts it, refuses it, or its wait passes the configured timeout (529, with
-//! `retry-after`). A client that goes away while queued leaves the queue at once (its future
+//! A waiting request holds a [`QueuedTicket`], its place in the fair order
+//! ([`crate::queue`]: tier priority with aging, then the tenants' virtual token counters).
+//! Only the head of the queue waits for a request anywhere to release its server slot (or a
+//! short poll interval), then asks the policy again with the new load; the others sleep until
+//! they become the head. A request leaves the queue when the policy accepts it, refuses it, or
+//! its wait passes its deadline (the configured timeout, or the request's own
+//! `x-ringmaster-queue-timeout-ms` when shorter: 529, with `retry-after`). A client that goes away while queued leaves the queue at once (its future
 //! is dropped). A fault of the policy admits the request with its default priority: the gate
 //! fails open, like the router slot falls back to the ring. With no admission policy every
 //! request is admitted.
@@ -20,6 +22,7 @@ use tracing::debug;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
 use crate::policy::PoolView;
+use crate::queue::{FairQueue, Place};
 use crate::routing::RoutingInput;
 use crate::slot::PolicySlot;
 use ringmaster_pool::{Pool, PoolSnapshot};
@@ -40,31 +43,50 @@ pub struct AdmissionGate {
     queue_capacity: u32,
     queue_timeout: Duration,
     queued: AtomicU32,
+    /// Who runs next, and the tenants' served-token counters.
+    pub order: FairQueue,
 }
 
-/// A request's place in the queue; leaving the queue (any way) drops it.
+/// Who is asking to be admitted, for the queue's order and the autoscaling signal.
+#[derive(Clone, Copy, Debug)]
+pub struct Asking<'a> {
+    /// The caller's tenant.
+    pub tenant: &'a str,
+    /// Estimated tokens of the request: prompt plus `max_tokens`.
+    pub tokens: u64,
+    /// The request's own limit on its wait, when shorter than the gateway's.
+    pub deadline: Option<Duration>,
+}
+
+/// A request's place in the queue; leaving the queue (any way) drops it, which wakes the next
+/// head.
 struct QueuedTicket<'a> {
     gate: &'a AdmissionGate,
+    place: Place,
 }
 
 impl Drop for QueuedTicket<'_> {
     fn drop(&mut self) {
+        self.gate.order.leave(self.place.id);
         self.gate.queued.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
 impl AdmissionGate {
-    /// An empty gate with a queue of `queue_capacity` and a wait limit of `queue_timeout`.
+    /// An empty gate with a queue of `queue_capacity` and a wait limit of `queue_timeout`,
+    /// its waiters ordered by `order`.
     pub fn new(
         slot: PolicySlot<AdmissionPolicy>,
         queue_capacity: u32,
         queue_timeout: Duration,
+        order: FairQueue,
     ) -> Self {
         Self {
             slot,
             queue_capacity,
             queue_timeout,
             queued: AtomicU32::new(0),
+            order,
         }
     }
 
@@ -78,11 +100,19 @@ impl AdmissionGate {
         self.queue_capacity
     }
 
+    /// Whether an admission policy is installed (else nobody ever queues, and the fair order's
+    /// counters are not kept).
+    pub fn is_active(&self) -> bool {
+        self.slot.current().is_some()
+    }
+
     /// Admits `request` (setting its priority), waiting in the queue while the policy says so.
     ///
     /// The first question is asked on `snapshot`, the request's own; after a wait in the
-    /// queue the pool has moved on, so later ones take a fresh snapshot. Returns whether the
-    /// request waited (then the caller's snapshot is stale too).
+    /// queue the pool has moved on, so later ones take a fresh snapshot. Only the head of the
+    /// queue asks again (when a server slot is freed, or every [`QUEUE_POLL`]); the others
+    /// sleep until they are the head. Returns whether the request waited (then the caller's
+    /// snapshot is stale too).
     pub async fn admit(
         &self,
         pool: &Pool,
@@ -90,6 +120,7 @@ impl AdmissionGate {
         metrics: &Metrics,
         input: &RoutingInput,
         request: &mut PolicyRequest,
+        asking: Asking<'_>,
     ) -> Result<bool, ApiError> {
         // No policy: nothing to ask, nothing to wait for (and no waiter to register).
         if self.slot.current().is_none() {
@@ -97,6 +128,9 @@ impl AdmissionGate {
         }
         let mut ticket: Option<QueuedTicket<'_>> = None;
         let mut queued_at: Option<Instant> = None;
+        let timeout = asking
+            .deadline
+            .map_or(self.queue_timeout, |d| d.min(self.queue_timeout));
         loop {
             // Registered before asking, so a slot released while the policy runs still wakes us.
             let released = pool.released().notified();
@@ -111,6 +145,11 @@ impl AdmissionGate {
             };
             let Some(verdict) = self.ask(pool, snapshot, metrics, input, request, ticket.is_some())
             else {
+                self.order.served(
+                    asking.tenant,
+                    request.prompt_tokens,
+                    crate::queue::INPUT_WEIGHT,
+                );
                 return Ok(queued_at.is_some());
             };
             match verdict {
@@ -121,6 +160,11 @@ impl AdmissionGate {
                             .admission_queue_wait_seconds
                             .observe(at.elapsed().as_secs_f64());
                     }
+                    self.order.served(
+                        asking.tenant,
+                        request.prompt_tokens,
+                        crate::queue::INPUT_WEIGHT,
+                    );
                     return Ok(queued_at.is_some());
                 }
                 AdmissionVerdict::Reject {
@@ -148,23 +192,38 @@ impl AdmissionGate {
                     )
                     .with_retry_after(Duration::from_secs(1)));
                 }
-                ticket = Some(QueuedTicket { gate: self });
+                let place = self.order.join(&request.tier, asking.tenant, asking.tokens);
+                ticket = Some(QueuedTicket { gate: self, place });
                 queued_at = Some(Instant::now());
                 debug!(queued = self.queued(), "admission.queued");
             }
-            let waited = queued_at.map_or(Duration::ZERO, |at| at.elapsed());
-            let Some(left) = self.queue_timeout.checked_sub(waited) else {
-                metrics.admission_queue_timeouts.inc();
-                return Err(ApiError::new(
-                    ErrorKind::Overloaded,
-                    format!(
-                        "the request waited {:?} in the gateway's queue without a free server; retry shortly",
-                        self.queue_timeout
-                    ),
-                )
-                .with_retry_after(Duration::from_secs(1)));
+            let Some(ticket) = ticket.as_ref() else {
+                continue;
             };
-            let _ = tokio::time::timeout(left.min(QUEUE_POLL), released).await;
+            // Wait until this request is the head and a slot may be free, or its time is up.
+            loop {
+                let waited = queued_at.map_or(Duration::ZERO, |at| at.elapsed());
+                let Some(left) = timeout.checked_sub(waited) else {
+                    metrics.admission_queue_timeouts.inc();
+                    return Err(ApiError::new(
+                        ErrorKind::Overloaded,
+                        format!(
+                            "the request waited {timeout:?} in the gateway's queue without a free server; retry shortly"
+                        ),
+                    )
+                    .with_retry_after(Duration::from_secs(1)));
+                };
+                if self.order.is_head(ticket.place.id) {
+                    let _ = tokio::time::timeout(left.min(QUEUE_POLL), released.as_mut()).await;
+                    if self.order.is_head(ticket.place.id) {
+                        break;
+                    }
+                    // Overtaken while waiting (a higher tier arrived): the new head asks.
+                    self.order.wake_head_now();
+                } else {
+                    let _ = tokio::time::timeout(left, ticket.place.wake.notified()).await;
+                }
+            }
         }
     }
 

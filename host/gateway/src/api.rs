@@ -49,6 +49,38 @@ pub struct MessagesRequest {
     /// Ringmaster's extension (vLLM's `ignore_eos`): generate exactly `max_tokens`, for
     /// replays and benchmarks that must carry a trace's output lengths.
     pub ignore_eos: bool,
+    /// A sampling seed (OpenAI's `seed`).
+    pub seed: Option<u64>,
+    /// A raw prompt (OpenAI's `/v1/completions`), tokenized without the chat template; it is
+    /// also `messages`' one user message, so routing and the filters read it like a chat.
+    pub raw_prompt: Option<String>,
+    /// Which API the reply is written in.
+    pub format: ReplyFormat,
+}
+
+/// The API a reply is written in: the one the request came in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplyFormat {
+    /// Anthropic's Messages API.
+    #[default]
+    Messages,
+    /// OpenAI's chat completions; `include_usage` asks for a last chunk with usage.
+    OpenAiChat {
+        /// `stream_options.include_usage`.
+        include_usage: bool,
+    },
+    /// OpenAI's (legacy) completions.
+    OpenAiCompletion {
+        /// `stream_options.include_usage`.
+        include_usage: bool,
+    },
+}
+
+impl ReplyFormat {
+    /// Whether the reply is OpenAI's.
+    pub fn is_openai(self) -> bool {
+        !matches!(self, Self::Messages)
+    }
 }
 
 /// One message of a validated request.
@@ -196,6 +228,17 @@ pub fn parse_messages_request(
     validate(raw, limits)
 }
 
+/// Parses and validates a `POST /v1/messages/count_tokens` body: a Messages request whose
+/// `max_tokens` may be left out (nothing is generated).
+pub fn parse_count_tokens_request(
+    body: &[u8],
+    limits: Limits<'_>,
+) -> Result<MessagesRequest, ApiError> {
+    let mut raw = parse_json::<RawRequest>(body)?;
+    raw.max_tokens.get_or_insert(1);
+    validate(raw, limits)
+}
+
 /// Parses `body` as JSON into `T`, with client-facing messages for every failure.
 pub fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
     if body.is_empty() {
@@ -305,6 +348,9 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
         stop_sequences,
         user_id: user_id.filter(|id| !id.is_empty()),
         ignore_eos: raw.ignore_eos,
+        seed: None,
+        raw_prompt: None,
+        format: ReplyFormat::Messages,
     })
 }
 

@@ -20,6 +20,32 @@ use ringmaster_pool::Pool;
 pub(crate) struct PolicyCollector {
     pub(crate) router: Arc<RouterSlot>,
     pub(crate) admission: Arc<AdmissionGate>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) autoscale: crate::autoscale::AutoscaleSettings,
+}
+
+/// The autoscaling signal now: the admission queue's tokens and every active server's work.
+pub(crate) fn autoscale_report(
+    pool: &Pool,
+    admission: &AdmissionGate,
+    settings: &crate::autoscale::AutoscaleSettings,
+) -> crate::autoscale::AutoscaleReport {
+    let snapshot = pool.snapshot();
+    let servers: Vec<crate::autoscale::ServerWork> = snapshot
+        .servers
+        .iter()
+        .filter(|s| !s.is_draining())
+        .map(|s| {
+            let load = s.engine().load();
+            crate::autoscale::ServerWork {
+                kv_blocks_total: u64::from(load.kv_blocks_total),
+                kv_blocks_used: u64::from(load.kv_blocks_used),
+                prefill_backlog: s.prefill_backlog(),
+                in_flight: s.in_flight(),
+            }
+        })
+        .collect();
+    crate::autoscale::assess(settings, admission.order.queued_tokens(), &servers)
 }
 
 impl Collector for PolicyCollector {
@@ -84,6 +110,32 @@ impl Collector for PolicyCollector {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         ConstGauge::new(i64::from(self.admission.queued())).encode(family)?;
+        let report = autoscale_report(&self.pool, &self.admission, &self.autoscale);
+        for (name, help, value) in [
+            (
+                "admission_queued_tokens",
+                "Estimated tokens (prompt plus max_tokens) waiting in the admission queue",
+                report.queued_tokens as f64,
+            ),
+            (
+                "autoscale_utilisation",
+                "The fleet's work over its capacity, in tokens (the autoscaling signal)",
+                report.utilisation,
+            ),
+            (
+                "autoscale_recommended_servers",
+                "Servers that would bring the autoscaling signal between its thresholds",
+                report.recommended_servers as f64,
+            ),
+        ] {
+            let family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            ConstGauge::new(value).encode(family)?;
+        }
         let mut family = encoder.encode_descriptor(
             "policy_counter",
             "Counters emitted by policies through the metrics import",

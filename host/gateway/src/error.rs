@@ -24,6 +24,8 @@ pub enum ErrorKind {
     Conflict,
     /// No API key, or an unknown one (401).
     Authentication,
+    /// The key may not do this (a model outside its list) (403).
+    PermissionDenied,
     /// The path, model or server does not exist (404).
     NotFound,
     /// The body is over the configured limit (413).
@@ -47,6 +49,7 @@ impl ErrorKind {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::Conflict => StatusCode::CONFLICT,
             Self::Authentication => StatusCode::UNAUTHORIZED,
+            Self::PermissionDenied => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::RateLimit => StatusCode::TOO_MANY_REQUESTS,
@@ -64,6 +67,7 @@ impl ErrorKind {
             | Self::MethodNotAllowed
             | Self::Conflict => "invalid_request_error",
             Self::Authentication => "authentication_error",
+            Self::PermissionDenied => "permission_error",
             Self::NotFound => "not_found_error",
             Self::RequestTooLarge => "request_too_large",
             Self::RateLimit => "rate_limit_error",
@@ -182,6 +186,7 @@ mod tests {
         let table = [
             (ErrorKind::InvalidRequest, 400, "invalid_request_error"),
             (ErrorKind::Authentication, 401, "authentication_error"),
+            (ErrorKind::PermissionDenied, 403, "permission_error"),
             (ErrorKind::NotFound, 404, "not_found_error"),
             (ErrorKind::RequestTooLarge, 413, "request_too_large"),
             (

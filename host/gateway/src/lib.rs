@@ -15,6 +15,7 @@ mod admin;
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod autoscale;
 mod body;
 pub mod builtin;
 mod collectors;
@@ -23,7 +24,9 @@ pub mod error;
 pub mod experiment_stats;
 pub mod messages;
 pub mod metrics;
+pub mod openai;
 pub mod policy;
+pub mod queue;
 pub mod record;
 mod respond;
 pub mod routing;
@@ -148,6 +151,7 @@ impl Gateway {
             start_slot(router.engine(), policies.admission.as_ref())?,
             policies.queue_capacity,
             policies.queue_timeout,
+            queue::FairQueue::new(policies.queue_aging, policies.queue_priority.clone()),
         ));
         let safety = Arc::new(SafetyGate::new(
             start_slot(router.engine(), policies.safety.as_ref())?,
@@ -161,7 +165,7 @@ impl Gateway {
             .transpose()?;
         Ok(Arc::new(Self {
             recorder,
-            auth: Authenticator::new(&config.api_keys),
+            auth: Authenticator::new(&config.api_keys, &config.tenants),
             metrics: {
                 let mut metrics = Metrics::new();
                 metrics.register_collector(Box::new(collectors::ServerCollector {
@@ -170,6 +174,8 @@ impl Gateway {
                 metrics.register_collector(Box::new(collectors::PolicyCollector {
                     router: router.clone(),
                     admission: admission.clone(),
+                    pool: pool.clone(),
+                    autoscale: config.autoscale,
                 }));
                 metrics
             },
@@ -266,6 +272,11 @@ impl Gateway {
     /// The metrics registry.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The autoscaling signal and recommendation now (`GET /admin/autoscale`).
+    pub fn autoscale(&self) -> autoscale::AutoscaleReport {
+        collectors::autoscale_report(&self.pool, &self.admission, &self.config.autoscale)
     }
 
     fn limits<'a>(&'a self, snapshot: &'a pool::PoolSnapshot) -> api::Limits<'a> {

@@ -47,7 +47,22 @@ pub(crate) fn json_response(
 
 /// The Anthropic error response for `error`.
 pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
-    let mut response = json_response(error.kind().status(), &error.body());
+    stamp_retry(json_response(error.kind().status(), &error.body()), error)
+}
+
+/// The OpenAI error response for `error` (the OpenAI doors).
+pub(crate) fn openai_error_response(error: &ApiError) -> Response<ResponseBody> {
+    stamp_retry(
+        json_response(
+            crate::openai::error_status(error),
+            &crate::openai::error_body(error),
+        ),
+        error,
+    )
+}
+
+/// `retry-after` and `x-should-retry`, when the error says so.
+fn stamp_retry(mut response: Response<ResponseBody>, error: &ApiError) -> Response<ResponseBody> {
     if let Some(after) = error.retry_after() {
         response.headers_mut().insert(
             "retry-after",

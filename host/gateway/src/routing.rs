@@ -92,7 +92,7 @@ pub fn routing_input(
 }
 
 /// The request's chat in the engines' terms.
-fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
+pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
     ChatPrompt {
         system: request.system.clone(),
         messages: request
@@ -188,6 +188,9 @@ mod tests {
             stop_sequences: vec![],
             user_id: None,
             ignore_eos: false,
+            seed: None,
+            raw_prompt: None,
+            format: crate::api::ReplyFormat::Messages,
         }
     }
 

@@ -26,7 +26,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::Gateway;
 use crate::body::{ResponseBody, full};
 use crate::error::{ApiError, ErrorKind};
-use crate::messages::messages;
+use crate::messages::{Api, messages};
 use crate::metrics::ResponseLabels;
 use crate::respond::{error_response, json_response};
 
@@ -193,7 +193,11 @@ async fn handle(
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");
             }
-            error_response(&e)
+            if matches!(route, "chat_completions" | "completions") {
+                crate::respond::openai_error_response(&e)
+            } else {
+                error_response(&e)
+            }
         });
         response.headers_mut().insert(
             &crate::respond::header_names::REQUEST_ID,
@@ -219,6 +223,9 @@ async fn handle(
 fn route_name(path: &str) -> &'static str {
     match path {
         "/v1/messages" => "messages",
+        "/v1/messages/count_tokens" => "count_tokens",
+        "/v1/chat/completions" => "chat_completions",
+        "/v1/completions" => "completions",
         p if p.starts_with("/v1/models") => "models",
         "/healthz" | "/readyz" => "health",
         "/metrics" => "metrics",
@@ -248,7 +255,19 @@ async fn dispatch(
     match path.as_str() {
         "/v1/messages" => {
             allow(&[Method::POST])?;
-            messages(gateway, req, started, request_id).await
+            messages(gateway, req, Api::Messages, started, request_id).await
+        }
+        "/v1/messages/count_tokens" => {
+            allow(&[Method::POST])?;
+            crate::messages::count_tokens(gateway, req).await
+        }
+        "/v1/chat/completions" => {
+            allow(&[Method::POST])?;
+            messages(gateway, req, Api::ChatCompletions, started, request_id).await
+        }
+        "/v1/completions" => {
+            allow(&[Method::POST])?;
+            messages(gateway, req, Api::Completions, started, request_id).await
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
@@ -303,7 +322,10 @@ async fn dispatch(
 fn models_json(gateway: &Gateway) -> serde_json::Value {
     let snapshot = gateway.pool.snapshot();
     let data: Vec<_> = snapshot.accepted.iter().map(|m| model_json(m)).collect();
+    // Both APIs' list shapes at once: Anthropic's `has_more`/`first_id`/`last_id`, OpenAI's
+    // `object` (each SDK ignores the other's fields).
     json!({
+        "object": "list",
         "data": data,
         "has_more": false,
         "first_id": snapshot.accepted.first(),
@@ -312,7 +334,10 @@ fn models_json(gateway: &Gateway) -> serde_json::Value {
 }
 
 fn model_json(id: &str) -> serde_json::Value {
-    json!({"type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z"})
+    json!({
+        "type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z",
+        "object": "model", "created": 1_767_225_600, "owned_by": "ringmaster",
+    })
 }
 
 #[cfg(test)]

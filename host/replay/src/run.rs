@@ -341,12 +341,11 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         ..Outcome::default()
     };
     let call = MessagesCall {
+        api: ringmaster_gateway::messages::Api::Messages,
+        queue_timeout: None,
         body,
         session: None,
-        caller: Caller {
-            tier: "replay".to_owned(),
-            key_label: "replay".to_owned(),
-        },
+        caller: Caller::unlimited("replay", "replay"),
         passed_headers: Vec::new(),
     };
     let request_id = format!("replay-{index}");
@@ -369,7 +368,8 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if outcome.ttft_s.is_none() {
+        // A keep-alive comment (`: ping`) before the first event is not the first token.
+        if outcome.ttft_s.is_none() && !data.starts_with(b":") {
             outcome.ttft_s = Some(arrived.elapsed().as_secs_f64());
         }
         read_events(&data, &mut outcome);

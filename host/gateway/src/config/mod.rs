@@ -55,23 +55,124 @@ mod raw;
 pub use error::ConfigError;
 pub use policies::{PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
-    RawAdmission, RawApiKey, RawConfig, RawLimits, RawModel, RawPolicies, RawRecord,
-    RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator,
+    RawAdmission, RawApiKey, RawAutoscale, RawConfig, RawLimits, RawModel, RawPolicies, RawRecord,
+    RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
 };
 
 use error::invalid;
 use model::{gpu_placement, model_config, simulator_config};
 use policies::policies_config;
 
+/// How long a streamed reply may send nothing before it sends a `ping`, unless configured.
+pub const DEFAULT_STREAM_PING: Duration = Duration::from_secs(5);
+
 /// An API key and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiKey {
-    /// The secret (never logged).
-    pub key: String,
+    /// The secret's SHA-256 (the secret itself is not kept).
+    pub digest: [u8; 32],
     /// Its tier.
     pub tier: String,
-    /// Its rate limit.
+    /// Its `[[tenants]]` entry; `None`: its own tenant.
+    pub tenant: Option<String>,
+    /// The models it may use (`None`: all).
+    pub models: Option<Vec<String>>,
+    /// Its own limits.
+    pub limits: RateLimits,
+}
+
+/// Per-minute limits of a key or a tenant; `None` is unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RateLimits {
+    /// Requests per minute.
     pub requests_per_minute: Option<NonZeroU32>,
+    /// Input tokens per minute.
+    pub input_tokens_per_minute: Option<NonZeroU32>,
+    /// Output tokens per minute.
+    pub output_tokens_per_minute: Option<NonZeroU32>,
+}
+
+/// A tenant: limits shared by its keys.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tenant {
+    /// Its name.
+    pub name: String,
+    /// Its limits.
+    pub limits: RateLimits,
+    /// The models its keys may use (`None`: all).
+    pub models: Option<Vec<String>>,
+}
+
+/// Validates a key's or tenant's three limits (`at` names the entry in messages).
+fn rate_limits(at: &str, values: [Option<u32>; 3]) -> Result<RateLimits, ConfigError> {
+    let [requests, input, output] = values;
+    let one = |value: Option<u32>, field: &str| -> Result<Option<NonZeroU32>, ConfigError> {
+        value
+            .map(|n| {
+                NonZeroU32::new(n)
+                    .ok_or_else(|| invalid(format!("{at}.{field}"), "must be at least 1"))
+            })
+            .transpose()
+    };
+    Ok(RateLimits {
+        requests_per_minute: one(requests, "requests_per_minute")?,
+        input_tokens_per_minute: one(input, "input_tokens_per_minute")?,
+        output_tokens_per_minute: one(output, "output_tokens_per_minute")?,
+    })
+}
+
+/// Validates `[autoscale]`.
+fn autoscale_settings(
+    raw: RawAutoscale,
+) -> Result<crate::autoscale::AutoscaleSettings, ConfigError> {
+    let defaults = crate::autoscale::AutoscaleSettings::default();
+    let settings = crate::autoscale::AutoscaleSettings {
+        scale_up: raw.scale_up.unwrap_or(defaults.scale_up),
+        scale_down: raw.scale_down.unwrap_or(defaults.scale_down),
+        server_capacity_tokens: raw
+            .server_capacity_tokens
+            .unwrap_or(defaults.server_capacity_tokens),
+        tokens_per_request: raw
+            .tokens_per_request
+            .unwrap_or(defaults.tokens_per_request),
+    };
+    if !(settings.scale_down.is_finite() && settings.scale_up.is_finite())
+        || settings.scale_down < 0.0
+        || settings.scale_down >= settings.scale_up
+    {
+        return Err(invalid(
+            "autoscale",
+            "scale_down must be at least 0 and below scale_up",
+        ));
+    }
+    if settings.server_capacity_tokens == 0 {
+        return Err(invalid(
+            "autoscale.server_capacity_tokens",
+            "must be at least 1",
+        ));
+    }
+    Ok(settings)
+}
+
+/// Validates a `models` allow-list against the models served.
+fn allowed_models(
+    at: &str,
+    models: Option<Vec<String>>,
+    served: &[String],
+    aliases: &std::collections::BTreeMap<String, String>,
+) -> Result<Option<Vec<String>>, ConfigError> {
+    let Some(models) = models else {
+        return Ok(None);
+    };
+    if models.is_empty() {
+        return Err(invalid(
+            format!("{at}.models"),
+            "must name at least one model (leave it out for all)",
+        ));
+    }
+    // Not checked against `models`: servers may serve more models than the config names.
+    let _ = (served, aliases);
+    Ok(Some(models))
 }
 
 /// Validates one `[[servers]]` entry (the config file's and `POST /admin/servers`').
@@ -99,12 +200,18 @@ pub struct Config {
     pub aliases: std::collections::BTreeMap<String, String>,
     /// API keys; empty means no authentication (loopback only).
     pub api_keys: Vec<ApiKey>,
+    /// Tenants the keys belong to.
+    pub tenants: Vec<Tenant>,
+    /// The autoscaling signal's settings.
+    pub autoscale: crate::autoscale::AutoscaleSettings,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Largest `max_tokens`.
     pub max_output_tokens: u32,
     /// Waiting requests per server before it counts as full.
     pub max_waiting_per_server: u32,
+    /// A streamed reply idle this long sends a `ping` (`None`: never).
+    pub stream_ping: Option<Duration>,
     /// Time in-flight requests get at shutdown.
     pub shutdown_grace: Duration,
     /// Routing strategy.
@@ -215,30 +322,89 @@ impl RawConfig {
             ));
         }
 
-        let mut api_keys = Vec::new();
-        for (i, raw) in self.api_keys.unwrap_or_default().into_iter().enumerate() {
-            if raw.key.len() < 8 || raw.key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        let autoscale = autoscale_settings(self.autoscale.unwrap_or_default())?;
+        let mut tenants: Vec<Tenant> = Vec::new();
+        for (i, raw) in self.tenants.unwrap_or_default().into_iter().enumerate() {
+            let at = format!("tenants[{i}]");
+            if raw.name.trim().is_empty() || raw.name.len() > 64 {
+                return Err(invalid(format!("{at}.name"), "must be 1 to 64 characters"));
+            }
+            if tenants.iter().any(|t| t.name == raw.name) {
                 return Err(invalid(
-                    format!("api_keys[{i}].key"),
-                    "must be at least 8 characters with no whitespace",
+                    format!("{at}.name"),
+                    format!("duplicate tenant {:?}", raw.name),
                 ));
             }
-            if api_keys.iter().any(|k: &ApiKey| k.key == raw.key) {
-                return Err(invalid(format!("api_keys[{i}].key"), "duplicate key"));
-            }
-            let requests_per_minute = match raw.requests_per_minute {
-                None => None,
-                Some(n) => Some(NonZeroU32::new(n).ok_or_else(|| {
-                    invalid(
-                        format!("api_keys[{i}].requests_per_minute"),
-                        "must be at least 1",
-                    )
-                })?),
+            tenants.push(Tenant {
+                limits: rate_limits(
+                    &at,
+                    [
+                        raw.requests_per_minute,
+                        raw.input_tokens_per_minute,
+                        raw.output_tokens_per_minute,
+                    ],
+                )?,
+                models: allowed_models(&at, raw.models, &models, &aliases)?,
+                name: raw.name,
+            });
+        }
+        let mut api_keys: Vec<ApiKey> = Vec::new();
+        for (i, raw) in self.api_keys.unwrap_or_default().into_iter().enumerate() {
+            let at = format!("api_keys[{i}]");
+            let digest = match (raw.key, raw.key_sha256) {
+                (Some(key), None) => {
+                    if key.len() < 8 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                        return Err(invalid(
+                            format!("{at}.key"),
+                            "must be at least 8 characters with no whitespace",
+                        ));
+                    }
+                    crate::auth::key_digest(&key)
+                }
+                (None, Some(hex_digest)) => {
+                    let mut digest = [0u8; 32];
+                    hex::decode_to_slice(hex_digest.trim(), &mut digest).map_err(|_| {
+                        invalid(
+                            format!("{at}.key_sha256"),
+                            "must be 64 hexadecimal digits (a SHA-256)",
+                        )
+                    })?;
+                    digest
+                }
+                (Some(_), Some(_)) => {
+                    return Err(invalid(at, "give key or key_sha256, not both"));
+                }
+                (None, None) => {
+                    return Err(invalid(
+                        format!("{at}.key"),
+                        "field required (or key_sha256)",
+                    ));
+                }
             };
+            if api_keys.iter().any(|k| k.digest == digest) {
+                return Err(invalid(at, "duplicate key"));
+            }
+            if let Some(tenant) = &raw.tenant
+                && !tenants.iter().any(|t| &t.name == tenant)
+            {
+                return Err(invalid(
+                    format!("{at}.tenant"),
+                    format!("no [[tenants]] entry is named {tenant:?}"),
+                ));
+            }
             api_keys.push(ApiKey {
-                key: raw.key,
+                digest,
                 tier: raw.tier.unwrap_or_else(|| "default".to_owned()),
-                requests_per_minute,
+                limits: rate_limits(
+                    &at,
+                    [
+                        raw.requests_per_minute,
+                        raw.input_tokens_per_minute,
+                        raw.output_tokens_per_minute,
+                    ],
+                )?,
+                models: allowed_models(&at, raw.models, &models, &aliases)?,
+                tenant: raw.tenant,
             });
         }
         if api_keys.is_empty() && !listen.ip().is_loopback() {
@@ -261,6 +427,17 @@ impl RawConfig {
         if max_output_tokens == 0 {
             return Err(invalid("limits.max_output_tokens", "must be at least 1"));
         }
+        let stream_ping = match limits.stream_ping_ms {
+            None => Some(DEFAULT_STREAM_PING),
+            Some(0) => None,
+            Some(ms) if ms > 600_000 => {
+                return Err(invalid(
+                    "limits.stream_ping_ms",
+                    "must be at most 600000 (10 minutes)",
+                ));
+            }
+            Some(ms) => Some(Duration::from_millis(ms)),
+        };
         let max_waiting_per_server = limits
             .max_waiting_per_server
             .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
@@ -374,9 +551,12 @@ impl RawConfig {
             access_log: self.access_log.unwrap_or(false),
             aliases,
             api_keys,
+            tenants,
+            autoscale,
             max_body_bytes,
             max_output_tokens,
             max_waiting_per_server,
+            stream_ping,
             shutdown_grace,
             strategy,
             ring,

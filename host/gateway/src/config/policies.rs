@@ -68,6 +68,10 @@ pub struct PoliciesConfig {
     pub queue_capacity: u32,
     /// How long a request may wait in the queue.
     pub queue_timeout: Duration,
+    /// Queue priority per tier (others 0): the order waiters run in.
+    pub queue_priority: std::collections::HashMap<String, u8>,
+    /// Waiting this long raises a waiter one queue-priority level.
+    pub queue_aging: Duration,
     /// The safety filter (none: nothing is filtered).
     pub safety: Option<SlotPolicySpec>,
     /// Output bytes per safety check.
@@ -212,9 +216,29 @@ pub(crate) fn policies_config(
     };
     let mut queue_capacity = crate::admission::DEFAULT_QUEUE_CAPACITY;
     let mut queue_timeout = crate::admission::DEFAULT_QUEUE_TIMEOUT;
+    let mut queue_priority = std::collections::HashMap::new();
+    let mut queue_aging = crate::queue::DEFAULT_AGING;
     let admission = match raw.admission {
         None => None,
         Some(a) => {
+            for (tier, priority) in a.queue_priority.unwrap_or_default() {
+                let priority = u8::try_from(priority).map_err(|_| {
+                    invalid(
+                        format!("policies.admission.queue_priority.{tier}"),
+                        "must be between 0 and 255",
+                    )
+                })?;
+                queue_priority.insert(tier, priority);
+            }
+            if let Some(ms) = a.queue_aging_ms {
+                if !(1..=3_600_000).contains(&ms) {
+                    return Err(invalid(
+                        "policies.admission.queue_aging_ms",
+                        "must be between 1 and 3600000",
+                    ));
+                }
+                queue_aging = Duration::from_millis(ms);
+            }
             if let Some(n) = a.queue_capacity {
                 if n > 1_000_000 {
                     return Err(invalid(
@@ -289,6 +313,8 @@ pub(crate) fn policies_config(
         admission,
         queue_capacity,
         queue_timeout,
+        queue_priority,
+        queue_aging,
         safety,
         safety_window_bytes,
         safety_fail_closed,

@@ -22,6 +22,8 @@ pub struct RawConfig {
     pub aliases: Option<std::collections::BTreeMap<String, String>>,
     /// `[[api_keys]]`.
     pub api_keys: Option<Vec<RawApiKey>>,
+    /// `[[tenants]]`: groups of keys sharing limits.
+    pub tenants: Option<Vec<RawTenant>>,
     /// `[limits]`.
     pub limits: Option<RawLimits>,
     /// `[routing]`.
@@ -40,6 +42,22 @@ pub struct RawConfig {
     pub upstream: Option<RawUpstream>,
     /// `[retry]`.
     pub retry: Option<RawRetry>,
+    /// `[autoscale]`: the autoscaling signal's thresholds.
+    pub autoscale: Option<RawAutoscale>,
+}
+
+/// `[autoscale]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAutoscale {
+    /// Utilisation above which to scale up (0.7).
+    pub scale_up: Option<f64>,
+    /// Utilisation below which to scale down (0.2).
+    pub scale_down: Option<f64>,
+    /// Capacity of a server that reports no KV cache, tokens (32768).
+    pub server_capacity_tokens: Option<u64>,
+    /// Work of one in-flight request on such a server, tokens (1024).
+    pub tokens_per_request: Option<u64>,
 }
 
 /// `[model]`: how `gguf:` servers run their model (on the CPU, or on a GPU with `device`).
@@ -106,6 +124,10 @@ pub struct RawAdmission {
     pub queue_capacity: Option<u32>,
     /// How long a request may wait in the queue, milliseconds.
     pub queue_timeout_ms: Option<u64>,
+    /// Queue priority (0 to 255) per tier: higher tiers leave the queue first.
+    pub queue_priority: Option<std::collections::BTreeMap<String, i64>>,
+    /// Waiting this long raises a waiter one queue-priority level, milliseconds (10000).
+    pub queue_aging_ms: Option<u64>,
 }
 
 /// `[policies.safety]`.
@@ -144,12 +166,39 @@ pub struct RawRouterVariant {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawApiKey {
-    /// The secret.
-    pub key: String,
-    /// The key's tier (for admission policies; default `"default"`).
+    /// The secret (hashed at load; only its digest is kept).
+    pub key: Option<String>,
+    /// The secret's SHA-256 as 64 hex digits, instead of `key`: the config then holds no
+    /// secret (`ringmaster key-hash` prints it).
+    pub key_sha256: Option<String>,
+    /// The key's tier (for admission policies and the queue's order; default `"default"`).
     pub tier: Option<String>,
+    /// The `[[tenants]]` entry the key belongs to; a key without one is its own tenant.
+    pub tenant: Option<String>,
+    /// The models the key may use; all when absent.
+    pub models: Option<Vec<String>>,
     /// Requests per minute allowed for this key; unlimited when absent.
     pub requests_per_minute: Option<u32>,
+    /// Input (prompt) tokens per minute for this key.
+    pub input_tokens_per_minute: Option<u32>,
+    /// Output (generated) tokens per minute for this key, charged as they stream.
+    pub output_tokens_per_minute: Option<u32>,
+}
+
+/// One `[[tenants]]` entry: limits shared by every key that names it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTenant {
+    /// The tenant's name (keys refer to it; a metric label).
+    pub name: String,
+    /// The models the tenant's keys may use; all when absent.
+    pub models: Option<Vec<String>>,
+    /// Requests per minute for all the tenant's keys together.
+    pub requests_per_minute: Option<u32>,
+    /// Input tokens per minute for all the tenant's keys together.
+    pub input_tokens_per_minute: Option<u32>,
+    /// Output tokens per minute for all the tenant's keys together.
+    pub output_tokens_per_minute: Option<u32>,
 }
 
 /// `[limits]`.
@@ -164,6 +213,9 @@ pub struct RawLimits {
     pub max_waiting_per_server: Option<u32>,
     /// Seconds in-flight requests get at shutdown.
     pub shutdown_grace_seconds: Option<u64>,
+    /// A streamed reply with nothing to send for this long sends a `ping`, milliseconds
+    /// (5000; 0 turns pings off).
+    pub stream_ping_ms: Option<u64>,
 }
 
 /// `[routing]`.

@@ -19,7 +19,7 @@ use ringmaster_pool::{Decision, DecisionReason, InFlight, PoolSnapshot};
 use tracing::debug;
 
 use crate::Gateway;
-use crate::api::{self, MessagesRequest};
+use crate::api::{self, MessagesRequest, ReplyFormat};
 use crate::body::ResponseBody;
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AttemptLabels, DecisionLabels, FaultLabels, VariantLabel};
@@ -27,18 +27,34 @@ use crate::policy::{RouteOutcome, Routed, Variant};
 use crate::respond::{header_names, json_response, read_json_body};
 use crate::routing::{MAX_SESSION_ID_BYTES, RoutingInput, routing_input};
 
-/// `POST /v1/messages`.
+/// Which API a request came in by: the body is parsed, and the reply written, in its terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Api {
+    /// `POST /v1/messages`.
+    #[default]
+    Messages,
+    /// `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// `POST /v1/completions`.
+    Completions,
+}
+
+/// `POST /v1/messages`, `/v1/chat/completions` and `/v1/completions`.
 pub(crate) async fn messages(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
+    api: Api,
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller = gateway.auth.check(req.headers())?;
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
+    let queue_timeout = queue_timeout_header(req.headers())?;
     let body = read_json_body(gateway, req).await?;
     let call = MessagesCall {
+        api,
+        queue_timeout,
         body,
         session,
         caller,
@@ -47,10 +63,53 @@ pub(crate) async fn messages(
     handle(gateway, call, started, request_id).await
 }
 
+/// `POST /v1/messages/count_tokens`: the prompt rendered with the chat template and counted
+/// with the tokenizer of the model's pool (a server that reports its tokenizer: a local model
+/// server, a `ringmaster worker`). A pool of servers that report none is counted at four bytes
+/// a token, and the answer says so in `x-ringmaster-token-count: estimated`.
+pub(crate) async fn count_tokens(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let caller = gateway.auth.check(req.headers())?;
+    let body = read_json_body(gateway, req).await?;
+    let fleet = gateway.pool.snapshot();
+    let request = api::parse_count_tokens_request(&body, gateway.limits(&fleet))?;
+    caller.admit(&request.model, 0)?;
+    let (_, pool) = resolve_model(&fleet, &request.model)?;
+    let scheme = pool.servers.iter().find_map(|s| s.cache_scheme());
+    let chat = crate::routing::chat_prompt(&request);
+    let (tokens, exact) = match scheme {
+        Some(scheme) => (
+            scheme
+                .tokenizer
+                .encode_chat(chat.system.as_deref(), &chat.messages)
+                .len(),
+            true,
+        ),
+        None => {
+            let bytes = chat.system.as_ref().map_or(0, String::len)
+                + chat.messages.iter().map(|m| m.text.len()).sum::<usize>();
+            (bytes.div_ceil(4), false)
+        }
+    };
+    let mut response = json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "input_tokens": tokens }),
+    );
+    response.headers_mut().insert(
+        "x-ringmaster-token-count",
+        HeaderValue::from_static(if exact { "exact" } else { "estimated" }),
+    );
+    Ok(response)
+}
+
 /// A Messages request as the handler's core takes it: the body as read, and what the HTTP
 /// layer took from the headers. In-process callers (the trace replay) build it directly.
 #[derive(Debug)]
 pub struct MessagesCall {
+    /// The API it speaks.
+    pub api: Api,
     /// The JSON body.
     pub body: bytes::Bytes,
     /// The session id (`x-session-id`), if any.
@@ -59,6 +118,9 @@ pub struct MessagesCall {
     pub caller: crate::auth::Caller,
     /// The headers passed on to policies.
     pub passed_headers: Vec<(String, String)>,
+    /// The request's own limit on its wait in the admission queue
+    /// (`x-ringmaster-queue-timeout-ms`), when it sets one.
+    pub queue_timeout: Option<Duration>,
 }
 
 /// The Messages handler from a parsed call on: what `POST /v1/messages` does after the HTTP
@@ -71,6 +133,8 @@ pub async fn handle(
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let MessagesCall {
+        api,
+        queue_timeout,
         body,
         session,
         caller,
@@ -79,7 +143,12 @@ pub async fn handle(
     // The request's one view of the pool: admission, the router, assignment and the metrics
     // all decide on it.
     let fleet = gateway.pool.snapshot();
-    let request = api::parse_messages_request(&body, gateway.limits(&fleet))?;
+    let limits = gateway.limits(&fleet);
+    let request = match api {
+        Api::Messages => api::parse_messages_request(&body, limits)?,
+        Api::ChatCompletions => crate::openai::parse_chat_request(&body, limits)?,
+        Api::Completions => crate::openai::parse_completion_request(&body, limits)?,
+    };
     drop(body);
     let (served_model, model_pool) = resolve_model(&fleet, &request.model)?;
     let served_model = served_model.to_owned();
@@ -124,6 +193,8 @@ pub async fn handle(
         request_id,
     );
     policy_request.headers = passed_headers;
+    caller.admit(&request.model, policy_request.prompt_tokens)?;
+    let asked_tokens = u64::from(policy_request.prompt_tokens) + u64::from(request.max_tokens);
     let waited = gateway
         .admission
         .admit(
@@ -132,6 +203,11 @@ pub async fn handle(
             &gateway.metrics,
             &input,
             &mut policy_request,
+            crate::admission::Asking {
+                tenant: &caller.tenant,
+                tokens: asked_tokens,
+                deadline: queue_timeout,
+            },
         )
         .await?;
     // After a wait in the queue the pool has moved on: decide on what it is now.
@@ -181,6 +257,10 @@ pub async fn handle(
         });
     let mut tracker = Tracker {
         gateway: gateway.clone(),
+        charged: caller
+            .is_limited()
+            .then(|| (caller.clone(), policy_request.prompt_tokens)),
+        fair_share: gateway.admission.is_active().then(|| caller.tenant.clone()),
         observation,
         label: VariantLabel {
             variant: variant
@@ -237,7 +317,11 @@ pub async fn handle(
     if let Some(observation) = tracker.observation.as_mut() {
         decision.server.id().clone_into(&mut observation.server);
     }
-    let message_id = format!("msg_{}", uuid::Uuid::new_v4().simple());
+    let message_id = match request.format {
+        ReplyFormat::Messages => format!("msg_{}", uuid::Uuid::new_v4().simple()),
+        ReplyFormat::OpenAiChat { .. } => format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
+        ReplyFormat::OpenAiCompletion { .. } => format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
+    };
     let server_id = decision.server.id().to_owned();
     let variant_name = tracker.label.variant.clone();
     let variant_hash = tracker
@@ -251,7 +335,17 @@ pub async fn handle(
         let reply =
             reply::collect(&tracker, &request, generation, &mut in_flight, message_id).await?;
         drop(in_flight);
-        json_response(StatusCode::OK, &reply)
+        match request.format {
+            ReplyFormat::Messages => json_response(StatusCode::OK, &reply),
+            ReplyFormat::OpenAiChat { .. } => json_response(
+                StatusCode::OK,
+                &crate::openai::whole_body(&reply, true, crate::openai::unix_now()),
+            ),
+            ReplyFormat::OpenAiCompletion { .. } => json_response(
+                StatusCode::OK,
+                &crate::openai::whole_body(&reply, false, crate::openai::unix_now()),
+            ),
+        }
     };
     if let Ok(value) = HeaderValue::from_str(&server_id) {
         response.headers_mut().insert(&header_names::SERVER, value);
@@ -262,6 +356,7 @@ pub async fn handle(
     if let Ok(value) = HeaderValue::from_str(&variant_name) {
         response.headers_mut().insert(&header_names::VARIANT, value);
     }
+    caller.rate_limit_headers(response.headers_mut(), request.format.is_openai());
     // The router version that decided (absent when the native ring decided alone).
     if let Some(value) = variant_hash.and_then(|h| HeaderValue::from_str(&h).ok()) {
         response
@@ -395,6 +490,23 @@ fn prompt_text(request: &MessagesRequest) -> String {
     text
 }
 
+/// The longest a request lets itself wait in the admission queue.
+fn queue_timeout_header(headers: &http::HeaderMap) -> Result<Option<Duration>, ApiError> {
+    const NAME: &str = "x-ringmaster-queue-timeout-ms";
+    let Some(value) = headers.get(NAME) else {
+        return Ok(None);
+    };
+    let ms = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        .ok_or_else(|| {
+            ApiError::invalid(format!("{NAME}: must be a positive number of milliseconds"))
+        })?;
+    Ok(Some(Duration::from_millis(ms)))
+}
+
 /// The session id from the first of `names` the request carries.
 fn session_header(
     headers: &http::HeaderMap,
@@ -515,6 +627,12 @@ struct Observation {
 /// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
 struct Tracker {
     gateway: Arc<Gateway>,
+    /// The caller whose token buckets the reply charges, with the input tokens charged on
+    /// the estimate (`None`: no bucket applies).
+    charged: Option<(crate::auth::Caller, u32)>,
+    /// The tenant whose virtual token counter the output is counted to (`None`: no admission
+    /// policy, so no queue to order).
+    fair_share: Option<String>,
     variant: Option<Arc<Variant>>,
     /// Set when the deciding variant learns.
     observation: Option<Observation>,
@@ -525,6 +643,29 @@ struct Tracker {
 }
 
 impl Tracker {
+    /// The server counted the prompt: the input charge is corrected to its count.
+    fn counted_prompt(&self, prompt_tokens: u32) {
+        if let Some((caller, estimated)) = &self.charged {
+            caller.settle_input(*estimated, prompt_tokens);
+        }
+    }
+
+    /// `tokens` more generated tokens, charged to the output buckets as they stream.
+    fn generated(&self, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        if let Some((caller, _)) = &self.charged {
+            caller.charge_output(tokens);
+        }
+        if let Some(tenant) = &self.fair_share {
+            self.gateway
+                .admission
+                .order
+                .served(tenant, tokens, crate::queue::OUTPUT_WEIGHT);
+        }
+    }
+
     fn first_token(&self) {
         let ttft = self.started.elapsed().as_secs_f64();
         self.gateway
@@ -596,7 +737,7 @@ fn generate_request(
     priority: u8,
 ) -> GenerateRequest {
     GenerateRequest {
-        prompt: None,
+        prompt: request.raw_prompt.clone(),
         priority,
         request_id: request_id.to_owned(),
         system: chat.system,
@@ -607,7 +748,7 @@ fn generate_request(
             temperature: request.temperature,
             top_p: request.top_p,
             top_k: request.top_k,
-            seed: None,
+            seed: request.seed,
             ignore_eos: request.ignore_eos,
         },
     }

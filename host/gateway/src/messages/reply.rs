@@ -27,6 +27,7 @@ use crate::api::{
 };
 use crate::body::ResponseBody;
 use crate::error::ApiError;
+use crate::openai::ChunkWriter;
 use crate::safety::{Blocked, OutputFilter};
 
 /// How a reply ended.
@@ -76,6 +77,7 @@ impl ReplyMachine {
                 cached_tokens,
             }) => {
                 tracker.first_token();
+                tracker.counted_prompt(prompt_tokens);
                 (self.prompt, self.cached) = (prompt_tokens, cached_tokens);
                 let message = empty_message(
                     &self.model,
@@ -92,6 +94,7 @@ impl ReplyMachine {
             }
             Some(GenerateEvent::Token { text }) => {
                 self.generated += 1;
+                tracker.generated(1);
                 match self.filter.as_mut().map(|f| f.push(metrics, &text)) {
                     None => out.push(StreamEvent::text(text)),
                     Some(Ok(allowed)) if allowed.is_empty() => {}
@@ -106,6 +109,8 @@ impl ReplyMachine {
                 cached_tokens,
                 output_tokens,
             }) => {
+                // A server's text chunk may hold several tokens: its count settles the charge.
+                tracker.generated(output_tokens.saturating_sub(self.generated));
                 (self.prompt, self.cached, self.generated) =
                     (prompt_tokens, cached_tokens, output_tokens);
                 if let Some(filter) = self.filter.as_mut() {
@@ -272,8 +277,19 @@ pub(super) fn stream(
     in_flight: InFlight,
     message_id: String,
 ) -> Response<ResponseBody> {
+    let openai = request
+        .format
+        .is_openai()
+        .then(|| ChunkWriter::new(message_id.clone(), request.model.clone(), request.format));
     let machine = ReplyMachine::new(&tracker, request, message_id);
+    let ping = tracker.gateway.config.stream_ping.map(|every| Ping {
+        every,
+        timer: Box::pin(tokio::time::sleep(every)),
+        last_sent: tokio::time::Instant::now(),
+    });
     let body = SseReply {
+        openai,
+        ping,
         tracker,
         machine,
         generation: Some(generation),
@@ -305,6 +321,8 @@ const IDLE_ROUNDS: usize = 2;
 /// with no task or channel between the two sockets. When the client goes away, hyper drops
 /// the body, and with it the generation, which cancels it on its server.
 struct SseReply {
+    /// Writes OpenAI's chunks (`None`: Anthropic's events).
+    openai: Option<ChunkWriter>,
     tracker: Tracker,
     machine: ReplyMachine,
     /// `None` once the reply ended (dropped at once: that frees the server's connection).
@@ -318,9 +336,41 @@ struct SseReply {
     idle_rounds: usize,
     /// The first frame (the message's start and what came with it) is out.
     sent_first: bool,
+    /// The keep-alive: a `ping` after this long with nothing sent (`None`: off).
+    ping: Option<Ping>,
     /// The request's span, entered on every poll: the body is polled by hyper, outside the
     /// handler.
     span: tracing::Span,
+}
+
+/// A stream's keep-alive timer. The timer is not reset on every frame (that would be a timer
+/// operation per write): when it fires, it looks at when the last frame went out and either
+/// pings or waits out the rest of the interval.
+struct Ping {
+    every: std::time::Duration,
+    timer: Pin<Box<tokio::time::Sleep>>,
+    last_sent: tokio::time::Instant,
+}
+
+impl Ping {
+    /// Whether a ping is due now (else the timer is set for when it would be).
+    fn poll_due(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let due = self.last_sent + self.every;
+            if due <= tokio::time::Instant::now() {
+                self.timer
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + self.every);
+                // Registers the new deadline's wake-up.
+                let _ = self.timer.as_mut().poll(cx);
+                return true;
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
 }
 
 impl SseReply {
@@ -375,7 +425,21 @@ impl Body for SseReply {
         loop {
             let took = match this.poll_events(cx) {
                 Poll::Ready(took) => took,
-                Poll::Pending if this.out.is_empty() => return Poll::Pending,
+                Poll::Pending if this.out.is_empty() => {
+                    if this.ping.as_mut().is_some_and(|p| p.poll_due(cx)) {
+                        if !this.sent_first {
+                            // Before the reply's first event (queued, or prefilling) a ping
+                            // event would come before `message_start`, which no client
+                            // expects: an SSE comment keeps the connection alive instead.
+                            return Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                                b": ping\n\n",
+                            )))));
+                        }
+                        this.out.push(StreamEvent::Ping);
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
                 // Nothing new this turn.
                 Poll::Pending => false,
             };
@@ -404,7 +468,13 @@ impl Body for SseReply {
                 }
                 (this.gather_rounds, this.idle_rounds) = (0, 0);
                 this.sent_first = true;
-                return Poll::Ready(Some(Ok(Frame::data(frame(&mut this.out)))));
+                if let Some(ping) = this.ping.as_mut() {
+                    ping.last_sent = tokio::time::Instant::now();
+                }
+                return Poll::Ready(Some(Ok(Frame::data(frame(
+                    &mut this.out,
+                    this.openai.as_ref(),
+                )))));
             }
             if this.ended.is_some() {
                 return Poll::Ready(None);
@@ -426,11 +496,14 @@ impl Drop for SseReply {
     }
 }
 
-/// `out`'s events as one SSE frame (emptying `out`).
-fn frame(out: &mut Vec<StreamEvent>) -> Bytes {
+/// `out`'s events as one SSE frame (emptying `out`), in OpenAI's chunks when `openai` is set.
+fn frame(out: &mut Vec<StreamEvent>, openai: Option<&ChunkWriter>) -> Bytes {
     let mut frame = Vec::with_capacity(256 * out.len());
     for event in out.drain(..) {
-        event.write_sse(&mut frame);
+        match openai {
+            Some(writer) => writer.write(&event, &mut frame),
+            None => event.write_sse(&mut frame),
+        }
     }
     Bytes::from(frame)
 }

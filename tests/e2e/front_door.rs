@@ -1,0 +1,365 @@
+//! The front door over real sockets: the OpenAI API in front of OpenAI-compatible servers,
+//! keys with tenants and token limits, the queue's per-request deadline, keep-alive pings,
+//! `count_tokens`, and the autoscaling signal.
+
+use std::time::Duration;
+
+use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+use serde_json::{Value, json};
+
+use crate::support::{TestGateway, metric_sum, sse_events};
+
+fn chat(max_tokens: u32, stream: bool) -> Value {
+    json!({
+        "model": "fake",
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+        "messages": [{"role": "user", "content": "Hello there"}],
+    })
+}
+
+/// The `data:` payloads of an OpenAI stream, `[DONE]` included.
+fn data_lines(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn the_openai_api_in_front_of_openai_servers_plain_and_streamed() {
+    for behavior in [Behavior::Vllm, Behavior::OpenAi, Behavior::UsageInFinish] {
+        let server = FakeUpstream::start(behavior, 3).await;
+        let gw = TestGateway::start(&format!(
+            "models = [\"fake\"]\n[[servers]]\naddress = \"{}\"\n",
+            server.url()
+        ))
+        .await;
+        let reply = gw
+            .client
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat(8, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200, "{behavior:?}");
+        let body: Value = reply.json().await.unwrap();
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(
+            body["choices"][0]["message"]["content"], "tok tok tok ",
+            "{behavior:?}"
+        );
+        let finish = body["choices"][0]["finish_reason"].as_str().unwrap();
+        assert!(
+            matches!(finish, "stop" | "length"),
+            "{behavior:?}: {finish}"
+        );
+        assert_eq!(body["usage"]["completion_tokens"], 3, "{behavior:?}");
+        assert_eq!(body["usage"]["prompt_tokens"], 12, "{behavior:?}");
+        assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
+
+        let reply = gw
+            .client
+            .post(gw.url("/v1/chat/completions"))
+            .json(&chat(8, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        assert_eq!(reply.headers()["content-type"], "text/event-stream");
+        let text = reply.text().await.unwrap();
+        let data = data_lines(&text);
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{text}");
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        let content: String = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, "tok tok tok ", "{behavior:?}");
+        let usage = chunks.last().unwrap();
+        assert_eq!(usage["choices"], json!([]));
+        assert_eq!(usage["usage"]["completion_tokens"], 3, "{behavior:?}");
+        assert!(chunks.iter().all(|c| c["id"] == chunks[0]["id"]));
+        // The legacy completions endpoint sends a raw prompt to the server's /v1/completions.
+        let reply = gw
+            .client
+            .post(gw.url("/v1/completions"))
+            .json(&json!({"model": "fake", "prompt": "Once", "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+        let body: Value = reply.json().await.unwrap();
+        assert_eq!(body["object"], "text_completion");
+        assert_eq!(body["choices"][0]["text"], "tok tok tok ");
+    }
+}
+
+#[tokio::test]
+async fn openai_errors_have_openai_shape_and_a_standard_overload_status() {
+    let gw = TestGateway::simulated(1, 0.01, "models = [\"sim-llama-3-8b\"]").await;
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&json!({"model": "sim-llama-3-8b", "messages": [], "tools": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 400);
+    assert!(reply.headers().contains_key("request-id"));
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("messages:")
+    );
+    assert!(body["error"].get("param").is_some());
+    // The Messages door keeps Anthropic's shape.
+    let reply = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .json(&json!({"model": "sim-llama-3-8b", "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["type"], "error");
+}
+
+#[tokio::test]
+async fn a_flooding_key_is_refused_while_another_key_is_served() {
+    let gw = TestGateway::simulated(
+        2,
+        0.01,
+        r#"models = ["sim-llama-3-8b"]
+[[api_keys]]
+key = "sk-flood-key-0001"
+requests_per_minute = 5
+[[api_keys]]
+key = "sk-light-key-0001"
+"#,
+    )
+    .await;
+    let flood = {
+        let client = gw.client.clone();
+        let url = gw.url("/v1/messages");
+        tokio::spawn(async move {
+            let mut handles = Vec::new();
+            for _ in 0..60 {
+                let (client, url) = (client.clone(), url.clone());
+                handles.push(tokio::spawn(async move {
+                    let reply = client
+                        .post(url)
+                        .header("x-api-key", "sk-flood-key-0001")
+                        .json(&crate::support::hello(4))
+                        .send()
+                        .await
+                        .unwrap();
+                    (
+                        reply.status().as_u16(),
+                        reply.headers().get("retry-after").cloned(),
+                    )
+                }));
+            }
+            let mut out = Vec::new();
+            for h in handles {
+                out.push(h.await.unwrap());
+            }
+            out
+        })
+    };
+    for _ in 0..10 {
+        let reply = gw
+            .client
+            .post(gw.url("/v1/messages"))
+            .header("x-api-key", "sk-light-key-0001")
+            .json(&crate::support::hello(4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 200);
+    }
+    let flooded = flood.await.unwrap();
+    let ok = flooded.iter().filter(|(s, _)| *s == 200).count();
+    let limited: Vec<_> = flooded.iter().filter(|(s, _)| *s == 429).collect();
+    assert_eq!(ok, 5, "the flood gets exactly its 5 requests a minute");
+    assert_eq!(limited.len(), 55);
+    assert!(limited.iter().all(|(_, after)| after.is_some()));
+}
+
+#[tokio::test]
+async fn output_tokens_are_charged_as_they_stream_and_refuse_the_next_request() {
+    let gw = TestGateway::simulated(
+        1,
+        0.01,
+        r#"models = ["sim-llama-3-8b"]
+[[tenants]]
+name = "small"
+output_tokens_per_minute = 10
+[[api_keys]]
+key = "sk-small-key-0001"
+tenant = "small"
+"#,
+    )
+    .await;
+    let mut body = crate::support::hello(30);
+    body["ignore_eos"] = json!(true);
+    body["stream"] = json!(true);
+    let reply = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", "sk-small-key-0001")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    assert_eq!(
+        reply.headers()["anthropic-ratelimit-output-tokens-limit"],
+        "10"
+    );
+    let events = sse_events(&reply.text().await.unwrap());
+    let delta = events.iter().find(|(e, _)| e == "message_delta").unwrap();
+    assert_eq!(delta.1["usage"]["output_tokens"], 30);
+    // 30 generated against 10 a minute: in debt, so the next request waits.
+    let reply = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", "sk-small-key-0001")
+        .json(&crate::support::hello(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 429);
+    let after: u64 = reply.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(after >= 60, "20 tokens of debt at 10 a minute: {after} s");
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("output tokens")
+    );
+}
+
+#[tokio::test]
+async fn a_request_waits_no_longer_than_its_own_queue_deadline() {
+    let gw = TestGateway::simulated(
+        1,
+        1.0,
+        r#"models = ["sim-llama-3-8b"]
+[policies.admission]
+source = "builtin:tiered"
+config = { max_in_flight_per_server = "1" }
+"#,
+    )
+    .await;
+    // One long request holds the only slot.
+    let long = {
+        let client = gw.client.clone();
+        let url = gw.url("/v1/messages");
+        let mut body = crate::support::hello(200);
+        body["ignore_eos"] = json!(true);
+        tokio::spawn(async move { client.post(url).json(&body).send().await.unwrap().status() })
+    };
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), async || {
+            metric_sum(&gw.metrics().await, "ringmaster_server_in_flight", "") >= 1.0
+        })
+        .await
+    );
+    let started = std::time::Instant::now();
+    let reply = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .header("x-ringmaster-queue-timeout-ms", "200")
+        .json(&crate::support::hello(2))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 529);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let report = gw
+        .admin_json(reqwest::Method::GET, "/admin/autoscale")
+        .await;
+    assert!(report["utilisation"].as_f64().unwrap() > 0.0, "{report}");
+    assert!(report["recommendation"].is_string());
+    assert_eq!(report["servers"], 1);
+    let metrics = gw.metrics().await;
+    assert!(
+        metrics.contains("ringmaster_autoscale_utilisation"),
+        "{metrics}"
+    );
+    long.abort();
+}
+
+#[tokio::test]
+async fn an_idle_stream_sends_pings_at_the_configured_interval() {
+    // A server five times slower than real time: 20 ms pings fall between its tokens.
+    let gw = TestGateway::simulated(
+        1,
+        5.0,
+        "models = [\"sim-llama-3-8b\"]\n[limits]\nstream_ping_ms = 20\n",
+    )
+    .await;
+    let mut body = crate::support::hello(6);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    let text = gw.post_messages(&body).await.text().await.unwrap();
+    let events = sse_events(&text);
+    let pings = events.iter().filter(|(e, _)| e == "ping").count();
+    assert!(pings >= 2, "the first ping, then keep-alives: {pings}");
+    assert_eq!(events.last().unwrap().0, "message_stop");
+}
+
+#[tokio::test]
+async fn count_tokens_uses_the_pools_tokenizer() {
+    let gw = TestGateway::simulated(1, 0.01, "models = [\"sim-llama-3-8b\"]").await;
+    let reply = gw
+        .client
+        .post(gw.url("/v1/messages/count_tokens"))
+        .json(&json!({
+            "model": "sim-llama-3-8b",
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Hello there, how are you today?"}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    assert_eq!(reply.headers()["x-ringmaster-token-count"], "exact");
+    let body: Value = reply.json().await.unwrap();
+    assert!(body["input_tokens"].as_u64().unwrap() > 5, "{body}");
+    // The same prompt through the Messages API reports the same count.
+    let reply: Value = gw
+        .post_messages(&json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 1,
+            "system": "Be brief.",
+            "messages": [{"role": "user", "content": "Hello there, how are you today?"}],
+        }))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let usage = &reply["usage"];
+    let counted = usage["input_tokens"].as_u64().unwrap()
+        + usage["cache_read_input_tokens"].as_u64().unwrap();
+    assert_eq!(body["input_tokens"].as_u64().unwrap(), counted);
+}
