@@ -363,3 +363,142 @@ async fn count_tokens_uses_the_pools_tokenizer() {
         + usage["cache_read_input_tokens"].as_u64().unwrap();
     assert_eq!(body["input_tokens"].as_u64().unwrap(), counted);
 }
+
+/// The SSE ids and the text deltas in a piece of a stream.
+fn ids_and_text(body: &str) -> (Vec<u64>, String) {
+    let mut ids = Vec::new();
+    let mut text = String::new();
+    for frame in body.split("\n\n") {
+        for line in frame.lines() {
+            if let Some(id) = line.strip_prefix("id: ") {
+                ids.push(id.parse().unwrap());
+            }
+            if let Some(data) = line.strip_prefix("data: ")
+                && let Ok(event) = serde_json::from_str::<Value>(data)
+                && event["type"] == "content_block_delta"
+            {
+                text.push_str(event["delta"]["text"].as_str().unwrap());
+            }
+        }
+    }
+    (ids, text)
+}
+
+#[tokio::test]
+async fn a_client_that_reconnects_with_last_event_id_gets_the_rest() {
+    let gw = TestGateway::simulated(
+        1,
+        1.0,
+        "models = [\"sim-llama-3-8b\"]\n[limits]\nresume_window_ms = 5000\n",
+    )
+    .await;
+    let mut body = crate::support::hello(40);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    let mut reply = gw.post_messages(&body).await;
+    assert_eq!(reply.status(), 200);
+    let stream_id = reply.headers()["x-ringmaster-stream-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    // Read until a few tokens are in, then go away mid-stream.
+    let mut first = String::new();
+    while ids_and_text(&first).1.len() < 5 {
+        let chunk = reply.chunk().await.unwrap().expect("more of the stream");
+        first.push_str(std::str::from_utf8(&chunk).unwrap());
+    }
+    drop(reply);
+    let (ids, text_before) = ids_and_text(&first);
+    let last = *ids.last().unwrap();
+    assert_eq!(
+        ids,
+        (1..=last).collect::<Vec<_>>(),
+        "every event numbered in order"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let resumed = gw
+        .client
+        .get(gw.url(&format!("/v1/streams/{stream_id}")))
+        .header("last-event-id", last.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let rest = resumed.text().await.unwrap();
+    let (rest_ids, text_after) = ids_and_text(&rest);
+    assert_eq!(
+        rest_ids.first(),
+        Some(&(last + 1)),
+        "nothing missed, nothing twice"
+    );
+    assert!(rest.contains("message_stop"), "{rest}");
+    let events = sse_events(&rest);
+    let delta = events.iter().find(|(e, _)| e == "message_delta").unwrap();
+    assert_eq!(delta.1["usage"]["output_tokens"], 40);
+    // The sim's tokens are one word each: the two halves make the whole reply.
+    let words = format!("{text_before}{text_after}")
+        .split_whitespace()
+        .count();
+    assert_eq!(words, 40);
+    // A stream another key started, or one never started, is not found.
+    let missing = gw
+        .client
+        .get(gw.url("/v1/streams/msg_nope"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test]
+async fn without_a_resume_window_streams_are_not_resumable() {
+    let gw = TestGateway::simulated(1, 0.01, "models = [\"sim-llama-3-8b\"]").await;
+    let mut body = crate::support::hello(4);
+    body["stream"] = json!(true);
+    let reply = gw.post_messages(&body).await;
+    assert!(!reply.headers().contains_key("x-ringmaster-stream-id"));
+    let text = reply.text().await.unwrap();
+    assert!(!text.contains("\nid: ") && !text.starts_with("id: "));
+    let missing = gw
+        .client
+        .get(gw.url("/v1/streams/msg_x"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test]
+async fn a_resumable_stream_nobody_reads_for_the_window_is_cancelled() {
+    let gw = TestGateway::simulated(
+        1,
+        1.0,
+        "models = [\"sim-llama-3-8b\"]\n[limits]\nresume_window_ms = 300\n",
+    )
+    .await;
+    let mut body = crate::support::hello(5000);
+    body["stream"] = json!(true);
+    body["ignore_eos"] = json!(true);
+    let mut reply = gw.post_messages(&body).await;
+    let _ = reply.chunk().await.unwrap();
+    drop(reply);
+    // Still generating just after the client left (it may come back)...
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        metric_sum(&gw.metrics().await, "ringmaster_server_in_flight", ""),
+        1.0
+    );
+    // ...and cancelled once the window passed without a reader.
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), async || {
+            metric_sum(&gw.metrics().await, "ringmaster_server_in_flight", "") == 0.0
+        })
+        .await
+    );
+    let cancelled = metric_sum(
+        &gw.metrics().await,
+        "ringmaster_server_cancelled_requests_total",
+        "",
+    );
+    assert!(cancelled >= 1.0, "{cancelled}");
+}

@@ -100,6 +100,7 @@ pub struct Gateway {
     auth: Authenticator,
     metrics: Metrics,
     recorder: Option<record::TraceRecorder>,
+    streams: Arc<messages::resume::Streams>,
 }
 
 impl Gateway {
@@ -165,6 +166,7 @@ impl Gateway {
             .transpose()?;
         Ok(Arc::new(Self {
             recorder,
+            streams: messages::resume::Streams::new(config.resume_window),
             auth: Authenticator::new(&config.api_keys, &config.tenants),
             metrics: {
                 let mut metrics = Metrics::new();

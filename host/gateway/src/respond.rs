@@ -28,6 +28,8 @@ pub(crate) mod header_names {
     /// The router version that decided.
     pub(crate) static POLICY_VERSION: HeaderName =
         HeaderName::from_static("x-ringmaster-policy-version");
+    /// A resumable stream's id (`GET /v1/streams/{id}`).
+    pub(crate) static STREAM_ID: HeaderName = HeaderName::from_static("x-ringmaster-stream-id");
     /// Anthropic's hint to its SDKs.
     pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 }

@@ -226,6 +226,7 @@ fn route_name(path: &str) -> &'static str {
         "/v1/messages/count_tokens" => "count_tokens",
         "/v1/chat/completions" => "chat_completions",
         "/v1/completions" => "completions",
+        p if p.starts_with("/v1/streams/") => "streams",
         p if p.starts_with("/v1/models") => "models",
         "/healthz" | "/readyz" => "health",
         "/metrics" => "metrics",
@@ -268,6 +269,10 @@ async fn dispatch(
         "/v1/completions" => {
             allow(&[Method::POST])?;
             messages(gateway, req, Api::Completions, started, request_id).await
+        }
+        p if p.starts_with("/v1/streams/") => {
+            allow(&[Method::GET])?;
+            crate::messages::resume_stream(gateway, &req, &p["/v1/streams/".len()..])
         }
         "/v1/models" => {
             allow(&[Method::GET])?;

@@ -47,6 +47,9 @@ enum Command {
     },
     /// Print the embedded default configuration, a starting point for your own.
     DefaultConfig,
+    /// Print an API key's SHA-256, for `key_sha256` in `[[api_keys]]` (the config then holds
+    /// no secret). Reads the key from standard input, so that it stays out of shell history.
+    KeyHash,
     /// Serve one model engine over HTTP (OpenAI-compatible API, load, KV events).
     Worker(WorkerArgs),
     /// Benchmarks that run in process.
@@ -164,6 +167,7 @@ fn main() -> anyhow::Result<()> {
                         .join(", ")
                 );
                 println!("  api keys   {}", resolved.api_keys.len());
+                println!("  tenants    {}", resolved.tenants.len());
                 println!(
                     "  admin API  {}",
                     if resolved.admin_token.is_some() {
@@ -176,6 +180,18 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker(args) => worker(args),
+        Command::KeyHash => {
+            let mut key = String::new();
+            std::io::stdin().read_line(&mut key)?;
+            let key = key.trim();
+            anyhow::ensure!(!key.is_empty(), "no key on standard input");
+            let hex = hex::encode(ringmaster_gateway::auth::key_digest(key));
+            #[allow(clippy::print_stdout)]
+            {
+                println!("{hex}");
+            }
+            Ok(())
+        }
         Command::DefaultConfig => {
             #[allow(clippy::print_stdout)]
             {

@@ -212,6 +212,8 @@ pub struct Config {
     pub max_waiting_per_server: u32,
     /// A streamed reply idle this long sends a `ping` (`None`: never).
     pub stream_ping: Option<Duration>,
+    /// How long a stream outlives its last reader for a resume (`None`: not resumable).
+    pub resume_window: Option<Duration>,
     /// Time in-flight requests get at shutdown.
     pub shutdown_grace: Duration,
     /// Routing strategy.
@@ -438,6 +440,16 @@ impl RawConfig {
             }
             Some(ms) => Some(Duration::from_millis(ms)),
         };
+        let resume_window = match limits.resume_window_ms {
+            None | Some(0) => None,
+            Some(ms) if ms > 3_600_000 => {
+                return Err(invalid(
+                    "limits.resume_window_ms",
+                    "must be at most 3600000 (an hour)",
+                ));
+            }
+            Some(ms) => Some(Duration::from_millis(ms)),
+        };
         let max_waiting_per_server = limits
             .max_waiting_per_server
             .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
@@ -557,6 +569,7 @@ impl RawConfig {
             max_output_tokens,
             max_waiting_per_server,
             stream_ping,
+            resume_window,
             shutdown_grace,
             strategy,
             ring,
@@ -667,6 +680,60 @@ mod tests {
         )
         .unwrap();
         assert!(raw.validate_with_env(no_env).is_ok());
+    }
+
+    #[test]
+    fn keys_are_kept_as_digests_and_tenants_must_exist() {
+        let digest = crate::auth::key_digest("sk-test-123456");
+        let hex_digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        let config = RawConfig::from_toml(&format!(
+            "[[tenants]]\nname = \"acme\"\ninput_tokens_per_minute = 1000\n\
+             [[api_keys]]\nkey_sha256 = \"{hex_digest}\"\ntenant = \"acme\"\nmodels = [\"m\"]"
+        ))
+        .unwrap()
+        .validate_with_env(no_env)
+        .unwrap();
+        assert_eq!(config.api_keys[0].digest, digest);
+        assert_eq!(config.api_keys[0].tenant.as_deref(), Some("acme"));
+        assert_eq!(
+            config.tenants[0].limits.input_tokens_per_minute,
+            NonZeroU32::new(1000)
+        );
+        for (toml, field) in [
+            (
+                "[[api_keys]]\nkey = \"sk-test-123456\"\ntenant = \"nobody\"",
+                "api_keys[0].tenant",
+            ),
+            (
+                "[[api_keys]]\nkey_sha256 = \"abc\"",
+                "api_keys[0].key_sha256",
+            ),
+            (
+                "[[api_keys]]\nkey = \"sk-test-123456\"\nkey_sha256 = \"00\"",
+                "not both",
+            ),
+            ("[[api_keys]]\ntier = \"gold\"", "api_keys[0].key"),
+            (
+                "[[api_keys]]\nkey = \"sk-test-123456\"\noutput_tokens_per_minute = 0",
+                "output_tokens_per_minute",
+            ),
+            (
+                "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"a\"",
+                "duplicate tenant",
+            ),
+            (
+                "[autoscale]\nscale_up = 0.1\nscale_down = 0.5",
+                "scale_down",
+            ),
+            ("[limits]\nstream_ping_ms = 9999999", "stream_ping_ms"),
+        ] {
+            let err = RawConfig::from_toml(toml)
+                .unwrap()
+                .validate_with_env(no_env)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(field), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -216,6 +216,9 @@ pub struct RawLimits {
     /// A streamed reply with nothing to send for this long sends a `ping`, milliseconds
     /// (5000; 0 turns pings off).
     pub stream_ping_ms: Option<u64>,
+    /// How long a streamed reply outlives its client for a reconnect with `Last-Event-ID`,
+    /// milliseconds (0, the default: streams are not resumable, a disconnect cancels at once).
+    pub resume_window_ms: Option<u64>,
 }
 
 /// `[routing]`.

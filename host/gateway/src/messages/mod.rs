@@ -4,6 +4,7 @@
 //! machine ([`reply`]) as a stream or as one message.
 
 mod reply;
+pub(crate) mod resume;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,6 +102,45 @@ pub(crate) async fn count_tokens(
         "x-ringmaster-token-count",
         HeaderValue::from_static(if exact { "exact" } else { "estimated" }),
     );
+    Ok(response)
+}
+
+/// `GET /v1/streams/{id}`: a resumable stream again, from after its `Last-Event-ID` (from the
+/// start without one). 404 once the stream is gone, or when another key started it.
+pub(crate) fn resume_stream(
+    gateway: &Arc<Gateway>,
+    req: &Request<Incoming>,
+    id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let caller = gateway.auth.check(req.headers())?;
+    if !gateway.streams.enabled() {
+        return Err(ApiError::not_found(
+            "streams are not resumable on this gateway ([limits] resume_window_ms is 0)",
+        ));
+    }
+    let last = match req.headers().get("last-event-id") {
+        None => 0,
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| ApiError::invalid("last-event-id: must be an event id (a number)"))?,
+    };
+    let body = gateway
+        .streams
+        .resume(id, &caller.key_label, last)
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "stream {id:?} is not known here (finished and expired, or never started)"
+            ))
+        })?;
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
     Ok(response)
 }
 
@@ -329,7 +369,18 @@ pub async fn handle(
         .as_ref()
         .map(|v| v.policy.info().hash.clone());
     let mut response = if request.stream {
-        reply::stream(tracker, &request, generation, in_flight, message_id)
+        let stream_id = message_id.clone();
+        let response = reply::stream(tracker, &request, generation, in_flight, message_id);
+        if gateway.streams.enabled() {
+            let (mut parts, body) = response.into_parts();
+            let body = gateway.streams.adopt(&stream_id, &caller.key_label, body);
+            if let Ok(value) = HeaderValue::from_str(&stream_id) {
+                parts.headers.insert(&header_names::STREAM_ID, value);
+            }
+            Response::from_parts(parts, body)
+        } else {
+            response
+        }
     } else {
         let mut in_flight = in_flight;
         let reply =
