@@ -1135,6 +1135,31 @@ mod tests {
         assert_eq!(data[5], "[DONE]");
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_body_is_a_request_or_a_client_error(
+            body in proptest::collection::vec(proptest::num::u8::ANY, 0..256),
+            field in "(max_tokens|temperature|n|stop|prompt|messages|tools|seed|top_k)",
+            value in "(-?[0-9]{1,12}(\\.[0-9]+)?|\"[a-z ]{0,8}\"|null|true|\\[\\]|\\{\\})",
+        ) {
+            let models = vec![MODEL.to_owned()];
+            let structured = format!(
+                r#"{{"model":"sim-llama-3-8b","messages":[{{"role":"user","content":"Hi"}}],"prompt":"x","{field}":{value}}}"#
+            );
+            for bytes in [body.as_slice(), structured.as_bytes()] {
+                for parsed in [
+                    parse_chat_request(bytes, limits(&models)),
+                    parse_completion_request(bytes, limits(&models)),
+                ] {
+                    match parsed {
+                        Ok(request) => proptest::prop_assert!((1..=4096).contains(&request.max_tokens)),
+                        Err(error) => proptest::prop_assert!(error.kind().status().is_client_error()),
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn errors_have_openai_shape_and_standard_statuses() {
         let error = ApiError::new(ErrorKind::Overloaded, "full");

@@ -1,0 +1,31 @@
+//! Fuzzes the OpenAI request parsers (chat and legacy completions) and the count_tokens body:
+//! any bytes give a validated request or a client error.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ringmaster_gateway::api::{Limits, parse_count_tokens_request};
+use ringmaster_gateway::openai::{parse_chat_request, parse_completion_request};
+
+fuzz_target!(|body: &[u8]| {
+    let models = ["sim-llama-3-8b".to_owned()];
+    let limits = Limits {
+        models: &models,
+        max_output_tokens: 8192,
+    };
+    for parsed in [
+        parse_chat_request(body, limits),
+        parse_completion_request(body, limits),
+        parse_count_tokens_request(body, limits),
+    ] {
+        match parsed {
+            Ok(request) => {
+                assert!(!request.messages.is_empty());
+                assert!((1..=8192).contains(&request.max_tokens));
+                if let Some(t) = request.temperature {
+                    assert!((0.0..=2.0).contains(&t));
+                }
+            }
+            Err(error) => assert!(error.kind().status().is_client_error()),
+        }
+    }
+});
