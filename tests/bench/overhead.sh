@@ -10,7 +10,8 @@
 # upstreams share core 1.
 #
 # Two runs, as the routers speak different APIs: the Messages API (direct, Ringmaster,
-# HAProxy) and the OpenAI API (direct, HAProxy, sglang-router, vllm-router). Phases per
+# HAProxy) and the OpenAI API (direct, Ringmaster's OpenAI door, HAProxy, sglang-router,
+# vllm-router). Phases per
 # target: non-streaming and streaming at 500 and 2,000 req/s (p50 and p99), and the maximum
 # rate with 64 connections (non-streaming and streaming), with the CPU seconds and the peak
 # RSS of the router's process tree during it, and the new upstream connections per request.
@@ -225,7 +226,7 @@ run_target() { # target api -> JSON object
 
 all=()
 for target in direct ringmaster ringmaster-ring haproxy; do all+=("$(run_target $target messages)"); done
-for target in direct haproxy sglang vllm; do all+=("$(run_target $target openai)"); done
+for target in direct ringmaster haproxy sglang vllm; do all+=("$(run_target $target openai)"); done
 python3 - "$out/results.json" "${all[@]}" <<'PY'
 import json, sys
 json.dump([json.loads(x) for x in sys.argv[2:]], open(sys.argv[1], "w"), indent=1)

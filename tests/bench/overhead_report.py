@@ -93,6 +93,23 @@ def main(path):
         # The pool grows to the client's concurrency (64 connections) once, then reuses them.
         out.append(f"| new upstream connections per request | {per:.4f} ({conns} for {rm['plain@max']['ok']:,} requests at 64 client connections) | 0 at steady state | {'yes' if conns <= 2 * 64 else 'no'} |")
         out.append("")
+    ro, do = find("ringmaster", "openai"), find("direct", "openai")
+    if ro and sg and do:
+        out.append("### Targets (Ringmaster's OpenAI door against sglang-router in the same OpenAI run)\n")
+        out.append("| target | measured | goal | met |")
+        out.append("|---|---|---|---|")
+        ratio = ro["plain@max"]["rps"] / max(sg["plain@max"]["rps"], 1)
+        out.append(f"| max req/s | {ratio:.2f}× sglang-router ({ro['plain@max']['rps']:,.0f} vs {sg['plain@max']['rps']:,.0f}) | ≥ 3× | {'yes' if ratio >= 3 else 'no'} |")
+        ratio = ro["stream@max"]["rps"] / max(sg["stream@max"]["rps"], 1)
+        out.append(f"| max req/s, streamed | {ratio:.2f}× sglang-router ({ro['stream@max']['rps']:,.0f} vs {sg['stream@max']['rps']:,.0f}) | ≥ 3× | {'yes' if ratio >= 3 else 'no'} |")
+        for name in ("plain@500", "stream@2000"):
+            r = ro[name]["p50_us"] - do[name]["p50_us"]
+            g = sg[name]["p50_us"] - do[name]["p50_us"]
+            out.append(f"| added p50 {name} | +{r:,.0f} µs vs sglang-router +{g:,.0f} µs | — | — |")
+        if ho:
+            r = ro["plain@max"]["rps"] / max(ho["plain@max"]["rps"], 1)
+            out.append(f"| max req/s vs HAProxy (OpenAI run) | {r:.2f}× | ≥ 0.6× | {'yes' if r >= 0.6 else 'no'} |")
+        out.append("")
     print("\n".join(out))
 
 

@@ -212,6 +212,16 @@ impl Caller {
     /// input-token buckets must cover `input_tokens`, and no output-token bucket may be in
     /// debt. Charges the input tokens.
     pub fn admit(&self, model: &str, input_tokens: u32) -> Result<(), ApiError> {
+        self.may_use(model)?;
+        let Some(account) = &self.account else {
+            return Ok(());
+        };
+        self.check_output_debt(account)?;
+        self.take_input(account, input_tokens)
+    }
+
+    /// Whether the key and its tenant may use `model` (403 `permission_error` otherwise).
+    pub fn may_use(&self, model: &str) -> Result<(), ApiError> {
         let Some(account) = &self.account else {
             return Ok(());
         };
@@ -231,6 +241,10 @@ impl Caller {
                 ));
             }
         }
+        Ok(())
+    }
+
+    fn check_output_debt(&self, account: &Account) -> Result<(), ApiError> {
         for (buckets, whose) in account.all() {
             if let Some(output) = &buckets.output {
                 let wait = output.debt_wait();
@@ -239,6 +253,10 @@ impl Caller {
                 }
             }
         }
+        Ok(())
+    }
+
+    fn take_input(&self, account: &Account, input_tokens: u32) -> Result<(), ApiError> {
         let amount = f64::from(input_tokens);
         let [(key, key_whose), (tenant, tenant_whose)] = account.all();
         if let Some(bucket) = &key.input {

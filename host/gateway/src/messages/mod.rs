@@ -76,7 +76,7 @@ pub(crate) async fn count_tokens(
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = api::parse_count_tokens_request(&body, gateway.limits(&fleet))?;
-    caller.admit(&request.model, 0)?;
+    caller.may_use(&request.model)?;
     let (_, pool) = resolve_model(&fleet, &request.model)?;
     let scheme = pool.servers.iter().find_map(|s| s.cache_scheme());
     let chat = crate::routing::chat_prompt(&request);
