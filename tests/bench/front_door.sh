@@ -74,7 +74,7 @@ input_tokens_per_minute = 1000000000
 output_tokens_per_minute = 1000000000
 [[tenants]]
 name = "flood"
-requests_per_minute = 600
+requests_per_minute = 60
 [[api_keys]]
 key = "sk-bench-light-key"
 tenant = "light"

@@ -189,6 +189,15 @@ async fn handle(
         let path = req.uri().path().to_owned();
         let route = route_name(&path);
         let result = dispatch(&gateway, req, started, &request_id).await;
+        if let Err(e) = &result
+            && e.kind() == ErrorKind::RateLimit
+            && let Some(delay) = gateway.config.rate_limit_delay
+        {
+            // A refused client waits for its retry anyway: holding the refusal a little
+            // keeps a flooding client's connections from taking the core from everyone
+            // else's requests (each connection sends its next request only after this answer).
+            tokio::time::sleep(e.retry_after().map_or(delay, |after| after.min(delay))).await;
+        }
         let mut response = result.unwrap_or_else(|e| {
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");

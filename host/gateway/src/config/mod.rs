@@ -66,6 +66,9 @@ use policies::policies_config;
 /// How long a streamed reply may send nothing before it sends a `ping`, unless configured.
 pub const DEFAULT_STREAM_PING: Duration = Duration::from_secs(5);
 
+/// How long a 429 is held before it goes out, unless configured.
+pub const DEFAULT_RATE_LIMIT_DELAY: Duration = Duration::from_millis(250);
+
 /// An API key and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiKey {
@@ -214,6 +217,8 @@ pub struct Config {
     pub stream_ping: Option<Duration>,
     /// How long a stream outlives its last reader for a resume (`None`: not resumable).
     pub resume_window: Option<Duration>,
+    /// How long a 429 is held before it goes out (`None`: at once).
+    pub rate_limit_delay: Option<Duration>,
     /// Time in-flight requests get at shutdown.
     pub shutdown_grace: Duration,
     /// Routing strategy.
@@ -450,6 +455,17 @@ impl RawConfig {
             }
             Some(ms) => Some(Duration::from_millis(ms)),
         };
+        let rate_limit_delay = match limits.rate_limit_delay_ms {
+            None => Some(DEFAULT_RATE_LIMIT_DELAY),
+            Some(0) => None,
+            Some(ms) if ms > 60_000 => {
+                return Err(invalid(
+                    "limits.rate_limit_delay_ms",
+                    "must be at most 60000",
+                ));
+            }
+            Some(ms) => Some(Duration::from_millis(ms)),
+        };
         let max_waiting_per_server = limits
             .max_waiting_per_server
             .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
@@ -570,6 +586,7 @@ impl RawConfig {
             max_waiting_per_server,
             stream_ping,
             resume_window,
+            rate_limit_delay,
             shutdown_grace,
             strategy,
             ring,

@@ -219,6 +219,9 @@ pub struct RawLimits {
     /// How long a streamed reply outlives its client for a reconnect with `Last-Event-ID`,
     /// milliseconds (0, the default: streams are not resumable, a disconnect cancels at once).
     pub resume_window_ms: Option<u64>,
+    /// How long a 429 is held before it is sent, milliseconds (250; 0: at once): a flooding
+    /// client's connections then cannot crowd out other keys' requests.
+    pub rate_limit_delay_ms: Option<u64>,
 }
 
 /// `[routing]`.
