@@ -270,18 +270,7 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
     }
     let max_tokens = match raw.max_tokens {
         None => return Err(ApiError::invalid("max_tokens: field required")),
-        Some(n) if n < 1 => {
-            return Err(ApiError::invalid(format!(
-                "max_tokens: must be at least 1, got {n}"
-            )));
-        }
-        Some(n) if n > i64::from(limits.max_output_tokens) => {
-            return Err(ApiError::invalid(format!(
-                "max_tokens: {n} is greater than this gateway's limit of {}",
-                limits.max_output_tokens
-            )));
-        }
-        Some(n) => u32::try_from(n).expect("bounded above by a u32"),
+        Some(n) => max_tokens_in_limits(n, "max_tokens", limits)?,
     };
     if raw.messages.is_empty() {
         return Err(ApiError::invalid(
@@ -352,6 +341,26 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
         raw_prompt: None,
         format: ReplyFormat::Messages,
     })
+}
+
+/// `n` as a `max_tokens` (named `field` in messages): at least 1, at most the gateway's limit.
+pub(crate) fn max_tokens_in_limits(
+    n: i64,
+    field: &str,
+    limits: Limits<'_>,
+) -> Result<u32, ApiError> {
+    if n < 1 {
+        return Err(ApiError::invalid(format!(
+            "{field}: must be at least 1, got {n}"
+        )));
+    }
+    if n > i64::from(limits.max_output_tokens) {
+        return Err(ApiError::invalid(format!(
+            "{field}: {n} is greater than this gateway's limit of {}",
+            limits.max_output_tokens
+        )));
+    }
+    Ok(u32::try_from(n).expect("bounded above by a u32"))
 }
 
 fn content_text(content: RawContent, field: &str) -> Result<String, ApiError> {

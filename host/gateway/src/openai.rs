@@ -391,18 +391,7 @@ fn common(
     }
     let max_tokens = match max_tokens {
         None => default_max_tokens,
-        Some(n) if n < 1 => {
-            return Err(ApiError::invalid(format!(
-                "{max_tokens_field}: must be at least 1, got {n}"
-            )));
-        }
-        Some(n) if n > i64::from(limits.max_output_tokens) => {
-            return Err(ApiError::invalid(format!(
-                "{max_tokens_field}: {n} is greater than this gateway's limit of {}",
-                limits.max_output_tokens
-            )));
-        }
-        Some(n) => u32::try_from(n).expect("bounded above by a u32"),
+        Some(n) => crate::api::max_tokens_in_limits(n, max_tokens_field, limits)?,
     };
     if raw.n.is_some_and(|n| n != 1) {
         return Err(unsupported("n", "more than one choice per request"));

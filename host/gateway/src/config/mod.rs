@@ -124,6 +124,22 @@ fn rate_limits(at: &str, values: [Option<u32>; 3]) -> Result<RateLimits, ConfigE
     })
 }
 
+/// A duration in milliseconds where 0 turns the feature off: `default` when absent, at most
+/// `max_ms`.
+fn optional_ms(
+    value: Option<u64>,
+    field: &str,
+    default: Option<Duration>,
+    max_ms: u64,
+) -> Result<Option<Duration>, ConfigError> {
+    match value {
+        None => Ok(default),
+        Some(0) => Ok(None),
+        Some(ms) if ms > max_ms => Err(invalid(field, format!("must be at most {max_ms}"))),
+        Some(ms) => Ok(Some(Duration::from_millis(ms))),
+    }
+}
+
 /// Validates `[autoscale]`.
 fn autoscale_settings(
     raw: RawAutoscale,
@@ -434,38 +450,24 @@ impl RawConfig {
         if max_output_tokens == 0 {
             return Err(invalid("limits.max_output_tokens", "must be at least 1"));
         }
-        let stream_ping = match limits.stream_ping_ms {
-            None => Some(DEFAULT_STREAM_PING),
-            Some(0) => None,
-            Some(ms) if ms > 600_000 => {
-                return Err(invalid(
-                    "limits.stream_ping_ms",
-                    "must be at most 600000 (10 minutes)",
-                ));
-            }
-            Some(ms) => Some(Duration::from_millis(ms)),
-        };
-        let resume_window = match limits.resume_window_ms {
-            None | Some(0) => None,
-            Some(ms) if ms > 3_600_000 => {
-                return Err(invalid(
-                    "limits.resume_window_ms",
-                    "must be at most 3600000 (an hour)",
-                ));
-            }
-            Some(ms) => Some(Duration::from_millis(ms)),
-        };
-        let rate_limit_delay = match limits.rate_limit_delay_ms {
-            None => Some(DEFAULT_RATE_LIMIT_DELAY),
-            Some(0) => None,
-            Some(ms) if ms > 60_000 => {
-                return Err(invalid(
-                    "limits.rate_limit_delay_ms",
-                    "must be at most 60000",
-                ));
-            }
-            Some(ms) => Some(Duration::from_millis(ms)),
-        };
+        let stream_ping = optional_ms(
+            limits.stream_ping_ms,
+            "limits.stream_ping_ms",
+            Some(DEFAULT_STREAM_PING),
+            600_000,
+        )?;
+        let resume_window = optional_ms(
+            limits.resume_window_ms,
+            "limits.resume_window_ms",
+            None,
+            3_600_000,
+        )?;
+        let rate_limit_delay = optional_ms(
+            limits.rate_limit_delay_ms,
+            "limits.rate_limit_delay_ms",
+            Some(DEFAULT_RATE_LIMIT_DELAY),
+            60_000,
+        )?;
         let max_waiting_per_server = limits
             .max_waiting_per_server
             .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
