@@ -173,12 +173,11 @@ fn autoscale_settings(
     Ok(settings)
 }
 
-/// Validates a `models` allow-list against the models served.
+/// Validates a `models` allow-list. Its names are not checked against `models`: servers may
+/// serve more models than the config names.
 fn allowed_models(
     at: &str,
     models: Option<Vec<String>>,
-    served: &[String],
-    aliases: &std::collections::BTreeMap<String, String>,
 ) -> Result<Option<Vec<String>>, ConfigError> {
     let Some(models) = models else {
         return Ok(None);
@@ -189,8 +188,6 @@ fn allowed_models(
             "must name at least one model (leave it out for all)",
         ));
     }
-    // Not checked against `models`: servers may serve more models than the config names.
-    let _ = (served, aliases);
     Ok(Some(models))
 }
 
@@ -367,7 +364,7 @@ impl RawConfig {
                         raw.output_tokens_per_minute,
                     ],
                 )?,
-                models: allowed_models(&at, raw.models, &models, &aliases)?,
+                models: allowed_models(&at, raw.models)?,
                 name: raw.name,
             });
         }
@@ -426,7 +423,7 @@ impl RawConfig {
                         raw.output_tokens_per_minute,
                     ],
                 )?,
-                models: allowed_models(&at, raw.models, &models, &aliases)?,
+                models: allowed_models(&at, raw.models)?,
                 tenant: raw.tenant,
             });
         }
