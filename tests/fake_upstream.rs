@@ -35,6 +35,11 @@ pub enum Behavior {
     Whole,
     /// `finish_reason: "tool_calls"`.
     ToolCalls,
+    /// vLLM's stream, after 600 ms without a byte (a long prefill behind a queue).
+    SlowStart,
+    /// No text: a call of the first tool the request offers (`get_weather` if none), its
+    /// arguments `{"city": "Paris"}` in three pieces, as vLLM streams calls (or whole).
+    CallsTool,
     /// HTTP 500 with an OpenAI error body.
     Status500,
     /// HTTP 429.
@@ -62,6 +67,8 @@ pub struct FakeUpstream {
     pub connections: Arc<AtomicUsize>,
     /// Requests answered so far (chat, completions and messages).
     pub requests: Arc<AtomicUsize>,
+    /// The body of the last request (chat, completions and messages).
+    pub last_request: Arc<std::sync::Mutex<Bytes>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -78,19 +85,25 @@ impl FakeUpstream {
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
-        let (conns, reqs) = (connections.clone(), requests.clone());
+        let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
+        let (conns, reqs, last) = (connections.clone(), requests.clone(), last_request.clone());
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             while let Ok((stream, _)) = listener.accept().await {
                 conns.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.set_nodelay(true);
-                let (reqs, conns) = (reqs.clone(), conns.clone());
+                let (reqs, conns, last) = (reqs.clone(), conns.clone(), last.clone());
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let (reqs, conns) = (reqs.clone(), conns.clone());
+                        let (reqs, conns, last) = (reqs.clone(), conns.clone(), last.clone());
                         async move {
-                            Ok::<_, Infallible>(answer(req, behavior, tokens, &reqs, &conns).await)
+                            let counts = Counts {
+                                requests: &reqs,
+                                connections: &conns,
+                                last_request: &last,
+                            };
+                            Ok::<_, Infallible>(answer(req, behavior, tokens, counts).await)
                         }
                     });
                     let _ = builder
@@ -103,8 +116,19 @@ impl FakeUpstream {
             addr,
             connections,
             requests,
+            last_request,
             task,
         }
+    }
+
+    /// The last request's body as JSON (`null` before any).
+    pub fn last_request_json(&self) -> serde_json::Value {
+        let body = self
+            .last_request
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null)
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -164,13 +188,24 @@ fn cut() -> Result<Bytes, std::io::Error> {
 
 const DONE: &str = "[DONE]";
 
+/// What the server counts and keeps of its requests.
+struct Counts<'a> {
+    requests: &'a AtomicUsize,
+    connections: &'a AtomicUsize,
+    last_request: &'a std::sync::Mutex<Bytes>,
+}
+
 async fn answer(
     req: Request<Incoming>,
     behavior: Behavior,
     tokens: usize,
-    requests: &AtomicUsize,
-    connections: &AtomicUsize,
+    counts: Counts<'_>,
 ) -> Response<Body> {
+    let Counts {
+        requests,
+        connections,
+        last_request,
+    } = counts;
     let path = req.uri().path().to_owned();
     if req.method() == hyper::Method::GET {
         return match path.as_str() {
@@ -204,6 +239,9 @@ async fn answer(
         return full(StatusCode::BAD_REQUEST, "application/json", "{}");
     };
     requests.fetch_add(1, Ordering::Relaxed);
+    *last_request
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = body.clone();
     let streamed = memfind(&body, b"\"stream\":true");
     if path == "/v1/messages" {
         return messages(streamed, tokens);
@@ -234,11 +272,16 @@ async fn answer(
     // A request that does not ask for a stream gets one JSON answer, as real servers do.
     if !streamed {
         match behavior {
-            Behavior::Vllm | Behavior::UsageInFinish | Behavior::EofOnly | Behavior::Whole => {
+            Behavior::Vllm
+            | Behavior::UsageInFinish
+            | Behavior::EofOnly
+            | Behavior::Whole
+            | Behavior::SlowStart => {
                 return whole(completions, tokens, "stop", true);
             }
             Behavior::OpenAi => return whole(completions, tokens, "length", true),
             Behavior::ToolCalls => return whole(completions, tokens, "tool_calls", true),
+            Behavior::CallsTool => return whole_tool_call(&body),
             Behavior::NoUsage => return whole(completions, tokens, "stop", false),
             _ => {}
         }
@@ -250,7 +293,10 @@ async fn answer(
         }
     };
     match behavior {
-        Behavior::Vllm => {
+        Behavior::Vllm | Behavior::SlowStart => {
+            if behavior == Behavior::SlowStart {
+                tokio::time::sleep(Duration::from_millis(600)).await;
+            }
             body_tokens(&mut frames, true);
             frames.push(data(&chunk("", Some("stop"), Some(tokens))));
             frames.push(data(&usage_chunk));
@@ -282,6 +328,31 @@ async fn answer(
         Behavior::ToolCalls => {
             body_tokens(&mut frames, false);
             frames.push(data(&chunk("", Some("tool_calls"), None)));
+            frames.push(data(DONE));
+        }
+        Behavior::CallsTool => {
+            let name = offered_tool(&body);
+            let piece = |call: &str| {
+                format!(
+                    r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{{"index":0,"delta":{{"tool_calls":[{call}]}},"finish_reason":null}}]}}"#
+                )
+            };
+            frames.push(data(
+                r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
+            ));
+            frames.push(data(&piece(&format!(
+                r#"{{"index":0,"id":"call_fake_1","type":"function","function":{{"name":"{name}","arguments":""}}}}"#
+            ))));
+            frames.push(data(&piece(
+                r#"{"index":0,"function":{"arguments":"{\"city\": "}}"#,
+            )));
+            frames.push(data(&piece(
+                r#"{"index":0,"function":{"arguments":"\"Paris\"}"}}"#,
+            )));
+            frames.push(data(&chunk("", Some("tool_calls"), None)));
+            frames.push(data(
+                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+            ));
             frames.push(data(DONE));
         }
         Behavior::Whole => return whole(completions, tokens, "stop", true),
@@ -358,6 +429,30 @@ fn whole(completions: bool, tokens: usize, finish: &str, with_usage: bool) -> Re
         StatusCode::OK,
         "application/json",
         format!(r#"{{"id":"x","object":"chat.completion","choices":[{content}]{usage}}}"#),
+    )
+}
+
+/// The name of the first tool a request offers (`get_weather` if none).
+fn offered_tool(body: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|b| {
+            b.pointer("/tools/0/function/name")
+                .and_then(|n| n.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "get_weather".to_owned())
+}
+
+/// A whole answer that calls the first tool offered.
+fn whole_tool_call(body: &[u8]) -> Response<Body> {
+    let name = offered_tool(body);
+    full(
+        StatusCode::OK,
+        "application/json",
+        format!(
+            r#"{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_fake_1","type":"function","function":{{"name":"{name}","arguments":"{{\"city\": \"Paris\"}}"}}}}]}},"finish_reason":"tool_calls"}}],"usage":{{"prompt_tokens":12,"completion_tokens":9,"prompt_tokens_details":{{"cached_tokens":4}}}}}}"#
+        ),
     )
 }
 

@@ -51,6 +51,7 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
             messages: vec![ChatMessage {
                 role: Role::User,
                 text: question,
+                ..Default::default()
             }],
             max_tokens,
             stop_sequences: Vec::new(),
@@ -61,6 +62,7 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
             },
             prompt: None,
             priority: 0,
+            tools: None,
         })
         .expect("submit");
     let mut first = None;
@@ -72,7 +74,7 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
                 tokens += 1;
             }
             GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. } => break,
-            GenerateEvent::Started { .. } => {}
+            GenerateEvent::Started { .. } | GenerateEvent::ToolCall { .. } => {}
         }
     }
     let ttft = first.unwrap_or_else(|| started.elapsed());

@@ -346,12 +346,14 @@ fn ttft(path: &std::path::Path, threads: usize) {
             messages: vec![ringmaster_gpu_runtime::ChatMessage {
                 role: ringmaster_gpu_runtime::Role::User,
                 text: (*question).into(),
+                ..Default::default()
             }],
             max_tokens: 1,
             stop_sequences: Vec::new(),
             sampling: Default::default(),
             prompt: None,
             priority: 0,
+            tools: None,
         };
         let (elapsed, cached, prompt) = runtime.block_on(async {
             let started = Instant::now();

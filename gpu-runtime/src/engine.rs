@@ -375,6 +375,9 @@ impl EngineHandle {
         if inner.submissions.is_closed() {
             return Err(EngineError::Stopped);
         }
+        if request.tools.is_some() {
+            return Err(EngineError::ToolsUnsupported);
+        }
         let prompt = match &request.prompt {
             Some(raw) => {
                 let prompt = inner.tokenizer.encode_plain(raw);

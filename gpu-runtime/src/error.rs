@@ -35,6 +35,10 @@ pub enum EngineError {
     /// The prompt has no tokens (an empty raw prompt). Rejected at submit.
     #[error("the prompt is empty")]
     EmptyPrompt,
+    /// The request offers tools, which an in-process engine cannot run (it has no tool-call
+    /// parser). Rejected at submit.
+    #[error("tool use is not supported by in-process engines")]
+    ToolsUnsupported,
     /// The engine task is gone (it panicked, or its runtime shut down).
     #[error("the engine has stopped")]
     Stopped,

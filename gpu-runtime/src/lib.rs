@@ -24,12 +24,13 @@
 //! let mut stream = engine.submit(GenerateRequest {
 //!     request_id: "req-1".into(),
 //!     system: Some("You are terse.".into()),
-//!     messages: vec![ChatMessage { role: Role::User, text: "Hello".into() }],
+//!     messages: vec![ChatMessage { role: Role::User, text: "Hello".into(), ..Default::default() }],
 //!     max_tokens: 64,
 //!     stop_sequences: vec![],
 //!     sampling: SamplingParams::default(),
 //!     prompt: None,
 //!     priority: 0,
+//!     tools: None,
 //! })?;
 //! while let Some(event) = stream.next().await {
 //!     if let GenerateEvent::Token { text } = event {
@@ -69,6 +70,7 @@ pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
 pub use request::{
-    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Role, SamplingParams,
+    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Role, SamplingParams, ToolCall,
+    ToolChoice, ToolOffer, ToolSpec,
 };
 pub use tokenizer::{SimTokenizer, Tokenizer, TokenizerSpec};

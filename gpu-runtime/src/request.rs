@@ -7,9 +7,10 @@
 
 /// Who wrote a chat message. The system prompt is not a message: it is
 /// [`GenerateRequest::system`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Role {
-    /// The end user.
+    /// The end user (and the results of tools the model called, which the caller runs).
+    #[default]
     User,
     /// The model (an earlier reply, replayed in a multi-turn conversation).
     Assistant,
@@ -26,12 +27,64 @@ impl Role {
 }
 
 /// One turn of a conversation.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,
     /// What it says.
     pub text: String,
+    /// The tools an assistant turn called (empty for most turns).
+    pub tool_calls: Vec<ToolCall>,
+    /// Set when this message is the result of a tool call: the call's id. Its `text` is
+    /// the result (OpenAI's `role: "tool"` message, Anthropic's `tool_result` block).
+    pub tool_call_id: Option<String>,
+}
+
+/// A call of a tool, as the model made it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ToolCall {
+    /// The call's id, which its result names.
+    pub id: String,
+    /// The tool.
+    pub name: String,
+    /// The arguments, a JSON object as text.
+    pub arguments: String,
+}
+
+/// A tool the model may call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolSpec {
+    /// Its name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: Option<String>,
+    /// Its arguments' JSON schema.
+    pub parameters: serde_json::Value,
+}
+
+/// Whether and which tool the model must call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No tool.
+    None,
+    /// Some tool.
+    Required,
+    /// This tool.
+    Named(String),
+}
+
+/// The tools offered with a request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ToolOffer {
+    /// The tools.
+    pub tools: Vec<ToolSpec>,
+    /// Whether and which one must be called.
+    pub choice: ToolChoice,
+    /// Whether several calls may come in one turn (`None`: the server's default).
+    pub parallel: Option<bool>,
 }
 
 /// How to pick output tokens. The simulated executor accepts all of them and uses only
@@ -73,6 +126,9 @@ pub struct GenerateRequest {
     /// Scheduling priority, 0 = lowest (the admission policy's verdict). When the KV cache
     /// runs out, the lowest-priority running sequence is preempted first.
     pub priority: u8,
+    /// Tools the model may call (`None`: none offered). Only remote servers take them; a
+    /// local engine refuses a request that offers any.
+    pub tools: Option<Box<ToolOffer>>,
 }
 
 /// Why a generation ended.
@@ -106,6 +162,18 @@ pub enum GenerateEvent {
     Token {
         /// The text, possibly spanning several tokens (or a part of one).
         text: String,
+    },
+    /// A piece of a tool call (a remote server's `tool_calls` delta): the first piece of each
+    /// call carries its id and name, every piece a part of its arguments' JSON text.
+    ToolCall {
+        /// Which call of the turn (0 for the first).
+        index: u32,
+        /// The call's id (first piece only).
+        id: Option<String>,
+        /// The tool's name (first piece only).
+        name: Option<String>,
+        /// More of the arguments' JSON text.
+        arguments: String,
     },
     /// The server failed after the stream began (a remote server's error object, a broken or
     /// malformed stream). The last event; local engines never send it.

@@ -260,6 +260,7 @@ mod tests {
         ChatMessage {
             role,
             text: text.to_string(),
+            ..Default::default()
         }
     }
 

@@ -19,9 +19,10 @@ fn main() {
                     "openai" => Behavior::OpenAi,
                     "usage-in-finish" => Behavior::UsageInFinish,
                     "no-usage" => Behavior::NoUsage,
+                    "calls-tool" => Behavior::CallsTool,
                     other => {
                         eprintln!(
-                            "unknown behavior {other:?}: vllm, openai, usage-in-finish, no-usage"
+                            "unknown behavior {other:?}: vllm, openai, usage-in-finish, no-usage, calls-tool"
                         );
                         std::process::exit(2);
                     }

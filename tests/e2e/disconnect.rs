@@ -5,6 +5,8 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use serde_json::json;
 
+use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+
 use crate::support::{TestGateway, eventually, metric_sum};
 
 #[tokio::test]
@@ -140,4 +142,53 @@ async fn a_long_prompt_counts_in_its_servers_prefill_backlog_until_its_first_tok
     );
     assert_eq!(metric_sum(&during, "ringmaster_server_in_flight", ""), 1.0);
     drop(body);
+}
+
+#[tokio::test]
+async fn a_client_that_takes_nothing_is_cut_off_after_the_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    // A long, fast reply (60,000 chunks, about 7 MB of events): more than hyper's write
+    // buffer and the sockets' buffers hold (Linux lets a send buffer grow to 4 MB), so a
+    // client that reads nothing stalls the writes.
+    let server = FakeUpstream::start(Behavior::Vllm, 60_000).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[limits]\nmax_output_tokens = 100000\nclient_send_timeout_ms = 300\n\
+         [[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(gw.addr).await.unwrap();
+    let body = json!({
+        "model": "fake", "max_tokens": 60000, "stream": true,
+        "messages": [{"role": "user", "content": "Tell me everything"}],
+    })
+    .to_string();
+    let request = format!(
+        "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // Reads nothing: the gateway gives up on the client.
+    let cut_off = eventually(Duration::from_secs(20), async || {
+        metric_sum(
+            &gw.metrics().await,
+            "ringmaster_slow_client_disconnects_total",
+            "",
+        ) >= 1.0
+    })
+    .await;
+    assert!(cut_off, "the stalled client was not cut off");
+    let cancelled = eventually(Duration::from_secs(5), async || {
+        metric_sum(
+            &gw.metrics().await,
+            "ringmaster_client_disconnects_total",
+            "",
+        ) >= 1.0
+    })
+    .await;
+    assert!(cancelled, "the reply was not dropped with the connection");
+    drop(stream);
 }

@@ -329,6 +329,76 @@ async fn an_idle_stream_sends_pings_at_the_configured_interval() {
 }
 
 #[tokio::test]
+async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
+    let server = FakeUpstream::start(Behavior::SlowStart, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let mut body = crate::support::hello(8);
+    body["model"] = json!("fake");
+    body["stream"] = json!(true);
+    let response = gw.post_messages(&body).await;
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers().get("x-ringmaster-server").is_none(),
+        "started before a server was chosen for good"
+    );
+    let text = response.text().await.unwrap();
+    assert!(text.starts_with(": ping\n\n: ping\n\n"), "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events.first().unwrap().0, "message_start", "{text}");
+    assert_eq!(events.last().unwrap().0, "message_stop");
+
+    // The OpenAI door alike; a plain request waits for its answer as before.
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&chat(8, true))
+        .send()
+        .await
+        .unwrap();
+    let text = reply.text().await.unwrap();
+    assert!(text.starts_with(": ping\n\n"), "{text}");
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    body["stream"] = json!(false);
+    let response = gw.post_messages(&body).await;
+    assert_eq!(response.status(), 200);
+    assert!(response.headers().get("x-ringmaster-server").is_some());
+}
+
+#[tokio::test]
+async fn a_stream_that_started_early_ends_with_an_error_event_when_its_wait_fails() {
+    let server = FakeUpstream::start(Behavior::Hang, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\n[upstream]\nfirst_byte_timeout_ms = 500\n\
+         [retry]\nattempts = 1\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let mut body = crate::support::hello(8);
+    body["model"] = json!("fake");
+    body["stream"] = json!(true);
+    let response = gw.post_messages(&body).await;
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    assert!(text.starts_with(": ping\n\n"), "{text}");
+    let events = sse_events(&text);
+    assert_eq!(events.len(), 1, "{text}");
+    let (name, error) = &events[0];
+    assert_eq!(name, "error");
+    assert_eq!(error["type"], "error");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no answer within"),
+        "{error}"
+    );
+}
+
+#[tokio::test]
 async fn count_tokens_uses_the_pools_tokenizer() {
     let gw = TestGateway::simulated(1, 0.01, "models = [\"sim-llama-3-8b\"]").await;
     let reply = gw

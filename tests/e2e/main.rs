@@ -12,5 +12,6 @@ mod gates;
 mod model;
 mod policies;
 mod support;
+mod tools;
 mod upstream;
 mod worker;

@@ -278,6 +278,7 @@ async fn kv_events_stream_the_blocks_a_request_stores() {
         &[ringmaster_gpu_runtime::ChatMessage {
             role: ringmaster_gpu_runtime::Role::User,
             text: "Hello".into(),
+            ..Default::default()
         }],
     );
     let expected: Vec<String> = ringmaster_gpu_runtime::block::block_hashes(&prompt)

@@ -30,6 +30,40 @@ address = "sim://gpu-1"
 """
 
 
+def fake_upstream_binary():
+    """The tests' fake OpenAI-compatible server, built beside the gateway binary."""
+    path = os.path.join(os.path.dirname(binary()), "fake-upstream")
+    if not os.path.exists(path):
+        pytest.fail(f"{path} is missing: tests/run builds it with the workspace")
+    return path
+
+
+@contextlib.contextmanager
+def fake_upstream(behavior):
+    """A fake OpenAI-compatible server answering with `behavior` (see tests/fake_upstream.rs);
+    yields its base URL once it accepts connections."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [fake_upstream_binary(), "--listen", f"127.0.0.1:{port}", "--behavior", behavior],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.time() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail(f"the fake upstream ({behavior}) did not start")
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,6 +18,7 @@ fn user(text: &str) -> ChatMessage {
     ChatMessage {
         role: Role::User,
         text: text.to_string(),
+        ..Default::default()
     }
 }
 
@@ -25,6 +26,7 @@ fn assistant(text: &str) -> ChatMessage {
     ChatMessage {
         role: Role::Assistant,
         text: text.to_string(),
+        ..Default::default()
     }
 }
 
@@ -38,6 +40,7 @@ fn request(system: Option<&str>, messages: Vec<ChatMessage>, max_tokens: u32) ->
         sampling: SamplingParams::default(),
         prompt: None,
         priority: 0,
+        tools: None,
     }
 }
 
@@ -95,6 +98,7 @@ async fn collect(mut stream: GenerationStream) -> Reply {
             }
             GenerateEvent::Started { .. } => panic!("Started twice"),
             GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
+            GenerateEvent::ToolCall { .. } => panic!("a local engine called a tool"),
         }
     }
 }

@@ -144,6 +144,7 @@ fn a_bpe_tokenizer_rebuilt_from_its_spec_tokenizes_alike() {
     let messages = [crate::ChatMessage {
         role: crate::Role::User,
         text: "Hello world 12345, it's <|im_end|> déjà vu 🦀".into(),
+        ..Default::default()
     }];
     for system in [None, Some("You are terse.")] {
         assert_eq!(
@@ -188,6 +189,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             messages: vec![crate::ChatMessage {
                 role: crate::Role::User,
                 text: question.into(),
+                ..Default::default()
             }],
             max_tokens,
             stop_sequences: Vec::new(),
@@ -197,6 +199,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             },
             prompt: None,
             priority: 0,
+            tools: None,
         })
         .unwrap();
     let mut text = String::new();
@@ -207,6 +210,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             crate::GenerateEvent::Token { text: piece } => text.push_str(&piece),
             crate::GenerateEvent::Finished { .. } => break,
             crate::GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
+            crate::GenerateEvent::ToolCall { .. } => panic!("a local engine called a tool"),
         }
     }
     (text, cached)
@@ -244,12 +248,14 @@ async fn a_request_past_the_context_or_the_kv_pool_is_refused_at_submit() {
         messages: vec![crate::ChatMessage {
             role: crate::Role::User,
             text: "Hello".into(),
+            ..Default::default()
         }],
         max_tokens,
         stop_sequences: Vec::new(),
         sampling: Default::default(),
         prompt: None,
         priority: 0,
+        tools: None,
     };
     // Past SmolLM2's 8192-token context.
     let err = handle.submit(ask(9000)).err().unwrap();
@@ -282,6 +288,7 @@ fn the_paged_pass_equals_a_contiguous_one_token_for_token() {
         &[crate::ChatMessage {
             role: crate::Role::User,
             text: "Name three colours.".into(),
+            ..Default::default()
         }],
     );
     let steps = 12;
@@ -334,6 +341,7 @@ fn chat(tokenizer: &GgufTokenizer, text: &str) -> Vec<u32> {
         &[crate::ChatMessage {
             role: crate::Role::User,
             text: text.into(),
+            ..Default::default()
         }],
     )
 }

@@ -326,6 +326,8 @@ async fn generate(
             match event {
                 GenerateEvent::Started { .. } => {}
                 GenerateEvent::Token { text: piece } => text.push_str(&piece),
+                // The engine takes no tools, so it calls none.
+                GenerateEvent::ToolCall { .. } => {}
                 // Local engines never fail mid-stream; the stream ends below.
                 GenerateEvent::Failed { .. } => break,
                 GenerateEvent::Finished {
@@ -415,6 +417,8 @@ async fn generate(
                     let _ = tx.send(sse_data(&error)).await;
                     return;
                 }
+                // The engine takes no tools, so it calls none.
+                GenerateEvent::ToolCall { .. } => continue,
             };
             if tx.send(frame).await.is_err() {
                 return;

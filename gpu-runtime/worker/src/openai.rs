@@ -180,6 +180,7 @@ impl Request {
                 },
                 prompt,
                 priority: raw.ringmaster_priority.unwrap_or(0),
+                tools: None,
             },
             stream: raw.stream,
             include_usage: raw.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -225,10 +226,12 @@ fn chat(messages: Vec<Message>) -> Result<(Option<String>, Vec<ChatMessage>), In
             "user" => out.push(ChatMessage {
                 role: Role::User,
                 text,
+                ..Default::default()
             }),
             "assistant" => out.push(ChatMessage {
                 role: Role::Assistant,
                 text,
+                ..Default::default()
             }),
             other => {
                 return Err(Invalid(format!(

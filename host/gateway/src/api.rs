@@ -3,9 +3,11 @@
 //!
 //! Parsing goes raw → validated: [`parse_messages_request`] turns body bytes into a
 //! [`MessagesRequest`] whose invariants hold (a known model, `max_tokens` in range, at least one
-//! message, text-only content), or into an [`ApiError`] that names the offending field. Nothing
+//! message, text, `tool_use` and `tool_result` content only, tools with names and schemas), or
+//! into an [`ApiError`] that names the offending field. Nothing
 //! past this module sees the raw JSON. This module does no I/O and knows nothing of routing.
 
+use ringmaster_gpu_runtime::{ToolCall, ToolChoice, ToolOffer, ToolSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -14,10 +16,11 @@ use crate::error::ApiError;
 pub const MAX_USER_ID_CHARS: usize = 256;
 
 /// Who wrote a message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// The human side.
+    /// The human side (and the results of the tools the model called).
+    #[default]
     User,
     /// The model side (earlier turns, or a prefill of the reply).
     Assistant,
@@ -56,6 +59,20 @@ pub struct MessagesRequest {
     pub raw_prompt: Option<String>,
     /// Which API the reply is written in.
     pub format: ReplyFormat,
+    /// The tools the model may call (`None`: none offered, or `tool_choice` none with none).
+    pub tools: Option<Box<ToolOffer>>,
+}
+
+impl MessagesRequest {
+    /// Whether the conversation offers tools or holds tool calls or results: only servers
+    /// that call tools can take it.
+    pub fn uses_tools(&self) -> bool {
+        self.tools.is_some()
+            || self
+                .messages
+                .iter()
+                .any(|m| !m.tool_calls.is_empty() || m.tool_call_id.is_some())
+    }
 }
 
 /// The API a reply is written in: the one the request came in.
@@ -84,12 +101,18 @@ impl ReplyFormat {
 }
 
 /// One message of a validated request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Message {
     /// Who wrote it.
     pub role: Role,
     /// Its text.
     pub text: String,
+    /// The tools an assistant message called (Anthropic's `tool_use` blocks, OpenAI's
+    /// `tool_calls`).
+    pub tool_calls: Vec<ToolCall>,
+    /// Set when the message is a tool's result (Anthropic's `tool_result` block, OpenAI's
+    /// `tool` message): the call it answers. Its `text` is the result.
+    pub tool_call_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -114,13 +137,14 @@ struct RawRequest {
     metadata: Option<RawMetadata>,
     #[serde(default)]
     ignore_eos: bool,
-    // Fields current SDKs send that this gateway knows but does not (fully) support: each is
-    // accepted where it changes nothing and refused by name otherwise (`unsupported_fields`),
-    // never reported as an unknown field.
+    /// Tools: the client runs them, the servers' models call them ([`tool_offer`]).
     #[serde(default)]
     tools: Option<serde_json::Value>,
     #[serde(default)]
     tool_choice: Option<serde_json::Value>,
+    // Fields current SDKs send that this gateway knows but does not (fully) support: each is
+    // accepted where it changes nothing and refused by name otherwise (`unsupported_fields`),
+    // never reported as an unknown field.
     #[serde(default)]
     service_tier: Option<serde_json::Value>,
     /// Prompt caching, which the servers' prefix caches always do: accepted and ignored.
@@ -136,9 +160,8 @@ struct RawRequest {
 }
 
 /// Refuses, by name, the known fields this gateway cannot honour, and lets through those that
-/// change nothing here: no tools (or an empty list) with `tool_choice` `auto` or `none`;
-/// `service_tier` `auto` or `standard_only` (tiers come from the API key); a top-level
-/// `cache_control` (prefix caching is always on); `thinking` disabled.
+/// change nothing here: `service_tier` `auto` or `standard_only` (tiers come from the API
+/// key); a top-level `cache_control` (prefix caching is always on); `thinking` disabled.
 fn unsupported_fields(raw: &RawRequest) -> Result<(), ApiError> {
     let refuse = |field: &str, what: &str| {
         Err(ApiError::invalid(format!(
@@ -146,19 +169,6 @@ fn unsupported_fields(raw: &RawRequest) -> Result<(), ApiError> {
              is not served); leave it out"
         )))
     };
-    let has_tools = raw
-        .tools
-        .as_ref()
-        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()));
-    if has_tools {
-        return refuse("tools", "tool use");
-    }
-    if let Some(choice) = &raw.tool_choice {
-        let kind = choice.get("type").and_then(|t| t.as_str());
-        if !matches!(kind, Some("auto" | "none")) && !choice.is_null() {
-            return refuse("tool_choice", "tool use");
-        }
-    }
     if let Some(tier) = &raw.service_tier
         && !matches!(tier.as_str(), Some("auto" | "standard_only"))
     {
@@ -201,6 +211,20 @@ struct RawBlock {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    /// `tool_use`: the call's id, the tool and its input.
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    input: Option<serde_json::Value>,
+    /// `tool_result`: the call it answers, the result, and whether it is an error.
+    #[serde(default)]
+    tool_use_id: Option<String>,
+    #[serde(default)]
+    content: Option<RawContent>,
+    #[serde(default)]
+    is_error: Option<bool>,
 }
 
 #[derive(Deserialize)]
@@ -263,7 +287,7 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiErr
     })
 }
 
-fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiError> {
+fn validate(mut raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiError> {
     unsupported_fields(&raw)?;
     if raw.model.trim().is_empty() {
         return Err(ApiError::invalid("model: must not be empty"));
@@ -277,15 +301,19 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
             "messages: at least one message is required",
         ));
     }
-    let messages = raw
-        .messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let text = content_text(m.content, &format!("messages.{i}.content"))?;
-            Ok(Message { role: m.role, text })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    let tools = tool_offer(raw.tools.take(), raw.tool_choice.take())?;
+    let mut messages = Vec::with_capacity(raw.messages.len());
+    for (i, m) in raw.messages.into_iter().enumerate() {
+        let field = format!("messages.{i}.content");
+        match m.content {
+            RawContent::Text(text) => messages.push(Message {
+                role: m.role,
+                text,
+                ..Message::default()
+            }),
+            RawContent::Blocks(blocks) => message_blocks(m.role, blocks, &field, &mut messages)?,
+        }
+    }
     let system = raw
         .system
         .map(|s| content_text(s, "system"))
@@ -340,7 +368,226 @@ fn validate(raw: RawRequest, limits: Limits<'_>) -> Result<MessagesRequest, ApiE
         seed: None,
         raw_prompt: None,
         format: ReplyFormat::Messages,
+        tools,
     })
+}
+
+/// The tools offered (`tools`, `tool_choice`), validated: each a client tool with a name and
+/// an input schema (server tools, which Anthropic runs itself, are refused by name).
+fn tool_offer(
+    tools: Option<serde_json::Value>,
+    choice: Option<serde_json::Value>,
+) -> Result<Option<Box<ToolOffer>>, ApiError> {
+    let tools = match tools {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(serde_json::Value::Array(tools)) => tools,
+        Some(_) => return Err(ApiError::invalid("tools: must be a list of tools")),
+    };
+    let mut specs = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.into_iter().enumerate() {
+        let serde_json::Value::Object(mut tool) = tool else {
+            return Err(ApiError::invalid(format!("tools.{i}: must be an object")));
+        };
+        if let Some(kind) = tool.get("type").and_then(|t| t.as_str())
+            && kind != "custom"
+        {
+            return Err(ApiError::invalid(format!(
+                "tools.{i}.type: {kind:?} is a server tool, and server tools are not supported \
+                 by this gateway (it runs no tools itself); only client tools (with an \
+                 input_schema) are"
+            )));
+        }
+        let name = match tool.remove("name") {
+            Some(serde_json::Value::String(name)) if !name.is_empty() => name,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.name: field required (a non-empty string)"
+                )));
+            }
+        };
+        let parameters = match tool.remove("input_schema") {
+            Some(schema @ serde_json::Value::Object(_)) => schema,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.input_schema: field required (a JSON schema object)"
+                )));
+            }
+        };
+        let description = match tool.remove("description") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(serde_json::Value::String(d)) => Some(d),
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.description: must be a string"
+                )));
+            }
+        };
+        specs.push(ToolSpec {
+            name,
+            description,
+            parameters,
+        });
+    }
+    let (choice, parallel) = match choice {
+        None | Some(serde_json::Value::Null) => (ToolChoice::Auto, None),
+        Some(choice) => {
+            let parallel = match choice.get("disable_parallel_tool_use") {
+                None | Some(serde_json::Value::Null) => None,
+                Some(serde_json::Value::Bool(disabled)) => Some(!disabled),
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "tool_choice.disable_parallel_tool_use: must be true or false",
+                    ));
+                }
+            };
+            let kind = choice.get("type").and_then(|t| t.as_str());
+            let choice = match kind {
+                Some("auto") => ToolChoice::Auto,
+                Some("none") => ToolChoice::None,
+                Some("any") => ToolChoice::Required,
+                Some("tool") => match choice.get("name").and_then(|n| n.as_str()) {
+                    Some(name) if specs.iter().any(|t| t.name == name) => {
+                        ToolChoice::Named(name.to_owned())
+                    }
+                    Some(name) => {
+                        return Err(ApiError::invalid(format!(
+                            "tool_choice.name: {name:?} is not one of the tools offered"
+                        )));
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            "tool_choice.name: field required with type \"tool\"",
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(ApiError::invalid(
+                        "tool_choice.type: must be one of \"auto\", \"any\", \"tool\", \"none\"",
+                    ));
+                }
+            };
+            (choice, parallel)
+        }
+    };
+    if specs.is_empty() {
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(None),
+            _ => Err(ApiError::invalid(
+                "tool_choice: asks for a tool call, but no tools are offered",
+            )),
+        };
+    }
+    Ok(Some(Box::new(ToolOffer {
+        tools: specs,
+        choice,
+        parallel,
+    })))
+}
+
+/// One message's content blocks as messages: an assistant's text and `tool_use` blocks make
+/// one message with its calls; a user's `tool_result` blocks make one tool-result message
+/// each (first, as OpenAI servers expect them right after the calls), then its text.
+fn message_blocks(
+    role: Role,
+    blocks: Vec<RawBlock>,
+    field: &str,
+    out: &mut Vec<Message>,
+) -> Result<(), ApiError> {
+    if blocks.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "{field}: at least one content block is required"
+        )));
+    }
+    let mut message = Message {
+        role,
+        ..Message::default()
+    };
+    let mut has_text = false;
+    for (i, block) in blocks.into_iter().enumerate() {
+        let at = format!("{field}.{i}");
+        match (block.kind.as_str(), role) {
+            ("text", _) => {
+                let Some(text) = block.text else {
+                    return Err(ApiError::invalid(format!("{at}.text: field required")));
+                };
+                message.text.push_str(&text);
+                has_text = true;
+            }
+            ("tool_use", Role::Assistant) => {
+                let (Some(id), Some(name)) = (block.id, block.name) else {
+                    return Err(ApiError::invalid(format!(
+                        "{at}: a tool_use block needs an id and a name"
+                    )));
+                };
+                let input = match block.input {
+                    Some(input @ serde_json::Value::Object(_)) => input,
+                    None | Some(serde_json::Value::Null) => serde_json::json!({}),
+                    Some(_) => {
+                        return Err(ApiError::invalid(format!("{at}.input: must be an object")));
+                    }
+                };
+                message.tool_calls.push(ToolCall {
+                    id,
+                    name,
+                    arguments: input.to_string(),
+                });
+            }
+            ("tool_result", Role::User) => {
+                let Some(id) = block.tool_use_id else {
+                    return Err(ApiError::invalid(format!(
+                        "{at}.tool_use_id: field required"
+                    )));
+                };
+                let mut text = match block.content {
+                    None => String::new(),
+                    Some(content) => content_text(content, &format!("{at}.content"))?,
+                };
+                if block.is_error == Some(true) {
+                    text.insert_str(0, "Error: ");
+                }
+                out.push(Message {
+                    role: Role::User,
+                    text,
+                    tool_calls: Vec::new(),
+                    tool_call_id: Some(id),
+                });
+            }
+            ("tool_use", Role::User) | ("tool_result", Role::Assistant) => {
+                return Err(ApiError::invalid(format!(
+                    "{at}.type: a {:?} block belongs in {} message",
+                    block.kind,
+                    if block.kind == "tool_use" {
+                        "an assistant"
+                    } else {
+                        "a user"
+                    }
+                )));
+            }
+            (other, _) => return Err(unsupported_block(other, &at)),
+        }
+    }
+    if has_text || !message.tool_calls.is_empty() {
+        out.push(message);
+    }
+    Ok(())
+}
+
+/// The 400 for a content block this gateway does not take, naming its feature.
+fn unsupported_block(kind: &str, at: &str) -> ApiError {
+    let feature = match kind {
+        "server_tool_use" | "web_search_tool_result" | "mcp_tool_use" | "mcp_tool_result" => {
+            " (server tools are not supported by this gateway)"
+        }
+        "image" | "document" => " (images and documents are not supported by this gateway yet)",
+        "thinking" | "redacted_thinking" => {
+            " (extended thinking is not supported by this gateway yet)"
+        }
+        _ => "",
+    };
+    ApiError::invalid(format!(
+        "{at}.type: content blocks of type {kind:?} are not supported here; \"text\", \
+         \"tool_use\" and \"tool_result\" are{feature}"
+    ))
 }
 
 /// `n` as a `max_tokens` (named `field` in messages): at least 1, at most the gateway's limit.
@@ -363,34 +610,15 @@ pub(crate) fn max_tokens_in_limits(
     Ok(u32::try_from(n).expect("bounded above by a u32"))
 }
 
+/// The text of a system prompt or a tool's result: its text blocks, joined.
 fn content_text(content: RawContent, field: &str) -> Result<String, ApiError> {
     match content {
         RawContent::Text(text) => Ok(text),
         RawContent::Blocks(blocks) => {
-            if blocks.is_empty() && field != "system" {
-                return Err(ApiError::invalid(format!(
-                    "{field}: at least one content block is required"
-                )));
-            }
             let mut text = String::new();
             for (i, block) in blocks.into_iter().enumerate() {
                 if block.kind != "text" {
-                    let feature = match block.kind.as_str() {
-                        "tool_use" | "tool_result" | "server_tool_use" => {
-                            " (tool use is not supported by this gateway yet)"
-                        }
-                        "image" | "document" => {
-                            " (images and documents are not supported by this gateway yet)"
-                        }
-                        "thinking" | "redacted_thinking" => {
-                            " (extended thinking is not supported by this gateway yet)"
-                        }
-                        _ => "",
-                    };
-                    return Err(ApiError::invalid(format!(
-                        "{field}.{i}.type: content blocks of type {:?} are not supported; only \"text\" is{feature}",
-                        block.kind
-                    )));
+                    return Err(unsupported_block(&block.kind, &format!("{field}.{i}")));
                 }
                 let Some(block_text) = block.text else {
                     return Err(ApiError::invalid(format!(
@@ -446,25 +674,52 @@ pub struct Usage {
     pub cache_creation_input_tokens: u32,
 }
 
-/// A text content block of a response.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TextBlock {
-    /// Always `"text"`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The text.
-    pub text: String,
+/// A content block of a response.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentBlock {
+    /// Text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// A call of one of the request's tools.
+    ToolUse {
+        /// The call's id (the server's), which the client's `tool_result` names.
+        id: String,
+        /// The tool.
+        name: String,
+        /// Its input (`{}` in a stream's `content_block_start`: it comes as
+        /// `input_json_delta`s).
+        input: serde_json::Value,
+    },
 }
 
-impl TextBlock {
+impl ContentBlock {
     /// A text block holding `text`.
-    pub fn new(text: String) -> Self {
-        Self { kind: "text", text }
+    pub fn text(text: String) -> Self {
+        Self::Text { text }
     }
 }
 
-/// The non-streaming response body, also the `message` of `message_start`.
+/// What a `content_block_delta` adds to its block.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BlockDelta {
+    /// More text.
+    TextDelta {
+        /// The new text.
+        text: String,
+    },
+    /// More of a tool call's input, as JSON text (whole only once all pieces are joined).
+    InputJsonDelta {
+        /// The new piece.
+        partial_json: String,
+    },
+}
+
+/// The non-streaming response body, also the `message` of `message_start`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MessageResponse {
     /// `msg_…`.
     pub id: String,
@@ -476,7 +731,7 @@ pub struct MessageResponse {
     /// The model that answered.
     pub model: String,
     /// The reply (empty in `message_start`).
-    pub content: Vec<TextBlock>,
+    pub content: Vec<ContentBlock>,
     /// Why generation stopped (`null` in `message_start`).
     pub stop_reason: Option<StopReason>,
     /// The stop sequence that matched, if any.
@@ -496,10 +751,10 @@ pub enum StreamEvent {
     },
     /// A content block opens.
     ContentBlockStart {
-        /// Block index (always 0: one text block).
+        /// Block index: 0 for the text, then one per tool call.
         index: u32,
         /// The empty block.
-        content_block: TextBlock,
+        content_block: ContentBlock,
     },
     /// Keep-alive.
     Ping,
@@ -507,8 +762,8 @@ pub enum StreamEvent {
     ContentBlockDelta {
         /// Block index.
         index: u32,
-        /// The new text.
-        delta: TextDelta,
+        /// What is added.
+        delta: BlockDelta,
     },
     /// The content block is complete.
     ContentBlockStop {
@@ -529,16 +784,6 @@ pub enum StreamEvent {
         /// `{"type":…,"message":…}`.
         error: serde_json::Value,
     },
-}
-
-/// A `text_delta`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct TextDelta {
-    /// Always `"text_delta"`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// The new text.
-    pub text: String,
 }
 
 /// The `delta` of `message_delta`.
@@ -565,14 +810,11 @@ impl StreamEvent {
         }
     }
 
-    /// A text delta event for block 0.
-    pub fn text(text: String) -> Self {
+    /// A text delta event for block `index`.
+    pub fn text(index: u32, text: String) -> Self {
         Self::ContentBlockDelta {
-            index: 0,
-            delta: TextDelta {
-                kind: "text_delta",
-                text,
-            },
+            index,
+            delta: BlockDelta::TextDelta { text },
         }
     }
 
@@ -635,14 +877,9 @@ mod tests {
         // Features not served: refused, naming the field and the feature.
         for (extra, field, feature) in [
             (
-                r#","tools":[{"name":"get_weather","input_schema":{"type":"object"}}]"#,
-                "tools",
-                "tool use",
-            ),
-            (
-                r#","tool_choice":{"type":"any"}"#,
-                "tool_choice",
-                "tool use",
+                r#","tools":[{"type":"web_search_20250305","name":"web_search"}]"#,
+                "tools.0.type",
+                "server tool",
             ),
             (
                 r#","service_tier":"priority""#,
@@ -671,11 +908,14 @@ mod tests {
             );
         }
         let err = parse(
-            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"42"}]}]}"#,
+            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}"#,
         )
         .unwrap_err();
         assert!(
-            err.message().contains("tool use is not supported"),
+            err.message().starts_with("messages.0.content.0.type:")
+                && err
+                    .message()
+                    .contains("images and documents are not supported"),
             "{}",
             err.message()
         );
@@ -686,6 +926,100 @@ mod tests {
                 .message()
                 .contains("unknown field")
         );
+    }
+
+    #[test]
+    fn tools_and_tool_blocks_become_an_offer_and_messages() {
+        let req = parse(
+            r#"{"model":"sim-llama-3-8b","max_tokens":16,
+                "tools":[{"name":"get_weather","description":"Weather","input_schema":{"type":"object"},
+                          "cache_control":{"type":"ephemeral"}}],
+                "tool_choice":{"type":"tool","name":"get_weather","disable_parallel_tool_use":true},
+                "messages":[{"role":"user","content":"Weather in Paris?"},
+                            {"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Paris"}}]},
+                            {"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"18 C","is_error":true},
+                                                      {"type":"text","text":"Thanks"}]}]}"#,
+        )
+        .unwrap();
+        let offer = req.tools.as_deref().unwrap();
+        assert_eq!(offer.tools.len(), 1);
+        assert_eq!(offer.tools[0].name, "get_weather");
+        assert_eq!(offer.tools[0].description.as_deref(), Some("Weather"));
+        assert_eq!(offer.choice, ToolChoice::Named("get_weather".into()));
+        assert_eq!(offer.parallel, Some(false));
+        assert!(req.uses_tools());
+        assert_eq!(req.messages.len(), 4);
+        assert_eq!(req.messages[1].role, Role::Assistant);
+        assert_eq!(
+            req.messages[1].tool_calls,
+            [ToolCall {
+                id: "t1".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into()
+            }]
+        );
+        assert_eq!(req.messages[2].tool_call_id.as_deref(), Some("t1"));
+        assert_eq!(req.messages[2].text, "Error: 18 C");
+        assert_eq!(req.messages[3].text, "Thanks");
+        assert_eq!(req.messages[3].tool_call_id, None);
+
+        // `tool_choice` none with no tools is nothing; asking for a call with none is an error.
+        let none = parse(
+            r#"{"model":"sim-llama-3-8b","max_tokens":8,"tools":[],"tool_choice":{"type":"none"},"messages":[{"role":"user","content":"Hi"}]}"#,
+        )
+        .unwrap();
+        assert!(none.tools.is_none() && !none.uses_tools());
+        for (body, starts) in [
+            (
+                r#""tool_choice":{"type":"any"}"#,
+                "tool_choice: asks for a tool call",
+            ),
+            (
+                r#""tools":[{"name":"x","input_schema":{}}],"tool_choice":{"type":"tool","name":"y"}"#,
+                "tool_choice.name:",
+            ),
+            (r#""tools":[{"name":"x"}]"#, "tools.0.input_schema:"),
+            (r#""tools":[{"input_schema":{}}]"#, "tools.0.name:"),
+            (r#""tools":{}"#, "tools: must be a list"),
+        ] {
+            let err = parse(&format!(
+                r#"{{"model":"sim-llama-3-8b","max_tokens":8,{body},"messages":[{{"role":"user","content":"Hi"}}]}}"#
+            ))
+            .unwrap_err();
+            assert!(
+                err.message().starts_with(starts),
+                "{body}: {}",
+                err.message()
+            );
+        }
+        // Blocks in the wrong turn.
+        for (role, block, starts) in [
+            (
+                "user",
+                r#"{"type":"tool_use","id":"t","name":"x","input":{}}"#,
+                "messages.0.content.0.type: a \"tool_use\" block belongs in an assistant message",
+            ),
+            (
+                "assistant",
+                r#"{"type":"tool_result","tool_use_id":"t","content":"x"}"#,
+                "messages.0.content.0.type: a \"tool_result\" block belongs in a user message",
+            ),
+            (
+                "assistant",
+                r#"{"type":"tool_use","id":"t","name":"x","input":[1]}"#,
+                "messages.0.content.0.input: must be an object",
+            ),
+        ] {
+            let err = parse(&format!(
+                r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"{role}","content":[{block}]}}]}}"#
+            ))
+            .unwrap_err();
+            assert!(
+                err.message().starts_with(starts),
+                "{block}: {}",
+                err.message()
+            );
+        }
     }
 
     #[test]
@@ -748,7 +1082,7 @@ mod tests {
             ),
             (
                 r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"tools":[{"name":"f"}]}"#,
-                "tools: tool use is not supported",
+                "tools.0.input_schema: field required",
             ),
             (
                 r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"stop_sequences":[""]}"#,
@@ -791,7 +1125,7 @@ mod tests {
 
     #[test]
     fn sse_frames_carry_name_and_type() {
-        let frame = StreamEvent::text("hi".into()).to_sse();
+        let frame = StreamEvent::text(0, "hi".into()).to_sse();
         assert!(frame.starts_with("event: content_block_delta\ndata: {"));
         assert!(frame.contains(r#""type":"content_block_delta""#));
         assert!(frame.contains(r#""delta":{"type":"text_delta","text":"hi"}"#));

@@ -31,6 +31,7 @@ pub mod record;
 mod respond;
 pub mod routing;
 pub mod safety;
+mod send_timeout;
 mod service;
 pub mod slot;
 

@@ -108,6 +108,8 @@ pub struct Metrics {
     pub routing_load_to_cap: Histogram,
     /// Generations cancelled because the client went away.
     pub client_disconnects: Counter,
+    /// Client connections cut off for taking nothing for `client_send_timeout_ms`.
+    pub slow_client_disconnects: Counter,
     /// Attempts to start a request on a server, by outcome (a retry is one more attempt).
     pub upstream_attempts: Family<AttemptLabels, Counter>,
     /// Admission policy answers by verdict (a queued request is asked again on each wake-up).
@@ -191,6 +193,12 @@ impl Metrics {
             "Generations cancelled because the client disconnected",
             client_disconnects.clone(),
         );
+        let slow_client_disconnects = Counter::default();
+        registry.register(
+            "slow_client_disconnects",
+            "Client connections cut off for accepting nothing of a reply for client_send_timeout_ms",
+            slow_client_disconnects.clone(),
+        );
         let upstream_attempts = Family::<AttemptLabels, Counter>::default();
         registry.register(
             "upstream_attempts",
@@ -244,6 +252,7 @@ impl Metrics {
             guardrail_stops,
             routing_load_to_cap,
             client_disconnects,
+            slow_client_disconnects,
             upstream_attempts,
             admission_decisions,
             admission_queue_wait_seconds,

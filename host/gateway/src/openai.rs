@@ -3,17 +3,21 @@
 //! makes, so both doors share routing, admission, policies, A/B variants, limits and metrics;
 //! and the reply's events written back as OpenAI chunks and bodies, errors in OpenAI's shape.
 //!
-//! Fields OpenAI clients send that this gateway knows but does not serve (tools, logprobs,
-//! penalties, images, `n > 1`) are refused with a 400 naming the field and the feature, never as
-//! unknown fields. This module does no I/O and knows nothing of routing.
+//! Tools (`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls`, `tool`
+//! messages) are read into the same tool offer and messages the Messages API makes, and a
+//! reply's `tool_use` blocks are written back as `tool_calls`. Fields OpenAI clients send that
+//! this gateway knows but does not serve (logprobs, penalties, images, `n > 1`, the deprecated
+//! `functions`) are refused with a 400 naming the field and the feature, never as unknown
+//! fields. This module does no I/O and knows nothing of routing.
 
 use serde::{Deserialize, Serialize};
 
 use crate::api::{
-    Limits, Message, MessageResponse, MessagesRequest, ReplyFormat, Role, StopReason, StreamEvent,
-    Usage,
+    BlockDelta, ContentBlock, Limits, Message, MessageResponse, MessagesRequest, ReplyFormat, Role,
+    StopReason, StreamEvent, Usage,
 };
 use crate::error::{ApiError, ErrorKind};
+use ringmaster_gpu_runtime::{ToolCall, ToolChoice, ToolOffer, ToolSpec};
 
 /// `max_tokens` of a completion that names none (OpenAI's own default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
@@ -195,29 +199,22 @@ fn is_empty(value: Option<&serde_json::Value>) -> bool {
 
 /// Parses and validates a `/v1/chat/completions` body.
 pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesRequest, ApiError> {
-    let raw = crate::api::parse_json::<RawChatRequest>(body)?;
-    if !is_empty(raw.tools.as_ref()) || !is_empty(raw.functions.as_ref()) {
+    let mut raw = crate::api::parse_json::<RawChatRequest>(body)?;
+    if !is_empty(raw.functions.as_ref()) || !is_empty(raw.function_call.as_ref()) {
         return Err(unsupported(
-            if raw.tools.is_some() {
-                "tools"
-            } else {
+            if raw.functions.is_some() {
                 "functions"
+            } else {
+                "function_call"
             },
-            "tool calling",
+            "the deprecated function calling (use tools and tool_choice)",
         ));
     }
-    for (field, value) in [
-        ("tool_choice", &raw.tool_choice),
-        ("function_call", &raw.function_call),
-    ] {
-        if let Some(value) = value
-            && !value.is_null()
-            && !matches!(value.as_str(), Some("auto" | "none"))
-        {
-            return Err(unsupported(field, "tool calling"));
-        }
-    }
-    let _ = raw.parallel_tool_calls;
+    let tools = tool_offer(
+        raw.tools.take(),
+        raw.tool_choice.take(),
+        raw.parallel_tool_calls.take(),
+    )?;
     if let Some(format) = &raw.response_format
         && !format.is_null()
         && format.get("type").and_then(|t| t.as_str()) != Some("text")
@@ -259,26 +256,52 @@ pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesReq
     let mut system: Option<String> = None;
     let mut messages = Vec::with_capacity(raw.messages.len());
     for (i, m) in raw.messages.into_iter().enumerate() {
-        if !is_empty(m.tool_calls.as_ref())
-            || m.tool_call_id.is_some()
-            || !is_empty(m.function_call.as_ref())
-        {
-            return Err(unsupported(&format!("messages.{i}"), "tool calling"));
+        if !is_empty(m.function_call.as_ref()) {
+            return Err(unsupported(
+                &format!("messages.{i}.function_call"),
+                "the deprecated function calling (use tool_calls)",
+            ));
         }
         let _ = m.refusal;
         let role = match m.role.as_str() {
             "system" | "developer" => None,
             "user" => Some(Role::User),
-            "assistant" => Some(Role::Assistant),
-            "tool" | "function" => {
-                return Err(unsupported(&format!("messages.{i}.role"), "tool calling"));
+            "assistant" | "tool" => Some(Role::Assistant),
+            "function" => {
+                return Err(unsupported(
+                    &format!("messages.{i}.role"),
+                    "the deprecated function calling (use role \"tool\")",
+                ));
             }
             other => {
                 return Err(ApiError::invalid(format!(
                     "messages.{i}.role: {other:?} is not one of \"system\", \"developer\", \
-                     \"user\", \"assistant\""
+                     \"user\", \"assistant\", \"tool\""
                 )));
             }
+        };
+        let tool_call_id = match (m.role.as_str(), m.tool_call_id) {
+            ("tool", Some(id)) => Some(id),
+            ("tool", None) => {
+                return Err(ApiError::invalid(format!(
+                    "messages.{i}.tool_call_id: field required in a tool message"
+                )));
+            }
+            (_, Some(_)) => {
+                return Err(ApiError::invalid(format!(
+                    "messages.{i}.tool_call_id: only a tool message names a call"
+                )));
+            }
+            (_, None) => None,
+        };
+        let tool_calls = match m.tool_calls {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(_) if m.role != "assistant" => {
+                return Err(ApiError::invalid(format!(
+                    "messages.{i}.tool_calls: only an assistant message calls tools"
+                )));
+            }
+            Some(calls) => tool_calls(calls, &format!("messages.{i}.tool_calls"))?,
         };
         let text = match m.content {
             None => String::new(),
@@ -298,7 +321,18 @@ pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesReq
                      not supported; put system messages first"
                 )));
             }
-            Some(role) => messages.push(Message { role, text }),
+            Some(_) if tool_call_id.is_some() => messages.push(Message {
+                role: Role::User,
+                text,
+                tool_calls: Vec::new(),
+                tool_call_id,
+            }),
+            Some(role) => messages.push(Message {
+                role,
+                text,
+                tool_calls,
+                tool_call_id: None,
+            }),
         }
     }
     if messages.is_empty() {
@@ -323,7 +357,158 @@ pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesReq
     )?;
     request.system = system.filter(|s| !s.is_empty());
     request.messages = messages;
+    request.tools = tools;
     Ok(request)
+}
+
+/// The tools offered (`tools`, `tool_choice`, `parallel_tool_calls`), validated: functions
+/// with a name and (optionally) a JSON schema for their parameters.
+fn tool_offer(
+    tools: Option<serde_json::Value>,
+    choice: Option<serde_json::Value>,
+    parallel: Option<serde_json::Value>,
+) -> Result<Option<Box<ToolOffer>>, ApiError> {
+    use serde_json::Value;
+    let tools = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(tools)) => tools,
+        Some(_) => return Err(ApiError::invalid("tools: must be a list of tools")),
+    };
+    let mut specs = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.into_iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str);
+        if kind != Some("function") {
+            return Err(match kind {
+                Some(kind) => unsupported(&format!("tools.{i}.type"), &format!("{kind:?} tools")),
+                None => ApiError::invalid(format!("tools.{i}.type: field required (\"function\")")),
+            });
+        }
+        let Some(Value::Object(mut function)) = tool.get("function").cloned() else {
+            return Err(ApiError::invalid(format!(
+                "tools.{i}.function: field required (an object)"
+            )));
+        };
+        let name = match function.remove("name") {
+            Some(Value::String(name)) if !name.is_empty() => name,
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.function.name: field required (a non-empty string)"
+                )));
+            }
+        };
+        let parameters = match function.remove("parameters") {
+            None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+            Some(schema @ Value::Object(_)) => schema,
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.function.parameters: must be a JSON schema object"
+                )));
+            }
+        };
+        let description = match function.remove("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d),
+            Some(_) => {
+                return Err(ApiError::invalid(format!(
+                    "tools.{i}.function.description: must be a string"
+                )));
+            }
+        };
+        specs.push(ToolSpec {
+            name,
+            description,
+            parameters,
+        });
+    }
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(choice)) => match choice.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "tool_choice: {other:?} is not one of \"auto\", \"none\", \"required\" or a \
+                     named function"
+                )));
+            }
+        },
+        Some(choice) => match choice.pointer("/function/name").and_then(Value::as_str) {
+            Some(name) if specs.iter().any(|t| t.name == name) => {
+                ToolChoice::Named(name.to_owned())
+            }
+            Some(name) => {
+                return Err(ApiError::invalid(format!(
+                    "tool_choice.function.name: {name:?} is not one of the tools offered"
+                )));
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    "tool_choice: must be \"auto\", \"none\", \"required\" or \
+                     {\"type\": \"function\", \"function\": {\"name\": …}}",
+                ));
+            }
+        },
+    };
+    let parallel = match parallel {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(parallel)) => Some(parallel),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "parallel_tool_calls: must be true or false",
+            ));
+        }
+    };
+    if specs.is_empty() {
+        return match choice {
+            ToolChoice::Auto | ToolChoice::None => Ok(None),
+            _ => Err(ApiError::invalid(
+                "tool_choice: asks for a tool call, but no tools are offered",
+            )),
+        };
+    }
+    Ok(Some(Box::new(ToolOffer {
+        tools: specs,
+        choice,
+        parallel,
+    })))
+}
+
+/// An assistant message's `tool_calls`: each a function call with an id, a name and its
+/// arguments as JSON text.
+fn tool_calls(calls: serde_json::Value, field: &str) -> Result<Vec<ToolCall>, ApiError> {
+    use serde_json::Value;
+    let Value::Array(calls) = calls else {
+        return Err(ApiError::invalid(format!("{field}: must be a list")));
+    };
+    calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let id = call.get("id").and_then(Value::as_str);
+            let name = call.pointer("/function/name").and_then(Value::as_str);
+            let arguments = match call.pointer("/function/arguments") {
+                Some(Value::String(text)) => text.clone(),
+                None | Some(Value::Null) => "{}".to_owned(),
+                Some(object @ Value::Object(_)) => object.to_string(),
+                Some(_) => {
+                    return Err(ApiError::invalid(format!(
+                        "{field}.{i}.function.arguments: must be JSON text"
+                    )));
+                }
+            };
+            match (id, name) {
+                (Some(id), Some(name)) => Ok(ToolCall {
+                    id: id.to_owned(),
+                    name: name.to_owned(),
+                    arguments,
+                }),
+                _ => Err(ApiError::invalid(format!(
+                    "{field}.{i}: a tool call needs an id and a function name"
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// Parses and validates a `/v1/completions` body.
@@ -371,6 +556,7 @@ pub fn parse_completion_request(
     request.messages = vec![Message {
         role: Role::User,
         text: prompt.clone(),
+        ..Message::default()
     }];
     request.raw_prompt = Some(prompt);
     Ok(request)
@@ -515,6 +701,7 @@ fn common(
         } else {
             ReplyFormat::OpenAiCompletion { include_usage }
         },
+        tools: None,
     })
 }
 
@@ -604,10 +791,29 @@ pub fn unix_now() -> u64 {
 
 /// The whole reply of a non-streamed request, as OpenAI's body for `format`.
 pub fn whole_body(message: &MessageResponse, chat: bool, created: u64) -> serde_json::Value {
-    let text: String = message.content.iter().map(|b| b.text.as_str()).collect();
+    let mut text = String::new();
+    let mut tool_calls = Vec::new();
+    for block in &message.content {
+        match block {
+            ContentBlock::Text { text: more } => text.push_str(more),
+            ContentBlock::ToolUse { id, name, input } => tool_calls.push(serde_json::json!({
+                "id": id,
+                "type": "function",
+                "function": {"name": name, "arguments": input.to_string()},
+            })),
+        }
+    }
     let finish = message.stop_reason.map(finish_reason);
     let usage = OpenAiUsage::from(message.usage);
     if chat {
+        let mut reply = serde_json::json!({"role": "assistant", "content": text, "refusal": null});
+        if !tool_calls.is_empty() {
+            // OpenAI's shape: no content beside the calls unless the model wrote some.
+            if text.is_empty() {
+                reply["content"] = serde_json::Value::Null;
+            }
+            reply["tool_calls"] = serde_json::Value::Array(tool_calls);
+        }
         serde_json::json!({
             "id": message.id,
             "object": "chat.completion",
@@ -615,7 +821,7 @@ pub fn whole_body(message: &MessageResponse, chat: bool, created: u64) -> serde_
             "model": message.model,
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": null},
+                "message": reply,
                 "logprobs": null,
                 "finish_reason": finish,
             }],
@@ -646,6 +852,8 @@ pub struct ChunkWriter {
     created: u64,
     chat: bool,
     include_usage: bool,
+    /// The block index of each tool call so far: its place here is its OpenAI `index`.
+    tool_blocks: Vec<u32>,
 }
 
 #[derive(Serialize)]
@@ -673,6 +881,26 @@ struct ChatDelta<'a> {
     role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[ToolCallDelta<'a>; 1]>,
+}
+
+/// A piece of a tool call in a stream: the first carries its id, type and name.
+#[derive(Serialize)]
+struct ToolCallDelta<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: FunctionDelta<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionDelta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
 }
 
 #[derive(Serialize)]
@@ -697,6 +925,7 @@ impl ChunkWriter {
             created: unix_now(),
             chat,
             include_usage,
+            tool_blocks: Vec::new(),
         }
     }
 
@@ -704,6 +933,18 @@ impl ChunkWriter {
         &self,
         out: &mut Vec<u8>,
         content: Option<&str>,
+        role: bool,
+        finish: Option<&'static str>,
+    ) {
+        self.chat_chunk(out, content, None, role, finish);
+    }
+
+    /// A chunk: a chat chunk with `content` or a tool call's piece, or a completion's text.
+    fn chat_chunk(
+        &self,
+        out: &mut Vec<u8>,
+        content: Option<&str>,
+        tool_call: Option<ToolCallDelta<'_>>,
         role: bool,
         finish: Option<&'static str>,
     ) {
@@ -721,6 +962,7 @@ impl ChunkWriter {
                         delta: ChatDelta {
                             role: role.then_some("assistant"),
                             content,
+                            tool_calls: tool_call.map(|call| [call]),
                         },
                         logprobs: None,
                         finish_reason: finish,
@@ -753,13 +995,49 @@ impl ChunkWriter {
     }
 
     /// Appends what `event` is in OpenAI's stream to `out` (some events are nothing there).
-    pub fn write(&self, event: &StreamEvent, out: &mut Vec<u8>) {
+    pub fn write(&mut self, event: &StreamEvent, out: &mut Vec<u8>) {
         match event {
             StreamEvent::MessageStart { .. } if self.chat => {
                 self.chunk(out, Some(""), true, None);
             }
-            StreamEvent::ContentBlockDelta { delta, .. } => {
-                self.chunk(out, Some(&delta.text), false, None);
+            StreamEvent::ContentBlockDelta {
+                delta: BlockDelta::TextDelta { text },
+                ..
+            } => {
+                self.chunk(out, Some(text), false, None);
+            }
+            StreamEvent::ContentBlockStart {
+                index,
+                content_block: ContentBlock::ToolUse { id, name, .. },
+            } if self.chat => {
+                self.tool_blocks.push(*index);
+                let call = ToolCallDelta {
+                    index: self.tool_blocks.len() - 1,
+                    id: Some(id),
+                    kind: Some("function"),
+                    function: FunctionDelta {
+                        name: Some(name),
+                        arguments: "",
+                    },
+                };
+                self.chat_chunk(out, None, Some(call), false, None);
+            }
+            StreamEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::InputJsonDelta { partial_json },
+            } => {
+                if let Some(ordinal) = self.tool_blocks.iter().position(|b| b == index) {
+                    let call = ToolCallDelta {
+                        index: ordinal,
+                        id: None,
+                        kind: None,
+                        function: FunctionDelta {
+                            name: None,
+                            arguments: partial_json,
+                        },
+                    };
+                    self.chat_chunk(out, None, Some(call), false, None);
+                }
             }
             StreamEvent::MessageDelta { delta, usage } => {
                 self.chunk(
@@ -955,14 +1233,14 @@ mod tests {
         }
         for (extra, field, feature) in [
             (
-                r#","tools":[{"type":"function","function":{"name":"f"}}]"#,
-                "tools",
-                "tool calling",
+                r#","functions":[{"name":"f"}]"#,
+                "functions",
+                "deprecated function calling",
             ),
             (
-                r#","tool_choice":"required""#,
-                "tool_choice",
-                "tool calling",
+                r#","tools":[{"type":"custom","custom":{"name":"f"}}]"#,
+                "tools.0.type",
+                "\"custom\" tools",
             ),
             (r#","n":2"#, "n", "more than one choice"),
             (r#","logprobs":true"#, "logprobs", "log probabilities"),
@@ -992,13 +1270,72 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.message().contains("image input"), "{}", err.message());
-        let err = chat(
-            r#"{"model":"sim-llama-3-8b","messages":[{"role":"tool","tool_call_id":"c1","content":"42"}]}"#,
-        )
-        .unwrap_err();
-        assert!(err.message().contains("tool calling"), "{}", err.message());
         let err = with(r#","frobnicate":1"#).unwrap_err();
         assert!(err.message().contains("unknown field"), "{}", err.message());
+    }
+
+    #[test]
+    fn tools_tool_calls_and_tool_messages_are_read() {
+        let req = chat(
+            r#"{"model":"sim-llama-3-8b",
+                "tools":[{"type":"function","function":{"name":"lookup","description":"Find","parameters":{"type":"object"}}},
+                         {"type":"function","function":{"name":"bare"}}],
+                "tool_choice":"required","parallel_tool_calls":true,
+                "messages":[{"role":"user","content":"Find Paris"},
+                            {"role":"assistant","content":null,"tool_calls":[
+                                {"id":"c1","type":"function","function":{"name":"lookup","arguments":"{\"q\":1}"}}]},
+                            {"role":"tool","tool_call_id":"c1","content":"found"}]}"#,
+        )
+        .unwrap();
+        let offer = req.tools.as_deref().unwrap();
+        assert_eq!(offer.tools.len(), 2);
+        assert_eq!(offer.tools[0].description.as_deref(), Some("Find"));
+        assert_eq!(
+            offer.tools[1].parameters,
+            serde_json::json!({"type": "object", "properties": {}}),
+            "a function without parameters takes none"
+        );
+        assert_eq!(offer.choice, ToolChoice::Required);
+        assert_eq!(offer.parallel, Some(true));
+        assert_eq!(req.messages.len(), 3);
+        assert_eq!(req.messages[1].tool_calls[0].arguments, r#"{"q":1}"#);
+        assert_eq!(req.messages[1].text, "");
+        assert_eq!(req.messages[2].tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(req.messages[2].role, Role::User);
+        assert_eq!(req.messages[2].text, "found");
+        for (body, starts) in [
+            (
+                r#""messages":[{"role":"tool","content":"x"}]"#,
+                "messages.0.tool_call_id: field required",
+            ),
+            (
+                r#""messages":[{"role":"user","content":"x","tool_calls":[]}]"#,
+                "messages.0.tool_calls: only an assistant",
+            ),
+            (
+                r#""messages":[{"role":"assistant","content":"x","tool_calls":[{"id":"c"}]}]"#,
+                "messages.0.tool_calls.0: a tool call needs",
+            ),
+            (
+                r#""messages":[{"role":"user","content":"x"}],"tool_choice":"required""#,
+                "tool_choice: asks for a tool call",
+            ),
+            (
+                r#""messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes""#,
+                "tool_choice: \"sometimes\"",
+            ),
+            (
+                r#""messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}"#,
+                "tool_choice.function.name:",
+            ),
+        ] {
+            let err = chat(&format!(r#"{{"model":"sim-llama-3-8b",{body}}}"#)).unwrap_err();
+            assert!(
+                err.message().starts_with(starts),
+                "{body}: {}",
+                err.message()
+            );
+        }
     }
 
     #[test]
@@ -1047,9 +1384,89 @@ mod tests {
     }
 
     #[test]
+    fn tool_use_blocks_are_written_as_tool_call_chunks_and_a_whole_message() {
+        let mut writer = ChunkWriter::new(
+            "chatcmpl-1".into(),
+            MODEL.into(),
+            ReplyFormat::OpenAiChat {
+                include_usage: false,
+            },
+        );
+        let mut out = Vec::new();
+        for (call, index) in [("call_a", 1), ("call_b", 2)] {
+            writer.write(
+                &StreamEvent::ContentBlockStart {
+                    index,
+                    content_block: ContentBlock::ToolUse {
+                        id: call.into(),
+                        name: "lookup".into(),
+                        input: serde_json::json!({}),
+                    },
+                },
+                &mut out,
+            );
+            writer.write(
+                &StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: BlockDelta::InputJsonDelta {
+                        partial_json: "{\"q\":1}".into(),
+                    },
+                },
+                &mut out,
+            );
+        }
+        let text = String::from_utf8(out).unwrap();
+        let chunks: Vec<serde_json::Value> = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let calls: Vec<&serde_json::Value> = chunks
+            .iter()
+            .map(|c| &c["choices"][0]["delta"]["tool_calls"][0])
+            .collect();
+        assert_eq!(calls.len(), 4, "{text}");
+        assert_eq!(
+            *calls[0],
+            serde_json::json!({"index": 0, "id": "call_a", "type": "function",
+                               "function": {"name": "lookup", "arguments": ""}})
+        );
+        assert_eq!(
+            *calls[1],
+            serde_json::json!({"index": 0, "function": {"arguments": "{\"q\":1}"}})
+        );
+        assert_eq!(calls[2]["index"], 1, "the second call is OpenAI's index 1");
+        assert_eq!(calls[3]["index"], 1);
+
+        let message = MessageResponse {
+            id: "chatcmpl-1".into(),
+            kind: "message",
+            role: Role::Assistant,
+            model: MODEL.into(),
+            content: vec![ContentBlock::ToolUse {
+                id: "call_a".into(),
+                name: "lookup".into(),
+                input: serde_json::json!({"q": 1}),
+            }],
+            stop_reason: Some(StopReason::ToolUse),
+            stop_sequence: None,
+            usage: Usage::default(),
+        };
+        let body = whole_body(&message, true, 0);
+        let reply = &body["choices"][0];
+        assert_eq!(reply["finish_reason"], "tool_calls");
+        assert_eq!(reply["message"]["content"], serde_json::Value::Null);
+        assert_eq!(
+            reply["message"]["tool_calls"],
+            serde_json::json!([{"id": "call_a", "type": "function",
+                                "function": {"name": "lookup", "arguments": "{\"q\":1}"}}])
+        );
+    }
+
+    #[test]
     fn a_stream_is_written_as_openai_chunks_ending_in_done() {
-        use crate::api::{MessageDeltaBody, TextBlock};
-        let writer = ChunkWriter::new(
+        use crate::api::MessageDeltaBody;
+        let mut writer = ChunkWriter::new(
             "chatcmpl-1".into(),
             MODEL.into(),
             ReplyFormat::OpenAiChat {
@@ -1077,11 +1494,11 @@ mod tests {
             StreamEvent::MessageStart { message },
             StreamEvent::ContentBlockStart {
                 index: 0,
-                content_block: TextBlock::new(String::new()),
+                content_block: ContentBlock::text(String::new()),
             },
             StreamEvent::Ping,
-            StreamEvent::text("Hel".into()),
-            StreamEvent::text("lo".into()),
+            StreamEvent::text(0, "Hel".into()),
+            StreamEvent::text(0, "lo".into()),
             StreamEvent::ContentBlockStop { index: 0 },
             StreamEvent::MessageDelta {
                 delta: MessageDeltaBody {

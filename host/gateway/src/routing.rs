@@ -104,6 +104,8 @@ pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
                     Role::Assistant => ringmaster_gpu_runtime::Role::Assistant,
                 },
                 text: m.text.clone(),
+                tool_calls: m.tool_calls.clone(),
+                tool_call_id: m.tool_call_id.clone(),
             })
             .collect(),
     }
@@ -138,12 +140,21 @@ fn canonical_prompt(request: &MessagesRequest) -> (Vec<u8>, usize) {
     }
     let mut first_turn_end = None;
     for message in &request.messages {
-        let role = match message.role {
-            Role::User => "user",
-            Role::Assistant => "assistant",
+        let role = match (message.role, &message.tool_call_id) {
+            (_, Some(_)) => "tool",
+            (Role::User, None) => "user",
+            (Role::Assistant, None) => "assistant",
         };
         record(&mut out, role, &message.text);
-        if first_turn_end.is_none() && message.role == Role::User {
+        // A tool call is part of its turn's prefix: the name and the arguments as sent.
+        for call in &message.tool_calls {
+            record(&mut out, "tool_call", &call.name);
+            out.truncate(out.len() - 1);
+            out.push(FIELD_SEPARATOR);
+            out.extend_from_slice(call.arguments.as_bytes());
+            out.push(RECORD_SEPARATOR);
+        }
+        if first_turn_end.is_none() && role == "user" {
             first_turn_end = Some(out.len());
         }
     }
@@ -178,6 +189,7 @@ mod tests {
                 .map(|(role, text)| Message {
                     role: *role,
                     text: (*text).to_owned(),
+                    ..Message::default()
                 })
                 .collect(),
             max_tokens: 8,
@@ -191,6 +203,7 @@ mod tests {
             seed: None,
             raw_prompt: None,
             format: crate::api::ReplyFormat::Messages,
+            tools: None,
         }
     }
 

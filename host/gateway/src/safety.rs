@@ -160,6 +160,15 @@ impl OutputFilter {
         self.check(metrics, false)
     }
 
+    /// Checks and lets out what is held back now, before the reply moves on to something the
+    /// filter does not read (a tool call): the window is checked as it is, not as the end.
+    pub fn flush(&mut self, metrics: &Metrics) -> Result<String, Blocked> {
+        if self.pending.is_empty() {
+            return Ok(String::new());
+        }
+        self.check(metrics, false)
+    }
+
     /// Checks what is left at the end of the reply (the final window, possibly empty).
     pub fn finish(&mut self, metrics: &Metrics) -> Result<String, Blocked> {
         self.check(metrics, true)

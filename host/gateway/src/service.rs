@@ -3,9 +3,10 @@
 //!
 //! Every response, success or error, carries a `request-id` header, and every log line of a
 //! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and
-//! turned into Anthropic's JSON in one place ([`crate::respond::error_response`]). A streamed reply is produced
-//! by a task that feeds a [`ChannelBody`]; if the client goes away, the task drops the engine's
-//! stream, which cancels the generation and frees its KV blocks.
+//! turned into Anthropic's JSON in one place ([`crate::respond::error_response`]). A streamed
+//! reply is a body hyper polls in the connection's task; if the client goes away (or takes
+//! nothing for `client_send_timeout_ms`, [`crate::send_timeout`]), hyper drops it, and with it
+//! the engine's stream, which cancels the generation and frees its KV blocks.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -62,11 +63,16 @@ pub async fn serve(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let gateway = gateway.clone();
+                let served = gateway.clone();
                 let service = hyper::service::service_fn(move |req| {
-                    let gateway = gateway.clone();
+                    let gateway = served.clone();
                     async move { Ok::<_, Infallible>(handle(gateway, req, peer).await) }
                 });
+                let stream = crate::send_timeout::SendTimeout::new(
+                    stream,
+                    gateway.config.client_send_timeout,
+                    gateway.metrics.slow_client_disconnects.clone(),
+                );
                 let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {

@@ -257,6 +257,7 @@ mod tests {
             messages: vec![ChatMessage {
                 role: Role::User,
                 text: user.into(),
+                ..Default::default()
             }],
         }
     }

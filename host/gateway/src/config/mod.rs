@@ -69,6 +69,10 @@ pub const DEFAULT_STREAM_PING: Duration = Duration::from_secs(5);
 /// How long a 429 is held before it goes out, unless configured.
 pub const DEFAULT_RATE_LIMIT_DELAY: Duration = Duration::from_millis(250);
 
+/// How long a client may take nothing of a reply before it is cut off (nginx's
+/// `send_timeout` is 60 s; a streamed token reply that stalls half that is already broken).
+pub const DEFAULT_CLIENT_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// An API key and what it grants.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ApiKey {
@@ -232,6 +236,8 @@ pub struct Config {
     pub resume_window: Option<Duration>,
     /// How long a 429 is held before it goes out (`None`: at once).
     pub rate_limit_delay: Option<Duration>,
+    /// A client that takes nothing of a reply for this long is cut off (`None`: never).
+    pub client_send_timeout: Option<Duration>,
     /// Time in-flight requests get at shutdown.
     pub shutdown_grace: Duration,
     /// Routing strategy.
@@ -465,6 +471,12 @@ impl RawConfig {
             Some(DEFAULT_RATE_LIMIT_DELAY),
             60_000,
         )?;
+        let client_send_timeout = optional_ms(
+            limits.client_send_timeout_ms,
+            "limits.client_send_timeout_ms",
+            Some(DEFAULT_CLIENT_SEND_TIMEOUT),
+            3_600_000,
+        )?;
         let max_waiting_per_server = limits
             .max_waiting_per_server
             .unwrap_or(DEFAULT_MAX_WAITING_PER_SERVER);
@@ -585,6 +597,7 @@ impl RawConfig {
             max_waiting_per_server,
             stream_ping,
             resume_window,
+            client_send_timeout,
             rate_limit_delay,
             shutdown_grace,
             strategy,

@@ -222,6 +222,9 @@ pub struct RawLimits {
     /// How long a 429 is held before it is sent, milliseconds (250; 0: at once): a flooding
     /// client's connections then cannot crowd out other keys' requests.
     pub rate_limit_delay_ms: Option<u64>,
+    /// A client that accepts nothing of a reply for this long is disconnected and its
+    /// generation cancelled, milliseconds (30000; 0: never).
+    pub client_send_timeout_ms: Option<u64>,
 }
 
 /// `[routing]`.

@@ -3,6 +3,7 @@
 //! the routed server with retries before the first token, and answered by the reply state
 //! machine ([`reply`]) as a stream or as one message.
 
+mod early;
 mod reply;
 pub(crate) mod resume;
 
@@ -53,15 +54,43 @@ pub(crate) async fn messages(
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
     let body = read_json_body(gateway, req).await?;
-    let call = MessagesCall {
+    let mut call = MessagesCall {
         api,
         queue_timeout,
         body,
         session,
         caller,
         passed_headers,
+        streamed: None,
     };
-    handle(gateway, call, started, request_id).await
+    let Some(every) = gateway.config.stream_ping else {
+        return handle(gateway, call, started, request_id).await;
+    };
+    // A streamed reply that is not ready within a ping interval starts early ([`early`]).
+    let streamed = Arc::new(std::sync::OnceLock::new());
+    call.streamed = Some(streamed.clone());
+    let (owned_gateway, owned_id) = (gateway.clone(), request_id.to_owned());
+    let mut pending: early::Pending =
+        Box::pin(async move { handle(&owned_gateway, call, started, &owned_id).await });
+    let interval = tokio::time::sleep(every);
+    tokio::pin!(interval);
+    tokio::select! {
+        biased;
+        reply = &mut pending => return reply,
+        () = &mut interval => {}
+    }
+    match streamed.get() {
+        Some(&format) => {
+            debug!("stream.started_early");
+            Ok(early::response(
+                pending,
+                format,
+                every,
+                tracing::Span::current(),
+            ))
+        }
+        None => pending.await,
+    }
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt rendered with the chat template and counted
@@ -161,6 +190,9 @@ pub struct MessagesCall {
     /// The request's own limit on its wait in the admission queue
     /// (`x-ringmaster-queue-timeout-ms`), when it sets one.
     pub queue_timeout: Option<Duration>,
+    /// Set to the reply's format once the body is known to ask for a stream (`None`: nobody
+    /// asks), so that a reply still waiting can start early.
+    pub streamed: Option<Arc<std::sync::OnceLock<ReplyFormat>>>,
 }
 
 /// The Messages handler from a parsed call on: what `POST /v1/messages` does after the HTTP
@@ -179,6 +211,7 @@ pub async fn handle(
         session,
         caller,
         passed_headers,
+        streamed,
     } = call;
     // The request's one view of the pool: admission, the router, assignment and the metrics
     // all decide on it.
@@ -190,8 +223,26 @@ pub async fn handle(
         Api::Completions => crate::openai::parse_completion_request(&body, limits)?,
     };
     drop(body);
+    if request.stream
+        && let Some(streamed) = &streamed
+    {
+        let _ = streamed.set(request.format);
+    }
     let (served_model, model_pool) = resolve_model(&fleet, &request.model)?;
     let served_model = served_model.to_owned();
+    if request.uses_tools()
+        && model_pool
+            .servers
+            .iter()
+            .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)))
+    {
+        return Err(ApiError::invalid(format!(
+            "tools: tool use (tool calling) is not supported for the model {:?}: its servers run in the \
+             gateway's process, and in-process engines do not call tools (the feature is served \
+             by pools of OpenAI-compatible servers with tool calling); leave tools out",
+            request.model
+        )));
+    }
     if gateway.safety.slot.current().is_some() {
         gateway
             .safety
@@ -795,6 +846,7 @@ fn generate_request(
         messages: chat.messages,
         max_tokens: request.max_tokens,
         stop_sequences: request.stop_sequences.clone(),
+        tools: request.tools.clone(),
         sampling: SamplingParams {
             temperature: request.temperature,
             top_p: request.top_p,
@@ -827,9 +879,11 @@ fn backend_error(error: ringmaster_pool::BackendError, attempts: u32) -> ApiErro
 
 fn engine_error(error: EngineError) -> ApiError {
     match error {
-        EngineError::PromptTooLong { .. }
-        | EngineError::ContextTooLong { .. }
-        | EngineError::EmptyPrompt => ApiError::invalid(format!("prompt is too long: {error}")),
+        EngineError::PromptTooLong { .. } | EngineError::ContextTooLong { .. } => {
+            ApiError::invalid(format!("prompt is too long: {error}"))
+        }
+        EngineError::EmptyPrompt => ApiError::invalid(format!("prompt: {error}")),
+        EngineError::ToolsUnsupported => ApiError::invalid(format!("tools: {error}")),
         EngineError::Stopped => ApiError::new(
             ErrorKind::Overloaded,
             "the GPU server is shutting down; retry",

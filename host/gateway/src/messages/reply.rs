@@ -22,8 +22,8 @@ use tracing::{debug, info, warn};
 
 use super::Tracker;
 use crate::api::{
-    MessageDeltaBody, MessageResponse, MessagesRequest, Role, StopReason, StreamEvent, TextBlock,
-    Usage,
+    BlockDelta, ContentBlock, MessageDeltaBody, MessageResponse, MessagesRequest, Role, StopReason,
+    StreamEvent, Usage,
 };
 use crate::body::ResponseBody;
 use crate::error::ApiError;
@@ -40,6 +40,23 @@ enum Ended {
     Failed(ApiError),
 }
 
+/// The content block a reply is writing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OpenBlock {
+    /// Text, at this block index.
+    Text(u32),
+    /// A tool call: the server's index of the call, and the block index.
+    Tool { call: u32, block: u32 },
+}
+
+impl OpenBlock {
+    fn index(self) -> u32 {
+        match self {
+            Self::Text(block) | Self::Tool { block, .. } => block,
+        }
+    }
+}
+
 /// The state of one reply.
 struct ReplyMachine {
     model: String,
@@ -48,6 +65,10 @@ struct ReplyMachine {
     prompt: u32,
     cached: u32,
     generated: u32,
+    /// The block being written (`None` before the start and after the end).
+    open: Option<OpenBlock>,
+    /// The index the next block gets.
+    next_block: u32,
 }
 
 impl ReplyMachine {
@@ -59,6 +80,77 @@ impl ReplyMachine {
             prompt: 0,
             cached: 0,
             generated: 0,
+            open: None,
+            next_block: 0,
+        }
+    }
+
+    /// Opens `block` (closing the one open before it) and returns its index.
+    fn open(
+        &mut self,
+        block: ContentBlock,
+        tool_call: Option<u32>,
+        out: &mut Vec<StreamEvent>,
+    ) -> u32 {
+        self.close(out);
+        let index = self.next_block;
+        self.next_block += 1;
+        self.open = Some(match tool_call {
+            Some(call) => OpenBlock::Tool { call, block: index },
+            None => OpenBlock::Text(index),
+        });
+        out.push(StreamEvent::ContentBlockStart {
+            index,
+            content_block: block,
+        });
+        index
+    }
+
+    fn close(&mut self, out: &mut Vec<StreamEvent>) {
+        if let Some(open) = self.open.take() {
+            out.push(StreamEvent::ContentBlockStop {
+                index: open.index(),
+            });
+        }
+    }
+
+    /// Text for the client: into the open text block, or a new one after a tool call.
+    fn text(&mut self, text: String, out: &mut Vec<StreamEvent>) {
+        let index = match self.open {
+            Some(OpenBlock::Text(index)) => index,
+            _ => self.open(ContentBlock::text(String::new()), None, out),
+        };
+        out.push(StreamEvent::text(index, text));
+    }
+
+    /// A piece of a tool call: a new `tool_use` block at its first piece, then its input.
+    fn tool_call(
+        &mut self,
+        call: u32,
+        id: Option<String>,
+        name: Option<String>,
+        arguments: String,
+        out: &mut Vec<StreamEvent>,
+    ) {
+        let index = match self.open {
+            Some(OpenBlock::Tool { call: open, block }) if open == call => block,
+            _ => {
+                let id = id.unwrap_or_else(|| format!("toolu_{}", uuid::Uuid::new_v4().simple()));
+                let block = ContentBlock::ToolUse {
+                    id,
+                    name: name.unwrap_or_default(),
+                    input: serde_json::json!({}),
+                };
+                self.open(block, Some(call), out)
+            }
+        };
+        if !arguments.is_empty() {
+            out.push(StreamEvent::ContentBlockDelta {
+                index,
+                delta: BlockDelta::InputJsonDelta {
+                    partial_json: arguments,
+                },
+            });
         }
     }
 
@@ -85,10 +177,7 @@ impl ReplyMachine {
                     usage(prompt_tokens, cached_tokens, 1),
                 );
                 out.push(StreamEvent::MessageStart { message });
-                out.push(StreamEvent::ContentBlockStart {
-                    index: 0,
-                    content_block: TextBlock::new(String::new()),
-                });
+                self.open(ContentBlock::text(String::new()), None, out);
                 out.push(StreamEvent::Ping);
                 None
             }
@@ -96,11 +185,31 @@ impl ReplyMachine {
                 self.generated += 1;
                 tracker.generated(1);
                 match self.filter.as_mut().map(|f| f.push(metrics, &text)) {
-                    None => out.push(StreamEvent::text(text)),
+                    None => self.text(text, out),
                     Some(Ok(allowed)) if allowed.is_empty() => {}
-                    Some(Ok(allowed)) => out.push(StreamEvent::text(allowed)),
+                    Some(Ok(allowed)) => self.text(allowed, out),
                     Some(Err(why)) => return Some(self.refuse(tracker, why, out)),
                 }
+                None
+            }
+            Some(GenerateEvent::ToolCall {
+                index,
+                id,
+                name,
+                arguments,
+            }) => {
+                self.generated += 1;
+                tracker.generated(1);
+                // The filter reads text: what it holds back goes out (or is refused) before
+                // the call, which it does not read.
+                if let Some(filter) = self.filter.as_mut() {
+                    match filter.flush(metrics) {
+                        Ok(allowed) if allowed.is_empty() => {}
+                        Ok(allowed) => self.text(allowed, out),
+                        Err(why) => return Some(self.refuse(tracker, why, out)),
+                    }
+                }
+                self.tool_call(index, id, name, arguments, out);
                 None
             }
             Some(GenerateEvent::Finished {
@@ -116,13 +225,13 @@ impl ReplyMachine {
                 if let Some(filter) = self.filter.as_mut() {
                     match filter.finish(metrics) {
                         Ok(allowed) if allowed.is_empty() => {}
-                        Ok(allowed) => out.push(StreamEvent::text(allowed)),
+                        Ok(allowed) => self.text(allowed, out),
                         Err(why) => return Some(self.refuse(tracker, why, out)),
                     }
                 }
                 tracker.finished(prompt_tokens, cached_tokens, output_tokens);
                 let (stop_reason, stop_sequence) = stop_of(&reason);
-                out.push(StreamEvent::ContentBlockStop { index: 0 });
+                self.close(out);
                 out.push(StreamEvent::MessageDelta {
                     delta: MessageDeltaBody {
                         stop_reason,
@@ -153,10 +262,10 @@ impl ReplyMachine {
     }
 
     /// Ends the reply at a block: the held-back window is dropped.
-    fn refuse(&self, tracker: &Tracker, why: Blocked, out: &mut Vec<StreamEvent>) -> Ended {
+    fn refuse(&mut self, tracker: &Tracker, why: Blocked, out: &mut Vec<StreamEvent>) -> Ended {
         info!(reason = %why.reason, "reply.output_blocked");
         tracker.finished(self.prompt, self.cached, self.generated);
-        out.push(StreamEvent::ContentBlockStop { index: 0 });
+        self.close(out);
         out.push(StreamEvent::MessageDelta {
             delta: MessageDeltaBody {
                 stop_reason: StopReason::Refusal,
@@ -182,14 +291,26 @@ impl ReplyMachine {
 #[derive(Default)]
 struct Collector {
     message: Option<MessageResponse>,
-    text: String,
+    /// The blocks so far, each tool call's input as the JSON text its pieces made.
+    blocks: Vec<(ContentBlock, String)>,
 }
 
 impl Collector {
     fn push(&mut self, event: StreamEvent) {
         match event {
             StreamEvent::MessageStart { message } => self.message = Some(message),
-            StreamEvent::ContentBlockDelta { delta, .. } => self.text.push_str(&delta.text),
+            StreamEvent::ContentBlockStart { content_block, .. } => {
+                self.blocks.push((content_block, String::new()));
+            }
+            StreamEvent::ContentBlockDelta { delta, .. } => match (delta, self.blocks.last_mut()) {
+                (BlockDelta::TextDelta { text: more }, Some((ContentBlock::Text { text }, _))) => {
+                    text.push_str(&more);
+                }
+                (BlockDelta::InputJsonDelta { partial_json }, Some((_, input))) => {
+                    input.push_str(&partial_json);
+                }
+                _ => {}
+            },
             StreamEvent::MessageDelta { delta, usage } => {
                 if let Some(message) = self.message.as_mut() {
                     message.stop_reason = Some(delta.stop_reason);
@@ -197,20 +318,52 @@ impl Collector {
                     message.usage = usage;
                 }
             }
-            StreamEvent::ContentBlockStart { .. }
-            | StreamEvent::ContentBlockStop { .. }
+            StreamEvent::ContentBlockStop { .. }
             | StreamEvent::Ping
             | StreamEvent::MessageStop
             | StreamEvent::Error { .. } => {}
         }
     }
 
-    fn finish(self, model: &str, id: &str) -> MessageResponse {
+    /// The message, each tool call's input parsed from its JSON text; a server whose tool
+    /// call arguments are not a JSON object fails the reply (the client could not use them).
+    fn finish(self, model: &str, id: &str) -> Result<MessageResponse, ApiError> {
         let mut message = self
             .message
             .unwrap_or_else(|| empty_message(model, id, Usage::default()));
-        message.content = vec![TextBlock::new(self.text)];
-        message
+        let has_tools = self
+            .blocks
+            .iter()
+            .any(|(b, _)| matches!(b, ContentBlock::ToolUse { .. }));
+        let mut content = Vec::with_capacity(self.blocks.len().max(1));
+        for (block, arguments) in self.blocks {
+            match block {
+                // An empty text block before a tool call says nothing.
+                ContentBlock::Text { text } if text.is_empty() && has_tools => {}
+                ContentBlock::ToolUse { id, name, .. } => {
+                    let input = if arguments.trim().is_empty() {
+                        serde_json::json!({})
+                    } else {
+                        match serde_json::from_str::<serde_json::Value>(&arguments) {
+                            Ok(input @ serde_json::Value::Object(_)) => input,
+                            _ => {
+                                return Err(ApiError::internal(format!(
+                                    "the GPU server called the tool {name:?} with arguments that \
+                                     are not a JSON object: {arguments:?}"
+                                )));
+                            }
+                        }
+                    };
+                    content.push(ContentBlock::ToolUse { id, name, input });
+                }
+                block => content.push(block),
+            }
+        }
+        if content.is_empty() {
+            content.push(ContentBlock::text(String::new()));
+        }
+        message.content = content;
+        Ok(message)
     }
 }
 
@@ -262,7 +415,7 @@ pub(super) async fn collect(
             return match ended {
                 Ended::Failed(error) => Err(error),
                 Ended::Finished { .. } | Ended::Blocked => {
-                    Ok(collector.finish(&machine.model, &machine.message_id))
+                    collector.finish(&machine.model, &machine.message_id)
                 }
             };
         }
@@ -473,7 +626,7 @@ impl Body for SseReply {
                 }
                 return Poll::Ready(Some(Ok(Frame::data(frame(
                     &mut this.out,
-                    this.openai.as_ref(),
+                    this.openai.as_mut(),
                 )))));
             }
             if this.ended.is_some() {
@@ -497,10 +650,10 @@ impl Drop for SseReply {
 }
 
 /// `out`'s events as one SSE frame (emptying `out`), in OpenAI's chunks when `openai` is set.
-fn frame(out: &mut Vec<StreamEvent>, openai: Option<&ChunkWriter>) -> Bytes {
+fn frame(out: &mut Vec<StreamEvent>, mut openai: Option<&mut ChunkWriter>) -> Bytes {
     let mut frame = Vec::with_capacity(256 * out.len());
     for event in out.drain(..) {
-        match openai {
+        match openai.as_deref_mut() {
             Some(writer) => writer.write(&event, &mut frame),
             None => event.write_sse(&mut frame),
         }

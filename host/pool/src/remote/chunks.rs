@@ -94,6 +94,48 @@ struct Choice<'a> {
 struct Text<'a> {
     #[serde(default, borrow)]
     content: Option<Str<'a>>,
+    /// Tool calls: pieces of them in a stream's `delta`, whole ones in an answer's `message`.
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<ToolCallWire<'a>>>,
+}
+
+/// One (piece of a) tool call.
+#[derive(Debug, Deserialize)]
+struct ToolCallWire<'a> {
+    /// Which call of the turn a stream's piece belongs to (a whole answer's calls have none:
+    /// their place in the list is their index).
+    #[serde(default)]
+    index: Option<u32>,
+    #[serde(default, borrow)]
+    id: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    function: Option<FunctionWire<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FunctionWire<'a> {
+    #[serde(default, borrow)]
+    name: Option<Str<'a>>,
+    #[serde(default, borrow)]
+    arguments: Option<ArgumentsWire<'a>>,
+}
+
+/// The arguments as JSON text (OpenAI's shape), or as a JSON object (some servers' whole
+/// answers), which is written back out as text.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ArgumentsWire<'a> {
+    Text(#[serde(borrow)] Str<'a>),
+    Json(serde_json::Value),
+}
+
+impl ArgumentsWire<'_> {
+    fn into_text(self) -> String {
+        match self {
+            Self::Text(text) => text.0.into_owned(),
+            Self::Json(value) => value.to_string(),
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -274,18 +316,19 @@ impl ReplyDecoder {
             }
             return;
         };
-        let text = choice
-            .delta
-            .and_then(|d| d.content)
-            .or_else(|| choice.message.and_then(|m| m.content))
-            .or(choice.text)
-            .unwrap_or_default()
-            .0;
+        let (content, tool_calls) = match choice.delta.or(choice.message) {
+            Some(Text {
+                content,
+                tool_calls,
+            }) => (content, tool_calls.unwrap_or_default()),
+            None => (None, Vec::new()),
+        };
+        let text = content.or(choice.text).unwrap_or_default().0;
         let finish = choice.finish_reason.as_deref().map(|reason| {
             let matched = choice.stop_reason.or(choice.matched_stop);
             finish_reason(reason, matched)
         });
-        if has_usage || !text.is_empty() || finish.is_some() {
+        if has_usage || !text.is_empty() || !tool_calls.is_empty() || finish.is_some() {
             self.start(out);
         }
         if !text.is_empty() {
@@ -293,6 +336,28 @@ impl ReplyDecoder {
             self.text_bytes += text.len();
             out.push(GenerateEvent::Token {
                 text: text.into_owned(),
+            });
+        }
+        for (position, call) in tool_calls.into_iter().enumerate() {
+            let (name, arguments) = match call.function {
+                Some(function) => (
+                    function.name.map(|n| n.0.into_owned()),
+                    function
+                        .arguments
+                        .map(ArgumentsWire::into_text)
+                        .unwrap_or_default(),
+                ),
+                None => (None, String::new()),
+            };
+            self.text_chunks += 1;
+            self.text_bytes += arguments.len();
+            out.push(GenerateEvent::ToolCall {
+                index: call
+                    .index
+                    .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
+                id: call.id.map(|id| id.0.into_owned()),
+                name,
+                arguments,
             });
         }
         if finish.is_some() {

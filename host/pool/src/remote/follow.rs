@@ -172,6 +172,7 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
         let Some(worker) = worker.upgrade() else {
             return;
         };
+        worker.prune_idle();
         if worker.models_epoch.is_some()
             && ticks.is_multiple_of(MODELS_POLL_EVERY)
             && let Ok(Some(models)) = fetch_models(&worker).await

@@ -31,6 +31,7 @@
 //! A server without these endpoints is asked again only every [`KV_UNSUPPORTED_RETRY`].
 
 mod chunks;
+mod conn;
 mod follow;
 mod reply;
 mod sse;
@@ -39,15 +40,17 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use ringmaster_gpu_runtime::{GenerateEvent, GenerateRequest, GenerationStream, LoadReport};
+use ringmaster_gpu_runtime::{
+    GenerateEvent, GenerateRequest, GenerationStream, LoadReport, ToolChoice,
+};
 use serde::Serialize;
 use tracing::warn;
 
 pub use chunks::{DecodeError, ReplyDecoder, error_message};
 pub use sse::{SseDecoder, SseError};
 
+use conn::{ConnError, Http1Pool, Lease};
 use reply::RemoteReply;
 
 use crate::kv_view::ReportedCache;
@@ -250,13 +253,13 @@ impl Health {
 #[derive(Debug)]
 pub struct RemoteWorker {
     url: String,
-    /// The two endpoints, parsed once.
+    /// The two endpoints, parsed once (origin-form for HTTP/1.1, absolute for HTTP/2).
     chat_url: http::Uri,
     completions_url: http::Uri,
     /// For the health polls and the KV event stream.
     client: reqwest::Client,
-    /// For requests: hyper's pooled client without reqwest's layers.
-    requests: RequestClient,
+    /// For requests.
+    transport: Transport,
     settings: UpstreamSettings,
     load: Mutex<LoadReport>,
     reachable: AtomicBool,
@@ -290,29 +293,49 @@ impl RemoteWorker {
             builder = builder.http2_prior_knowledge();
         }
         let client = builder.build().unwrap_or_default();
-        let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-        connector.set_connect_timeout(Some(settings.connect_timeout));
-        connector.set_nodelay(true);
-        let requests =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .pool_idle_timeout(settings.pool_idle_timeout)
-                .pool_max_idle_per_host(settings.pool_max_idle)
-                .http2_only(settings.http2_prior_knowledge)
-                .build(connector);
         let url = url.trim_end_matches('/').to_owned();
-        // The config checked the address (http://HOST:PORT); a URL that still fails to parse
-        // gets the placeholder, and every request to it fails as unreachable.
+        // The config checked the address (http://HOST:PORT); one that still fails to parse
+        // gets a placeholder, and every request to it fails as unreachable.
+        let parsed = url
+            .parse::<http::Uri>()
+            .ok()
+            .filter(|uri| uri.authority().is_some())
+            .unwrap_or_else(|| http::Uri::from_static("http://invalid.invalid"));
+        let authority = parsed.authority().map_or("invalid.invalid", |a| a.as_str());
+        let base_path = parsed.path().trim_end_matches('/').to_owned();
+        let transport = if settings.http2_prior_knowledge {
+            let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
+            connector.set_connect_timeout(Some(settings.connect_timeout));
+            connector.set_nodelay(true);
+            Transport::Http2(Box::new(
+                hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                    .pool_idle_timeout(settings.pool_idle_timeout)
+                    .pool_max_idle_per_host(settings.pool_max_idle)
+                    .http2_only(true)
+                    .build(connector),
+            ))
+        } else {
+            Transport::Http1(Http1Pool::new(
+                authority,
+                settings.connect_timeout,
+                settings.pool_max_idle,
+                settings.pool_idle_timeout,
+            ))
+        };
         let endpoint = |path: &str| {
-            format!("{url}{path}")
-                .parse::<http::Uri>()
-                .unwrap_or_else(|_| http::Uri::from_static("http://invalid.invalid/"))
+            let text = match transport {
+                Transport::Http1(_) => format!("{base_path}{path}"),
+                Transport::Http2(_) => format!("http://{authority}{base_path}{path}"),
+            };
+            text.parse::<http::Uri>()
+                .unwrap_or_else(|_| http::Uri::from_static("/invalid"))
         };
         let worker = Arc::new(Self {
             chat_url: endpoint("/v1/chat/completions"),
             completions_url: endpoint("/v1/completions"),
             url,
             client,
-            requests,
+            transport,
             settings,
             load: Mutex::new(LoadReport::default()),
             // Unknown until the first poll: assume reachable so the first requests are tried.
@@ -433,22 +456,17 @@ impl RemoteWorker {
                 url: self.url.clone(),
                 why: format!("could not build the request: {e}"),
             })?;
-        let response = tokio::time::timeout(headers_timeout, self.requests.request(http_request))
+        let (response, mut lease) = tokio::time::timeout(headers_timeout, self.send(http_request))
             .await
             .map_err(|_| RemoteError::Unreachable {
                 url: self.url.clone(),
                 why: format!("no answer within {headers_timeout:?}"),
                 timeout: true,
-            })?
-            .map_err(|e| RemoteError::Unreachable {
-                url: self.url.clone(),
-                why: error_chain(&e),
-                timeout: false,
-            })?;
+            })??;
         let status = response.status();
         if !status.is_success() {
             // An error body that cannot be read leaves the status as the message.
-            let bytes = read_body(response.into_body(), &self.settings)
+            let bytes = read_body(response.into_body(), &mut lease, &self.settings)
                 .await
                 .unwrap_or_default();
             let message = error_message(&bytes).unwrap_or_else(|| status.to_string());
@@ -470,17 +488,58 @@ impl RemoteWorker {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         if json_answer {
-            let events = read_whole(response, &self.settings).await;
+            let events = read_whole(response, lease, &self.settings).await;
             return self.started(GenerationStream::from_events(events)).await;
         }
         let reply = RemoteReply::new(
             response.into_body(),
+            lease,
             &self.settings,
             self.url.clone(),
             request.request_id.clone(),
         );
         self.started(GenerationStream::from_source(Box::new(reply)))
             .await
+    }
+
+    /// Sends `request` over the server's transport: the reply's headers, and for HTTP/1.1 the
+    /// connection's lease, which the body's reader drives.
+    async fn send(
+        &self,
+        request: http::Request<http_body_util::Full<bytes::Bytes>>,
+    ) -> Result<(http::Response<Incoming>, Option<Lease>), RemoteError> {
+        let unreachable = |why: String, timeout: bool| RemoteError::Unreachable {
+            url: self.url.clone(),
+            why,
+            timeout,
+        };
+        match &self.transport {
+            Transport::Http1(pool) => match pool.send(request).await {
+                Ok((response, lease)) => Ok((response, Some(lease))),
+                Err(ConnError::Connect { why, timeout, .. }) => Err(unreachable(why, timeout)),
+                Err(ConnError::Http(e)) => Err(unreachable(error_chain(&e), false)),
+            },
+            Transport::Http2(client) => client
+                .request(request)
+                .await
+                .map(|response| (response, None))
+                .map_err(|e| unreachable(error_chain(&e), false)),
+        }
+    }
+
+    /// Connections opened to the server so far over HTTP/1.1 (`None` over HTTP/2).
+    pub fn connections_opened(&self) -> Option<u64> {
+        match &self.transport {
+            Transport::Http1(pool) => Some(pool.opened()),
+            Transport::Http2(_) => None,
+        }
+    }
+
+    /// Closes idle connections that expired or that the server closed.
+    fn prune_idle(&self) {
+        if let Transport::Http1(pool) = &self.transport {
+            pool.prune();
+        }
     }
 
     /// The reply's stream once its first event is in (within `first_token_timeout`), or why
@@ -510,14 +569,15 @@ impl RemoteWorker {
     }
 }
 
-/// A whole JSON answer's events, its body read to the end.
+/// A whole JSON answer's events, its body read to the end (and its connection given back).
 async fn read_whole(
     response: http::Response<Incoming>,
+    mut lease: Option<Lease>,
     settings: &UpstreamSettings,
 ) -> Vec<GenerateEvent> {
     let mut decoder = ReplyDecoder::default();
     let mut events = Vec::new();
-    match read_body(response.into_body(), settings).await {
+    match read_body(response.into_body(), &mut lease, settings).await {
         Ok(bytes) => decoder.whole(&bytes, &mut events),
         Err(why) => decoder.fail(why, &mut events),
     }
@@ -525,29 +585,51 @@ async fn read_whole(
 }
 
 /// A body read to its end, at most `max_event_bytes` of it, with `chunk_gap_timeout` between
-/// reads; else what went wrong.
-async fn read_body(mut body: Incoming, settings: &UpstreamSettings) -> Result<Vec<u8>, String> {
+/// reads; else what went wrong. A body read to its end gives its connection back; one that
+/// was not drops it.
+async fn read_body(
+    mut body: Incoming,
+    lease: &mut Option<Lease>,
+    settings: &UpstreamSettings,
+) -> Result<Vec<u8>, String> {
     let gap = settings.chunk_gap_timeout;
     let mut bytes = Vec::new();
-    loop {
-        match tokio::time::timeout(gap, next_data(&mut body)).await {
+    let result = loop {
+        match tokio::time::timeout(gap, conn::next_data(&mut body, lease.as_mut())).await {
             Ok(Some(Ok(chunk))) => {
                 bytes.extend_from_slice(&chunk);
                 if bytes.len() > settings.max_event_bytes {
-                    return Err(format!(
+                    break Err(format!(
                         "the server's answer is larger than {} bytes",
                         settings.max_event_bytes
                     ));
                 }
             }
-            Ok(Some(Err(e))) => return Err(format!("the reply broke off: {}", error_chain(&e))),
-            Ok(None) => return Ok(bytes),
-            Err(_) => return Err(format!("the server sent nothing for {gap:?}")),
+            Ok(Some(Err(e))) => break Err(format!("the reply broke off: {}", error_chain(&e))),
+            Ok(None) => {
+                if let Some(lease) = lease.take() {
+                    lease.finished();
+                }
+                break Ok(bytes);
+            }
+            Err(_) => break Err(format!("the server sent nothing for {gap:?}")),
         }
-    }
+    };
+    *lease = None;
+    result
 }
 
-/// The pooled client requests go through.
+/// How requests reach a server.
+#[derive(Debug)]
+enum Transport {
+    /// HTTP/1.1: connections driven by the requests that hold them ([`conn`]).
+    Http1(Arc<Http1Pool>),
+    /// HTTP/2 with prior knowledge: hyper's pooled client, whose shared connections run in
+    /// tasks of their own (one connection carries many requests).
+    Http2(Box<RequestClient>),
+}
+
+/// The pooled client HTTP/2 requests go through.
 type RequestClient = hyper_util::client::legacy::Client<
     hyper_util::client::legacy::connect::HttpConnector,
     http_body_util::Full<bytes::Bytes>,
@@ -629,22 +711,6 @@ impl ReplyReader {
     }
 }
 
-/// The body's next data (trailers are skipped); `None` at its end.
-///
-/// Cancel safety: cancel-safe; a frame is never lost if the future is dropped.
-pub(super) async fn next_data(body: &mut Incoming) -> Option<Result<bytes::Bytes, hyper::Error>> {
-    loop {
-        match body.frame().await? {
-            Ok(frame) => {
-                if let Ok(data) = frame.into_data() {
-                    return Some(Ok(data));
-                }
-            }
-            Err(e) => return Some(Err(e)),
-        }
-    }
-}
-
 /// The body of a request to a server, borrowing from the request.
 #[derive(Debug, Serialize)]
 struct OpenAiBody<'a> {
@@ -672,6 +738,41 @@ struct OpenAiBody<'a> {
     ignore_eos: bool,
     /// `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
     ringmaster_priority: u8,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tools: Vec<OpenAiTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiTool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OpenAiFunction<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiFunction<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    parameters: &'a serde_json::Value,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OpenAiFunctionCall<'a>,
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiFunctionCall<'a> {
+    name: &'a str,
+    arguments: &'a str,
 }
 
 #[derive(Debug, Serialize)]
@@ -684,6 +785,10 @@ struct StreamOptions {
 struct OpenAiMessage<'a> {
     role: &'static str,
     content: &'a str,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tool_calls: Vec<OpenAiToolCall<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
 }
 
 /// Which OpenAI endpoint a request goes to.
@@ -715,7 +820,33 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
         stop: &request.stop_sequences,
         ignore_eos: sampling.ignore_eos,
         ringmaster_priority: request.priority,
+        tools: Vec::new(),
+        tool_choice: None,
+        parallel_tool_calls: None,
     };
+    if let Some(offer) = &request.tools {
+        body.tools = offer
+            .tools
+            .iter()
+            .map(|tool| OpenAiTool {
+                kind: "function",
+                function: OpenAiFunction {
+                    name: &tool.name,
+                    description: tool.description.as_deref(),
+                    parameters: &tool.parameters,
+                },
+            })
+            .collect();
+        body.tool_choice = Some(match &offer.choice {
+            ToolChoice::Auto => serde_json::json!("auto"),
+            ToolChoice::None => serde_json::json!("none"),
+            ToolChoice::Required => serde_json::json!("required"),
+            ToolChoice::Named(name) => {
+                serde_json::json!({ "type": "function", "function": { "name": name } })
+            }
+        });
+        body.parallel_tool_calls = offer.parallel;
+    }
     if let Some(prompt) = &request.prompt {
         body.prompt = Some(prompt);
         return (Endpoint::Completions, body);
@@ -725,15 +856,31 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
         messages.push(OpenAiMessage {
             role: "system",
             content: system,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
         });
     }
     for m in &request.messages {
         messages.push(OpenAiMessage {
-            role: match m.role {
-                ringmaster_gpu_runtime::Role::User => "user",
-                ringmaster_gpu_runtime::Role::Assistant => "assistant",
+            role: match (m.role, &m.tool_call_id) {
+                (_, Some(_)) => "tool",
+                (ringmaster_gpu_runtime::Role::User, None) => "user",
+                (ringmaster_gpu_runtime::Role::Assistant, None) => "assistant",
             },
             content: &m.text,
+            tool_calls: m
+                .tool_calls
+                .iter()
+                .map(|call| OpenAiToolCall {
+                    id: &call.id,
+                    kind: "function",
+                    function: OpenAiFunctionCall {
+                        name: &call.name,
+                        arguments: &call.arguments,
+                    },
+                })
+                .collect(),
+            tool_call_id: m.tool_call_id.as_deref(),
         });
     }
     body.messages = Some(messages);
@@ -817,6 +964,7 @@ mod tests {
             sampling: Default::default(),
             prompt: Some("x".into()),
             priority: 0,
+            tools: None,
         }
     }
 
@@ -899,12 +1047,14 @@ mod tests {
             messages: vec![ringmaster_gpu_runtime::ChatMessage {
                 role: ringmaster_gpu_runtime::Role::User,
                 text: "Hi".into(),
+                ..Default::default()
             }],
             max_tokens: 9,
             stop_sequences: vec!["x".into()],
             sampling: Default::default(),
             prompt: None,
             priority: 3,
+            tools: None,
         };
         let (path, body) = openai_body(&request, "served-name");
         let body = serde_json::to_value(body).unwrap();

@@ -21,12 +21,17 @@ use ringmaster_gpu_runtime::{EventSource, GenerateEvent};
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
+use super::conn::{Lease, next_data};
 use super::{DRAIN_LIMIT_BYTES, ReplyReader, UpstreamSettings, error_chain};
 
 /// A server's streamed reply, read on demand.
 pub(super) struct RemoteReply {
     /// `None` once the body ended (or was handed to a drain).
     body: Option<Incoming>,
+    /// The HTTP/1.1 connection the body comes from, driven before each read of it; given
+    /// back once the body ended, dropped (closed) with a body that did not (`None` over
+    /// HTTP/2, and once given back or dropped).
+    lease: Option<Lease>,
     reader: ReplyReader,
     ready: VecDeque<GenerateEvent>,
     scratch: Vec<GenerateEvent>,
@@ -43,6 +48,7 @@ pub(super) struct RemoteReply {
 impl RemoteReply {
     pub(super) fn new(
         body: Incoming,
+        lease: Option<Lease>,
         settings: &UpstreamSettings,
         url: String,
         request_id: String,
@@ -50,6 +56,7 @@ impl RemoteReply {
         let gap = settings.chunk_gap_timeout;
         Self {
             body: Some(body),
+            lease,
             reader: ReplyReader::new(settings.max_event_bytes),
             ready: VecDeque::new(),
             scratch: Vec::new(),
@@ -69,6 +76,9 @@ impl RemoteReply {
                 self.reader.end(&mut self.scratch);
                 break;
             };
+            if let Some(lease) = self.lease.as_mut() {
+                lease.drive(cx);
+            }
             match Pin::new(body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Ok(data) = frame.into_data() {
@@ -78,18 +88,20 @@ impl RemoteReply {
                 }
                 Poll::Ready(Some(Err(e))) => {
                     self.body = None;
+                    self.lease = None;
                     self.reader.fail(
                         format!("the reply broke off: {}", error_chain(&e)),
                         &mut self.scratch,
                     );
                 }
                 Poll::Ready(None) => {
-                    self.body = None;
+                    self.body_ended();
                     self.reader.end(&mut self.scratch);
                 }
                 Poll::Pending => {
                     if self.silent(cx) {
                         self.body = None;
+                        self.lease = None;
                         self.reader.fail(
                             format!("the server sent nothing for {:?}", self.gap),
                             &mut self.scratch,
@@ -126,16 +138,32 @@ impl RemoteReply {
     fn finish_body(&mut self, cx: &mut Context<'_>) {
         let mut read = 0;
         while let Some(body) = self.body.as_mut() {
+            if let Some(lease) = self.lease.as_mut() {
+                lease.drive(cx);
+            }
             match Pin::new(body).poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     read += frame.data_ref().map_or(0, |d| d.len());
                     if read > DRAIN_LIMIT_BYTES {
                         self.body = None;
+                        self.lease = None;
                     }
                 }
-                Poll::Ready(Some(Err(_)) | None) => self.body = None,
+                Poll::Ready(None) => self.body_ended(),
+                Poll::Ready(Some(Err(_))) => {
+                    self.body = None;
+                    self.lease = None;
+                }
                 Poll::Pending => return,
             }
+        }
+    }
+
+    /// The body was read to its end: its connection goes back to the pool.
+    fn body_ended(&mut self) {
+        self.body = None;
+        if let Some(lease) = self.lease.take() {
+            lease.finished();
         }
     }
 }
@@ -166,19 +194,30 @@ impl Drop for RemoteReply {
         if let Some(body) = self.body.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            runtime.spawn(drain(body, self.gap));
+            runtime.spawn(drain(body, self.lease.take(), self.gap));
         }
     }
 }
 
 /// Reads what is left of a finished reply so that its connection goes back to the pool;
 /// gives up (closing it) past [`DRAIN_LIMIT_BYTES`] or a gap.
-async fn drain(mut body: Incoming, gap: Duration) {
+async fn drain(mut body: Incoming, mut lease: Option<Lease>, gap: Duration) {
     let mut read = 0;
-    while let Ok(Some(Ok(chunk))) = tokio::time::timeout(gap, super::next_data(&mut body)).await {
-        read += chunk.len();
-        if read > DRAIN_LIMIT_BYTES {
-            return;
+    loop {
+        match tokio::time::timeout(gap, next_data(&mut body, lease.as_mut())).await {
+            Ok(Some(Ok(chunk))) => {
+                read += chunk.len();
+                if read > DRAIN_LIMIT_BYTES {
+                    return;
+                }
+            }
+            Ok(None) => {
+                if let Some(lease) = lease {
+                    lease.finished();
+                }
+                return;
+            }
+            Ok(Some(Err(_))) | Err(_) => return,
         }
     }
 }

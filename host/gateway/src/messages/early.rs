@@ -1,0 +1,125 @@
+//! A streamed reply that has to wait (in the admission queue, or for a server's prefill) for
+//! longer than `[limits] stream_ping_ms` starts at once instead: the client gets the SSE
+//! headers and a keep-alive comment (`: ping`) every interval while the wait goes on, then the
+//! reply's own events, or an `error` event if the wait ended in an error. Proxies and load
+//! balancers that cut idle connections then never see an idle stream.
+//!
+//! A request that is ready within the interval (nearly all) is answered as before, with its
+//! status and every header. One that starts early has already sent `200 OK`, so what goes
+//! wrong later (a queue timeout, servers that all failed) arrives as the API's error event,
+//! and the headers known only once a server was chosen (`x-ringmaster-server`,
+//! `x-ringmaster-attempts`, the variant, the stream id for a resume) are not sent.
+//!
+//! This module only relays: it must not decide anything about the request.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Response;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+
+use crate::api::ReplyFormat;
+use crate::body::ResponseBody;
+use crate::error::ApiError;
+
+/// The reply being prepared: what the handler answers once its wait is over.
+pub(super) type Pending =
+    Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, ApiError>> + Send>>;
+
+/// The streamed response for a reply still being prepared.
+pub(super) fn response(
+    pending: Pending,
+    format: ReplyFormat,
+    every: Duration,
+    span: tracing::Span,
+) -> Response<ResponseBody> {
+    let body = EarlyReply {
+        pending: Some(pending),
+        reply: None,
+        format,
+        every,
+        ping: Box::pin(tokio::time::sleep(every)),
+        span,
+    };
+    let mut response = Response::new(body.boxed_unsync());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    response
+}
+
+/// Comments while the reply is prepared, then the reply's own body.
+struct EarlyReply {
+    /// `None` once it resolved.
+    pending: Option<Pending>,
+    /// The prepared reply's body, relayed once it is there.
+    reply: Option<ResponseBody>,
+    format: ReplyFormat,
+    every: Duration,
+    ping: Pin<Box<tokio::time::Sleep>>,
+    span: tracing::Span,
+}
+
+impl Body for EarlyReply {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(reply) = this.reply.as_mut() {
+            return Pin::new(reply).poll_frame(cx);
+        }
+        let Some(pending) = this.pending.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = {
+            let _entered = this.span.enter();
+            pending.as_mut().poll(cx)
+        };
+        match polled {
+            Poll::Ready(Ok(response)) => {
+                this.pending = None;
+                let reply = this.reply.insert(response.into_body());
+                Pin::new(reply).poll_frame(cx)
+            }
+            Poll::Ready(Err(error)) => {
+                this.pending = None;
+                Poll::Ready(Some(Ok(Frame::data(error_event(&error, this.format)))))
+            }
+            Poll::Pending => {
+                if this.ping.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+                let next = tokio::time::Instant::now() + this.every;
+                this.ping.as_mut().reset(next);
+                // Registers the next ping's wake-up.
+                let _ = this.ping.as_mut().poll(cx);
+                // A comment: no client expects an event before the reply's first.
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b": ping\n\n")))))
+            }
+        }
+    }
+}
+
+/// The API's error event for `error`: Anthropic's `event: error`, or OpenAI's error chunk.
+fn error_event(error: &ApiError, format: ReplyFormat) -> Bytes {
+    let mut frame = Vec::with_capacity(256);
+    if format.is_openai() {
+        frame.extend_from_slice(b"data: ");
+        frame.extend_from_slice(crate::openai::error_body(error).to_string().as_bytes());
+    } else {
+        frame.extend_from_slice(b"event: error\ndata: ");
+        frame.extend_from_slice(error.body().to_string().as_bytes());
+    }
+    frame.extend_from_slice(b"\n\n");
+    Bytes::from(frame)
+}

@@ -1,0 +1,268 @@
+//! Tool use over real sockets: Anthropic's `tools`, `tool_use` and `tool_result` and OpenAI's
+//! `tools`, `tool_calls` and `tool` messages, translated to and from an OpenAI-compatible
+//! server that calls tools the way vLLM streams them; and the 400 naming the feature for a
+//! pool whose servers cannot call tools.
+
+use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+use serde_json::{Value, json};
+
+use crate::support::{TestGateway, sse_events};
+
+async fn gateway_for(server: &FakeUpstream) -> TestGateway {
+    TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await
+}
+
+fn weather_tool() -> Value {
+    json!({
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    })
+}
+
+fn ask_weather(stream: bool) -> Value {
+    json!({
+        "model": "fake",
+        "max_tokens": 64,
+        "stream": stream,
+        "tools": [weather_tool()],
+        "tool_choice": {"type": "any"},
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+    })
+}
+
+#[tokio::test]
+async fn a_tool_call_comes_back_as_a_tool_use_block_plain_and_streamed() {
+    let server = FakeUpstream::start(Behavior::CallsTool, 3).await;
+    let gw = gateway_for(&server).await;
+
+    let reply = gw.post_messages(&ask_weather(false)).await;
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["stop_reason"], "tool_use", "{body}");
+    assert_eq!(
+        body["content"],
+        json!([{"type": "tool_use", "id": "call_fake_1", "name": "get_weather",
+                "input": {"city": "Paris"}}]),
+        "{body}"
+    );
+    // The server was offered the tool in OpenAI's terms.
+    let sent = server.last_request_json();
+    assert_eq!(
+        sent["tools"],
+        json!([{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])
+    );
+    assert_eq!(sent["tool_choice"], "required");
+
+    let reply = gw.post_messages(&ask_weather(true)).await;
+    assert_eq!(reply.status(), 200);
+    let events = sse_events(&reply.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "message_start",
+            "content_block_start",
+            "ping",
+            "content_block_stop",
+            "content_block_start",
+            "content_block_delta",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop"
+        ],
+        "{events:?}"
+    );
+    let (_, start) = &events[4];
+    assert_eq!(start["index"], 1);
+    assert_eq!(
+        start["content_block"],
+        json!({"type": "tool_use", "id": "call_fake_1", "name": "get_weather", "input": {}})
+    );
+    let input: String = events
+        .iter()
+        .filter(|(name, _)| name == "content_block_delta")
+        .map(|(_, e)| {
+            assert_eq!(e["index"], 1);
+            assert_eq!(e["delta"]["type"], "input_json_delta");
+            e["delta"]["partial_json"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&input).unwrap(),
+        json!({"city": "Paris"})
+    );
+    assert_eq!(events[8].1["delta"]["stop_reason"], "tool_use");
+}
+
+#[tokio::test]
+async fn a_tool_result_goes_to_the_server_as_a_tool_message_after_the_call() {
+    let server = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let gw = gateway_for(&server).await;
+    let reply = gw
+        .post_messages(&json!({
+            "model": "fake",
+            "max_tokens": 64,
+            "tools": [weather_tool()],
+            "messages": [
+                {"role": "user", "content": "What is the weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                     "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "toolu_1",
+                     "content": [{"type": "text", "text": "18 C, sunny"}]},
+                    {"type": "text", "text": "And tomorrow?"}]},
+            ],
+        }))
+        .await;
+    assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
+    let sent = server.last_request_json();
+    let messages = sent["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4, "{sent}");
+    assert_eq!(messages[1]["role"], "assistant");
+    assert_eq!(messages[1]["content"], "Let me look.");
+    assert_eq!(
+        messages[1]["tool_calls"],
+        json!([{"id": "toolu_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}])
+    );
+    assert_eq!(
+        messages[2],
+        json!({"role": "tool", "content": "18 C, sunny", "tool_call_id": "toolu_1"})
+    );
+    assert_eq!(
+        messages[3],
+        json!({"role": "user", "content": "And tomorrow?"})
+    );
+    assert_eq!(sent["tool_choice"], "auto");
+}
+
+#[tokio::test]
+async fn tool_calls_through_the_openai_api_plain_and_streamed() {
+    let server = FakeUpstream::start(Behavior::CallsTool, 3).await;
+    let gw = gateway_for(&server).await;
+    let ask = |stream: bool| {
+        json!({
+            "model": "fake",
+            "stream": stream,
+            "tools": [{"type": "function", "function": {
+                "name": "lookup", "parameters": {"type": "object"}}}],
+            "tool_choice": {"type": "function", "function": {"name": "lookup"}},
+            "parallel_tool_calls": false,
+            "messages": [{"role": "user", "content": "Find Paris"}],
+        })
+    };
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&ask(false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    assert_eq!(choice["message"]["content"], Value::Null);
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["id"], "call_fake_1");
+    assert_eq!(call["type"], "function");
+    assert_eq!(call["function"]["name"], "lookup");
+    let arguments: Value =
+        serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(arguments, json!({"city": "Paris"}));
+    let sent = server.last_request_json();
+    assert_eq!(
+        sent["tool_choice"],
+        json!({"type": "function", "function": {"name": "lookup"}})
+    );
+    assert_eq!(sent["parallel_tool_calls"], false);
+
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&ask(true))
+        .send()
+        .await
+        .unwrap();
+    let text = reply.text().await.unwrap();
+    let chunks: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|frame| frame.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let pieces: Vec<&Value> = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(pieces.len(), 3, "{text}");
+    assert_eq!(pieces[0]["id"], "call_fake_1");
+    assert_eq!(pieces[0]["function"]["name"], "lookup");
+    assert!(pieces.iter().all(|p| p["index"] == 0));
+    let arguments: String = pieces
+        .iter()
+        .map(|p| p["function"]["arguments"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&arguments).unwrap(),
+        json!({"city": "Paris"})
+    );
+    let finish = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("tool_calls"));
+
+    // The next turn: the call and its result, in OpenAI's terms, reach the server as sent.
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": "fake",
+            "tools": [{"type": "function", "function": {"name": "lookup"}}],
+            "messages": [
+                {"role": "user", "content": "Find Paris"},
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_9", "type": "function",
+                     "function": {"name": "lookup", "arguments": "{\"q\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "call_9", "content": "48.86N 2.35E"},
+            ],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
+    let sent = server.last_request_json();
+    assert_eq!(
+        sent["messages"][1]["tool_calls"][0]["function"]["arguments"],
+        "{\"q\":\"Paris\"}"
+    );
+    assert_eq!(
+        sent["messages"][2],
+        json!({"role": "tool", "content": "48.86N 2.35E", "tool_call_id": "call_9"})
+    );
+}
+
+#[tokio::test]
+async fn tools_are_refused_by_name_where_the_servers_cannot_call_them() {
+    let gw = TestGateway::simulated(1, 0.01, "").await;
+    let mut ask = ask_weather(false);
+    ask["model"] = json!("sim-llama-3-8b");
+    let reply = gw.post_messages(&ask).await;
+    assert_eq!(reply.status(), 400);
+    let body: Value = reply.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("tools:") && message.contains("not supported"),
+        "{message}"
+    );
+}
