@@ -378,6 +378,9 @@ impl EngineHandle {
         if request.tools.is_some() {
             return Err(EngineError::ToolsUnsupported);
         }
+        if request.messages.iter().any(|m| !m.images.is_empty()) {
+            return Err(EngineError::ImagesUnsupported);
+        }
         let prompt = match &request.prompt {
             Some(raw) => {
                 let prompt = inner.tokenizer.encode_plain(raw);

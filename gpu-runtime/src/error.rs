@@ -39,6 +39,10 @@ pub enum EngineError {
     /// parser). Rejected at submit.
     #[error("tool use is not supported by in-process engines")]
     ToolsUnsupported,
+    /// A message shows images, which an in-process engine cannot read (its models read
+    /// text). Rejected at submit.
+    #[error("image input is not supported by in-process engines")]
+    ImagesUnsupported,
     /// The engine task is gone (it panicked, or its runtime shut down).
     #[error("the engine has stopped")]
     Stopped,

@@ -70,7 +70,7 @@ pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
 pub use request::{
-    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Role, SamplingParams, ToolCall,
-    ToolChoice, ToolOffer, ToolSpec,
+    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Image, Role, SamplingParams,
+    ToolCall, ToolChoice, ToolOffer, ToolSpec,
 };
 pub use tokenizer::{SimTokenizer, Tokenizer, TokenizerSpec};

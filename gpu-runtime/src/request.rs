@@ -38,6 +38,16 @@ pub struct ChatMessage {
     /// Set when this message is the result of a tool call: the call's id. Its `text` is
     /// the result (OpenAI's `role: "tool"` message, Anthropic's `tool_result` block).
     pub tool_call_id: Option<String>,
+    /// Images a user message shows, before its text (only remote servers read them).
+    pub images: Vec<Image>,
+}
+
+/// An image in a message, as OpenAI's `image_url` names it: an `https://` URL, or the image
+/// itself as a `data:` URL (`data:image/png;base64,…`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Image {
+    /// The URL.
+    pub url: String,
 }
 
 /// A call of a tool, as the model made it.

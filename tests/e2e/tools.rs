@@ -1,7 +1,8 @@
-//! Tool use over real sockets: Anthropic's `tools`, `tool_use` and `tool_result` and OpenAI's
-//! `tools`, `tool_calls` and `tool` messages, translated to and from an OpenAI-compatible
-//! server that calls tools the way vLLM streams them; and the 400 naming the feature for a
-//! pool whose servers cannot call tools.
+//! Tool use and images over real sockets: Anthropic's `tools`, `tool_use` and `tool_result`
+//! and OpenAI's `tools`, `tool_calls` and `tool` messages, translated to and from an
+//! OpenAI-compatible server that calls tools the way vLLM streams them; image blocks and
+//! `image_url` parts as OpenAI content parts; and the 400 naming the feature for a pool whose
+//! servers cannot call tools or read images.
 
 use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
 use serde_json::{Value, json};
@@ -263,6 +264,66 @@ async fn tools_are_refused_by_name_where_the_servers_cannot_call_them() {
     let message = body["error"]["message"].as_str().unwrap();
     assert!(
         message.starts_with("tools:") && message.contains("not supported"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn images_reach_the_server_as_image_url_parts_and_are_refused_for_in_process_pools() {
+    let server = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let gw = gateway_for(&server).await;
+    let reply = gw
+        .post_messages(&json!({
+            "model": "fake",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "iVBORw0KGgo="}},
+                {"type": "text", "text": "What is this?"}]}],
+        }))
+        .await;
+    assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
+    assert_eq!(
+        server.last_request_json()["messages"][0]["content"],
+        json!([
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+            {"type": "text", "text": "What is this?"}
+        ])
+    );
+    // The OpenAI door passes its image parts on the same way.
+    let reply = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(&json!({
+            "model": "fake",
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "And this?"},
+                {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}}]}],
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+    assert_eq!(
+        server.last_request_json()["messages"][0]["content"][0],
+        json!({"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}})
+    );
+
+    let local = TestGateway::simulated(1, 0.01, "").await;
+    let reply = local
+        .post_messages(&json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+                {"type": "text", "text": "What is this?"}]}],
+        }))
+        .await;
+    assert_eq!(reply.status(), 400);
+    let body: Value = reply.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("image input is not supported"),
         "{message}"
     );
 }

@@ -293,7 +293,9 @@ async fn generate(
         Err(
             e @ (EngineError::PromptTooLong { .. }
             | EngineError::ContextTooLong { .. }
-            | EngineError::EmptyPrompt),
+            | EngineError::EmptyPrompt
+            | EngineError::ToolsUnsupported
+            | EngineError::ImagesUnsupported),
         ) => {
             return error_response(
                 StatusCode::BAD_REQUEST,

@@ -7,7 +7,7 @@
 //! into an [`ApiError`] that names the offending field. Nothing
 //! past this module sees the raw JSON. This module does no I/O and knows nothing of routing.
 
-use ringmaster_gpu_runtime::{ToolCall, ToolChoice, ToolOffer, ToolSpec};
+use ringmaster_gpu_runtime::{Image, ToolCall, ToolChoice, ToolOffer, ToolSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
@@ -73,6 +73,11 @@ impl MessagesRequest {
                 .iter()
                 .any(|m| !m.tool_calls.is_empty() || m.tool_call_id.is_some())
     }
+
+    /// Whether a message shows images: only servers that read images can take it.
+    pub fn uses_images(&self) -> bool {
+        self.messages.iter().any(|m| !m.images.is_empty())
+    }
 }
 
 /// The API a reply is written in: the one the request came in.
@@ -113,6 +118,9 @@ pub struct Message {
     /// Set when the message is a tool's result (Anthropic's `tool_result` block, OpenAI's
     /// `tool` message): the call it answers. Its `text` is the result.
     pub tool_call_id: Option<String>,
+    /// The images a user message shows (Anthropic's `image` blocks, OpenAI's `image_url`
+    /// parts), before its text.
+    pub images: Vec<Image>,
 }
 
 #[derive(Deserialize)]
@@ -225,6 +233,9 @@ struct RawBlock {
     content: Option<RawContent>,
     #[serde(default)]
     is_error: Option<bool>,
+    /// `image`: where the image is (`base64` data or a `url`).
+    #[serde(default)]
+    source: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -548,11 +559,14 @@ fn message_blocks(
                 out.push(Message {
                     role: Role::User,
                     text,
-                    tool_calls: Vec::new(),
                     tool_call_id: Some(id),
+                    ..Message::default()
                 });
             }
-            ("tool_use", Role::User) | ("tool_result", Role::Assistant) => {
+            ("image", Role::User) => message.images.push(image(block.source, &at)?),
+            ("tool_use", Role::User)
+            | ("tool_result", Role::Assistant)
+            | ("image", Role::Assistant) => {
                 return Err(ApiError::invalid(format!(
                     "{at}.type: a {:?} block belongs in {} message",
                     block.kind,
@@ -566,10 +580,54 @@ fn message_blocks(
             (other, _) => return Err(unsupported_block(other, &at)),
         }
     }
-    if has_text || !message.tool_calls.is_empty() {
+    if has_text || !message.tool_calls.is_empty() || !message.images.is_empty() {
         out.push(message);
     }
     Ok(())
+}
+
+/// Image types every vision model takes (Anthropic's list).
+const IMAGE_TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+
+/// An `image` block's source as the URL OpenAI servers take: `base64` data becomes a `data:`
+/// URL, a `url` stays as it is.
+fn image(source: Option<serde_json::Value>, at: &str) -> Result<Image, ApiError> {
+    let source = source.unwrap_or_default();
+    let field = |name: &str| source.get(name).and_then(|v| v.as_str());
+    match field("type") {
+        Some("base64") => {
+            let media_type = field("media_type").unwrap_or_default();
+            if !IMAGE_TYPES.contains(&media_type) {
+                return Err(ApiError::invalid(format!(
+                    "{at}.source.media_type: must be one of {}",
+                    IMAGE_TYPES.join(", ")
+                )));
+            }
+            let Some(data) = field("data").filter(|d| !d.is_empty()) else {
+                return Err(ApiError::invalid(format!(
+                    "{at}.source.data: field required (the image, base64-encoded)"
+                )));
+            };
+            Ok(Image {
+                url: format!("data:{media_type};base64,{data}"),
+            })
+        }
+        Some("url") => match field("url") {
+            Some(url) if url.starts_with("https://") || url.starts_with("http://") => Ok(Image {
+                url: url.to_owned(),
+            }),
+            _ => Err(ApiError::invalid(format!(
+                "{at}.source.url: field required (an http or https URL)"
+            ))),
+        },
+        Some("file") => Err(ApiError::invalid(format!(
+            "{at}.source.type: \"file\" (the Files API) is not supported by this gateway; \
+             send the image as base64 or a URL"
+        ))),
+        _ => Err(ApiError::invalid(format!(
+            "{at}.source.type: must be \"base64\" or \"url\""
+        ))),
+    }
 }
 
 /// The 400 for a content block this gateway does not take, naming its feature.
@@ -578,7 +636,8 @@ fn unsupported_block(kind: &str, at: &str) -> ApiError {
         "server_tool_use" | "web_search_tool_result" | "mcp_tool_use" | "mcp_tool_result" => {
             " (server tools are not supported by this gateway)"
         }
-        "image" | "document" => " (images and documents are not supported by this gateway yet)",
+        "image" => " (images go in user messages)",
+        "document" => " (documents are not supported by this gateway yet)",
         "thinking" | "redacted_thinking" => {
             " (extended thinking is not supported by this gateway yet)"
         }
@@ -908,14 +967,12 @@ mod tests {
             );
         }
         let err = parse(
-            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://x/y.png"}}]}]}"#,
+            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[{"type":"document","source":{"type":"url","url":"https://x/y.pdf"}}]}]}"#,
         )
         .unwrap_err();
         assert!(
             err.message().starts_with("messages.0.content.0.type:")
-                && err
-                    .message()
-                    .contains("images and documents are not supported"),
+                && err.message().contains("documents are not supported"),
             "{}",
             err.message()
         );
@@ -1023,6 +1080,68 @@ mod tests {
     }
 
     #[test]
+    fn image_blocks_become_urls_of_user_messages() {
+        let req = parse(
+            r#"{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{"role":"user","content":[
+                {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},
+                {"type":"image","source":{"type":"url","url":"https://example.com/cat.jpg"}},
+                {"type":"text","text":"What are these?"}]}]}"#,
+        )
+        .unwrap();
+        assert!(req.uses_images());
+        let urls: Vec<&str> = req.messages[0]
+            .images
+            .iter()
+            .map(|i| i.url.as_str())
+            .collect();
+        assert_eq!(
+            urls,
+            [
+                "data:image/png;base64,iVBORw0KGgo=",
+                "https://example.com/cat.jpg"
+            ]
+        );
+        assert_eq!(req.messages[0].text, "What are these?");
+        for (block, role, starts) in [
+            (
+                r#"{"type":"image","source":{"type":"base64","media_type":"image/bmp","data":"x"}}"#,
+                "user",
+                "messages.0.content.0.source.media_type: must be one of",
+            ),
+            (
+                r#"{"type":"image","source":{"type":"base64","media_type":"image/png"}}"#,
+                "user",
+                "messages.0.content.0.source.data: field required",
+            ),
+            (
+                r#"{"type":"image","source":{"type":"url","url":"ftp://x"}}"#,
+                "user",
+                "messages.0.content.0.source.url:",
+            ),
+            (
+                r#"{"type":"image","source":{"type":"file","file_id":"f"}}"#,
+                "user",
+                "messages.0.content.0.source.type: \"file\"",
+            ),
+            (
+                r#"{"type":"image","source":{"type":"url","url":"https://x/y.png"}}"#,
+                "assistant",
+                "messages.0.content.0.type: a \"image\" block belongs in a user message",
+            ),
+        ] {
+            let err = parse(&format!(
+                r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"{role}","content":[{block}]}}]}}"#
+            ))
+            .unwrap_err();
+            assert!(
+                err.message().starts_with(starts),
+                "{block}: {}",
+                err.message()
+            );
+        }
+    }
+
+    #[test]
     fn accepts_string_and_block_content() {
         let req = parse(
             r#"{"model":"sim-llama-3-8b","max_tokens":16,
@@ -1074,7 +1193,7 @@ mod tests {
             ),
             (
                 r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image"}]}]}"#,
-                "\"image\" are not supported",
+                "messages.0.content.0.source.type: must be",
             ),
             (
                 r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[{"role":"user","content":"x"}],"temperature":1.5}"#,

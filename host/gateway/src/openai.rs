@@ -17,7 +17,7 @@ use crate::api::{
     StopReason, StreamEvent, Usage,
 };
 use crate::error::{ApiError, ErrorKind};
-use ringmaster_gpu_runtime::{ToolCall, ToolChoice, ToolOffer, ToolSpec};
+use ringmaster_gpu_runtime::{Image, ToolCall, ToolChoice, ToolOffer, ToolSpec};
 
 /// `max_tokens` of a completion that names none (OpenAI's own default).
 pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
@@ -175,6 +175,17 @@ struct RawPart {
     kind: String,
     #[serde(default)]
     text: Option<String>,
+    #[serde(default)]
+    image_url: Option<RawImageUrl>,
+}
+
+#[derive(Deserialize)]
+struct RawImageUrl {
+    url: String,
+    /// `auto`, `low` or `high`: a hint servers may ignore; not passed on.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detail: Option<String>,
 }
 
 fn unsupported(field: &str, feature: &str) -> ApiError {
@@ -303,10 +314,16 @@ pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesReq
             }
             Some(calls) => tool_calls(calls, &format!("messages.{i}.tool_calls"))?,
         };
-        let text = match m.content {
-            None => String::new(),
-            Some(content) => content_text(content, &format!("messages.{i}.content"))?,
+        let (text, images) = match m.content {
+            None => (String::new(), Vec::new()),
+            Some(content) => content_parts(content, &format!("messages.{i}.content"))?,
         };
+        if !images.is_empty() && m.role != "user" {
+            return Err(ApiError::invalid(format!(
+                "messages.{i}.content: images go in user messages, not in a {:?} message",
+                m.role
+            )));
+        }
         match role {
             None if messages.is_empty() => match system.as_mut() {
                 Some(s) => {
@@ -324,14 +341,15 @@ pub fn parse_chat_request(body: &[u8], limits: Limits<'_>) -> Result<MessagesReq
             Some(_) if tool_call_id.is_some() => messages.push(Message {
                 role: Role::User,
                 text,
-                tool_calls: Vec::new(),
                 tool_call_id,
+                ..Message::default()
             }),
             Some(role) => messages.push(Message {
                 role,
                 text,
                 tool_calls,
                 tool_call_id: None,
+                images,
             }),
         }
     }
@@ -705,11 +723,13 @@ fn common(
     })
 }
 
-fn content_text(content: RawChatContent, field: &str) -> Result<String, ApiError> {
+/// A message's text and images (`image_url` parts: an http(s) or `data:` URL).
+fn content_parts(content: RawChatContent, field: &str) -> Result<(String, Vec<Image>), ApiError> {
     match content {
-        RawChatContent::Text(text) => Ok(text),
+        RawChatContent::Text(text) => Ok((text, Vec::new())),
         RawChatContent::Parts(parts) => {
             let mut text = String::new();
+            let mut images = Vec::new();
             for (i, part) in parts.into_iter().enumerate() {
                 match (part.kind.as_str(), part.text) {
                     ("text", Some(t)) => text.push_str(&t),
@@ -718,9 +738,21 @@ fn content_text(content: RawChatContent, field: &str) -> Result<String, ApiError
                             "{field}.{i}.text: field required"
                         )));
                     }
-                    ("image_url", _) => {
-                        return Err(unsupported(&format!("{field}.{i}"), "image input"));
-                    }
+                    ("image_url", _) => match part.image_url {
+                        Some(image)
+                            if ["https://", "http://", "data:image/"]
+                                .iter()
+                                .any(|scheme| image.url.starts_with(scheme)) =>
+                        {
+                            images.push(Image { url: image.url });
+                        }
+                        _ => {
+                            return Err(ApiError::invalid(format!(
+                                "{field}.{i}.image_url.url: field required (an http(s) URL or a \
+                                 data:image/… URL)"
+                            )));
+                        }
+                    },
                     ("input_audio", _) => {
                         return Err(unsupported(&format!("{field}.{i}"), "audio input"));
                     }
@@ -728,12 +760,12 @@ fn content_text(content: RawChatContent, field: &str) -> Result<String, ApiError
                     (other, _) => {
                         return Err(ApiError::invalid(format!(
                             "{field}.{i}.type: content parts of type {other:?} are not supported; \
-                             only \"text\" is"
+                             \"text\" and \"image_url\" are"
                         )));
                     }
                 }
             }
-            Ok(text)
+            Ok((text, images))
         }
     }
 }
@@ -1266,10 +1298,27 @@ mod tests {
             );
         }
         let err = chat(
-            r#"{"model":"sim-llama-3-8b","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:"}}]}]}"#,
+            r#"{"model":"sim-llama-3-8b","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"x","format":"wav"}}]}]}"#,
         )
         .unwrap_err();
-        assert!(err.message().contains("image input"), "{}", err.message());
+        assert!(err.message().contains("audio input"), "{}", err.message());
+        let req = chat(
+            r#"{"model":"sim-llama-3-8b","messages":[{"role":"user","content":[{"type":"text","text":"What is it?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA","detail":"low"}}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(req.messages[0].images[0].url, "data:image/png;base64,AAAA");
+        assert_eq!(req.messages[0].text, "What is it?");
+        for body in [
+            r#"{"model":"sim-llama-3-8b","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"file:///etc/passwd"}}]}]}"#,
+            r#"{"model":"sim-llama-3-8b","messages":[{"role":"assistant","content":[{"type":"image_url","image_url":{"url":"https://x/y.png"}}]}]}"#,
+        ] {
+            let err = chat(body).unwrap_err();
+            assert!(
+                err.message().starts_with("messages.0.content"),
+                "{}",
+                err.message()
+            );
+        }
         let err = with(r#","frobnicate":1"#).unwrap_err();
         assert!(err.message().contains("unknown field"), "{}", err.message());
     }

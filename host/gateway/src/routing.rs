@@ -106,6 +106,7 @@ pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
                 text: m.text.clone(),
                 tool_calls: m.tool_calls.clone(),
                 tool_call_id: m.tool_call_id.clone(),
+                images: m.images.clone(),
             })
             .collect(),
     }
@@ -145,6 +146,12 @@ fn canonical_prompt(request: &MessagesRequest) -> (Vec<u8>, usize) {
             (Role::User, None) => "user",
             (Role::Assistant, None) => "assistant",
         };
+        // An image is part of its turn's prefix: by a hash of its URL (data URLs are the
+        // image itself, megabytes that would crowd out the text's chunks).
+        for image in &message.images {
+            let digest = format!("{:016x}", xxh3_64_with_seed(image.url.as_bytes(), 0));
+            record(&mut out, "image", &digest);
+        }
         record(&mut out, role, &message.text);
         // A tool call is part of its turn's prefix: the name and the arguments as sent.
         for call in &message.tool_calls {

@@ -230,16 +230,25 @@ pub async fn handle(
     }
     let (served_model, model_pool) = resolve_model(&fleet, &request.model)?;
     let served_model = served_model.to_owned();
-    if request.uses_tools()
-        && model_pool
+    let in_process = || {
+        model_pool
             .servers
             .iter()
             .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)))
-    {
+    };
+    if request.uses_tools() && in_process() {
         return Err(ApiError::invalid(format!(
             "tools: tool use (tool calling) is not supported for the model {:?}: its servers run in the \
              gateway's process, and in-process engines do not call tools (the feature is served \
              by pools of OpenAI-compatible servers with tool calling); leave tools out",
+            request.model
+        )));
+    }
+    if request.uses_images() && in_process() {
+        return Err(ApiError::invalid(format!(
+            "image input is not supported for the model {:?}: its servers run in the gateway's \
+             process, and in-process engines read text only (images are served by pools of \
+             OpenAI-compatible servers with a vision model); send text only",
             request.model
         )));
     }
@@ -884,6 +893,7 @@ fn engine_error(error: EngineError) -> ApiError {
         }
         EngineError::EmptyPrompt => ApiError::invalid(format!("prompt: {error}")),
         EngineError::ToolsUnsupported => ApiError::invalid(format!("tools: {error}")),
+        EngineError::ImagesUnsupported => ApiError::invalid(error.to_string()),
         EngineError::Stopped => ApiError::new(
             ErrorKind::Overloaded,
             "the GPU server is shutting down; retry",

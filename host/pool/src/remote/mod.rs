@@ -761,6 +761,26 @@ struct OpenAiFunction<'a> {
     parameters: &'a serde_json::Value,
 }
 
+/// A message's content: its text, or (with images) the images then the text as parts.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum OpenAiContent<'a> {
+    Text(&'a str),
+    Parts(Vec<OpenAiPart<'a>>),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum OpenAiPart<'a> {
+    Text { text: &'a str },
+    ImageUrl { image_url: OpenAiImageUrl<'a> },
+}
+
+#[derive(Debug, Serialize)]
+struct OpenAiImageUrl<'a> {
+    url: &'a str,
+}
+
 #[derive(Debug, Serialize)]
 struct OpenAiToolCall<'a> {
     id: &'a str,
@@ -784,7 +804,7 @@ struct StreamOptions {
 #[derive(Debug, Serialize)]
 struct OpenAiMessage<'a> {
     role: &'static str,
-    content: &'a str,
+    content: OpenAiContent<'a>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     tool_calls: Vec<OpenAiToolCall<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -855,7 +875,7 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
     if let Some(system) = &request.system {
         messages.push(OpenAiMessage {
             role: "system",
-            content: system,
+            content: OpenAiContent::Text(system),
             tool_calls: Vec::new(),
             tool_call_id: None,
         });
@@ -867,7 +887,21 @@ fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, O
                 (ringmaster_gpu_runtime::Role::User, None) => "user",
                 (ringmaster_gpu_runtime::Role::Assistant, None) => "assistant",
             },
-            content: &m.text,
+            content: if m.images.is_empty() {
+                OpenAiContent::Text(&m.text)
+            } else {
+                let mut parts: Vec<OpenAiPart<'_>> = m
+                    .images
+                    .iter()
+                    .map(|image| OpenAiPart::ImageUrl {
+                        image_url: OpenAiImageUrl { url: &image.url },
+                    })
+                    .collect();
+                if !m.text.is_empty() {
+                    parts.push(OpenAiPart::Text { text: &m.text });
+                }
+                OpenAiContent::Parts(parts)
+            },
             tool_calls: m
                 .tool_calls
                 .iter()
