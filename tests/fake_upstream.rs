@@ -289,7 +289,12 @@ async fn answer(
     let mut frames = Vec::new();
     let body_tokens = |frames: &mut Vec<_>, usage: bool| {
         for i in 0..tokens {
-            frames.push(data(&chunk("tok ", None, usage.then_some(i + 1))));
+            let mut frame = chunk("tok ", None, usage.then_some(i + 1));
+            if i == 0 {
+                // As TGI and llama.cpp's server do: the role comes with the first text.
+                frame = frame.replacen(r#""delta":{"#, r#""delta":{"role":"assistant","#, 1);
+            }
+            frames.push(data(&frame));
         }
     };
     match behavior {
@@ -311,7 +316,7 @@ async fn answer(
         Behavior::UsageInFinish => {
             body_tokens(&mut frames, false);
             frames.push(data(&format!(
-                r#"{{"choices":[{}],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens}}},"timings":{{"cache_n":4}}}}"#,
+                r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{}],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens}}},"timings":{{"cache_n":4}}}}"#,
                 choice("", Some("stop"))
             )));
             frames.push(data(DONE));

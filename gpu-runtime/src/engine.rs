@@ -169,6 +169,26 @@ pub trait EventSource: Send + Unpin + 'static {
     /// The next event, `Pending` (with the waker registered) until one is there, `None` once
     /// the source has nothing more.
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>>;
+
+    /// For a relay: the server's own frames for the content read so far and not yet taken
+    /// (`None`: nothing new, or the source keeps none).
+    fn take_relayed(&mut self) -> Option<Vec<u8>> {
+        None
+    }
+
+    /// For a relay: what it has passed on (`None`: the source keeps no frames).
+    fn relay_state(&self) -> Option<RelayState> {
+        None
+    }
+}
+
+/// What a relay of a server's own frames has passed on so far.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RelayState {
+    /// The server's id of the reply, once a frame named it.
+    pub reply_id: Option<String>,
+    /// A frame carried the finish (so the client has it already).
+    pub finish_relayed: bool,
 }
 
 impl GenerationStream {
@@ -197,6 +217,23 @@ impl GenerationStream {
             front: None,
             shared: None,
             finished: false,
+        }
+    }
+
+    /// The server's own frames for the content read so far and not yet taken, when the
+    /// stream is a relayed server reply (see [`EventSource::take_relayed`]).
+    pub fn take_relayed(&mut self) -> Option<Vec<u8>> {
+        match &mut self.events {
+            Events::Source(source) => source.take_relayed(),
+            _ => None,
+        }
+    }
+
+    /// What a relayed server reply has passed on (`None`: not a relay).
+    pub fn relay_state(&self) -> Option<RelayState> {
+        match &self.events {
+            Events::Source(source) => source.relay_state(),
+            _ => None,
         }
     }
 

@@ -64,7 +64,9 @@ pub use block::BLOCK_SIZE;
 pub use block::KvEvent;
 pub use config::EngineConfig;
 pub use cost::{DEFAULT_KV_BLOCKS, SimCostModel};
-pub use engine::{EngineHandle, EventSource, GenerationStream, KV_EVENT_BUFFER, LoadReport};
+pub use engine::{
+    EngineHandle, EventSource, GenerationStream, KV_EVENT_BUFFER, LoadReport, RelayState,
+};
 pub use error::EngineError;
 pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,

@@ -572,3 +572,54 @@ async fn a_resumable_stream_nobody_reads_for_the_window_is_cancelled() {
     );
     assert!(cancelled >= 1.0, "{cancelled}");
 }
+
+#[tokio::test]
+async fn an_openai_client_gets_its_servers_own_chunks_unless_something_must_change() {
+    let server = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\", \"alias\"]\n[aliases]\n\"alias\" = \"fake\"\n\
+         [[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let stream = async |model: &str| {
+        let mut body = chat(8, true);
+        body["model"] = json!(model);
+        let reply = gw
+            .client
+            .post(gw.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        reply.text().await.unwrap()
+    };
+    // Same model name, no filter: the server's chunks as it sent them (vLLM's usage in
+    // every chunk, its id), then the usage chunk and [DONE] the client asked for.
+    let text = stream("fake").await;
+    let data = data_lines(&text);
+    assert_eq!(
+        data[0],
+        r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"role":"assistant","content":"tok "},"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        "{text}"
+    );
+    let last_chunk: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();
+    assert_eq!(
+        last_chunk["id"], "chatcmpl-fake",
+        "one id for the whole reply"
+    );
+    assert_eq!(last_chunk["choices"], json!([]));
+    assert_eq!(last_chunk["usage"]["completion_tokens"], 3);
+    assert_eq!(data.last().unwrap(), "[DONE]");
+    let finishes = data
+        .iter()
+        .filter(|d| d.contains(r#""finish_reason":"stop""#))
+        .count();
+    assert_eq!(finishes, 1, "the server's finish only: {text}");
+
+    // Asked under an alias, the chunks must name the alias: written here.
+    let text = stream("alias").await;
+    let first: Value = serde_json::from_str(&data_lines(&text)[0]).unwrap();
+    assert_eq!(first["model"], "alias");
+    assert_ne!(first["id"], "chatcmpl-fake");
+}

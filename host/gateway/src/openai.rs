@@ -886,6 +886,16 @@ pub struct ChunkWriter {
     include_usage: bool,
     /// The block index of each tool call so far: its place here is its OpenAI `index`.
     tool_blocks: Vec<u32>,
+    /// Relaying a server's own chunks: only what they lack is written (the role, text and
+    /// tool chunks never; the finish unless the server's came). `None`: everything.
+    relay: Option<Relayed>,
+}
+
+/// What a relayed server reply has already sent.
+#[derive(Clone, Copy, Debug)]
+struct Relayed {
+    /// The server's chunk with the finish went out.
+    finish: bool,
 }
 
 #[derive(Serialize)]
@@ -958,7 +968,14 @@ impl ChunkWriter {
             chat,
             include_usage,
             tool_blocks: Vec::new(),
+            relay: None,
         }
+    }
+
+    /// The reply is a relay of the server's own chunks, `finish` once its finishing chunk
+    /// went out: from now on only what those lack is written.
+    pub fn relay_from(&mut self, finish: bool) {
+        self.relay = Some(Relayed { finish });
     }
 
     fn chunk(
@@ -1026,8 +1043,46 @@ impl ChunkWriter {
         out.extend_from_slice(b"\n\n");
     }
 
+    /// The last chunk with the usage (choices empty), when the client asked for it.
+    fn usage_chunk(&self, usage: Usage, out: &mut Vec<u8>) {
+        if !self.include_usage {
+            return;
+        }
+        out.extend_from_slice(b"data: ");
+        let chunk = Chunk {
+            id: &self.id,
+            object: if self.chat {
+                "chat.completion.chunk"
+            } else {
+                "text_completion"
+            },
+            created: self.created,
+            model: &self.model,
+            choices: [(); 0],
+            usage: Some(OpenAiUsage::from(usage)),
+        };
+        if serde_json::to_writer(&mut *out, &chunk).is_err() {
+            out.extend_from_slice(b"{}");
+        }
+        out.extend_from_slice(b"\n\n");
+    }
+
     /// Appends what `event` is in OpenAI's stream to `out` (some events are nothing there).
     pub fn write(&mut self, event: &StreamEvent, out: &mut Vec<u8>) {
+        if let Some(relayed) = self.relay {
+            match event {
+                // The server's chunks carried these.
+                StreamEvent::MessageStart { .. }
+                | StreamEvent::ContentBlockStart { .. }
+                | StreamEvent::ContentBlockDelta { .. }
+                | StreamEvent::ContentBlockStop { .. } => return,
+                StreamEvent::MessageDelta { usage, .. } if relayed.finish => {
+                    self.usage_chunk(*usage, out);
+                    return;
+                }
+                _ => {}
+            }
+        }
         match event {
             StreamEvent::MessageStart { .. } if self.chat => {
                 self.chunk(out, Some(""), true, None);
@@ -1078,25 +1133,7 @@ impl ChunkWriter {
                     false,
                     Some(finish_reason(delta.stop_reason)),
                 );
-                if self.include_usage {
-                    out.extend_from_slice(b"data: ");
-                    let chunk = Chunk {
-                        id: &self.id,
-                        object: if self.chat {
-                            "chat.completion.chunk"
-                        } else {
-                            "text_completion"
-                        },
-                        created: self.created,
-                        model: &self.model,
-                        choices: [(); 0],
-                        usage: Some(OpenAiUsage::from(*usage)),
-                    };
-                    if serde_json::to_writer(&mut *out, &chunk).is_err() {
-                        out.extend_from_slice(b"{}");
-                    }
-                    out.extend_from_slice(b"\n\n");
-                }
+                self.usage_chunk(*usage, out);
             }
             StreamEvent::MessageStop => out.extend_from_slice(b"data: [DONE]\n\n"),
             // A comment line: ignored by every SSE client, and traffic for every proxy.

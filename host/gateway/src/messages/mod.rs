@@ -399,8 +399,19 @@ pub async fn handle(
     let chat =
         Arc::try_unwrap(std::mem::take(&mut input.chat)).unwrap_or_else(|shared| (*shared).clone());
     let generate = generate_request(chat, &request, request_id, policy_request.priority);
+    // A client that speaks its server's API gets the server's own chunks where nothing in
+    // them has to change: the same model name, and no filter that may hold text back.
+    let mode = match (request.stream, request.format) {
+        (false, _) => ringmaster_pool::remote::ReplyMode::Whole,
+        (true, ReplyFormat::OpenAiChat { .. } | ReplyFormat::OpenAiCompletion { .. })
+            if served_model == request.model && gateway.safety.slot.current().is_none() =>
+        {
+            ringmaster_pool::remote::ReplyMode::Relayed
+        }
+        (true, _) => ringmaster_pool::remote::ReplyMode::Stream,
+    };
     let target = Target {
-        stream: request.stream,
+        mode,
         pool: &snapshot,
         model: &served_model,
         input: &input,
@@ -417,10 +428,20 @@ pub async fn handle(
     if let Some(observation) = tracker.observation.as_mut() {
         decision.server.id().clone_into(&mut observation.server);
     }
-    let message_id = match request.format {
-        ReplyFormat::Messages => format!("msg_{}", uuid::Uuid::new_v4().simple()),
-        ReplyFormat::OpenAiChat { .. } => format!("chatcmpl-{}", uuid::Uuid::new_v4().simple()),
-        ReplyFormat::OpenAiCompletion { .. } => format!("cmpl-{}", uuid::Uuid::new_v4().simple()),
+    let relay = generation.relay_state();
+    let message_id = match (
+        request.format,
+        relay.as_ref().and_then(|r| r.reply_id.clone()),
+    ) {
+        // A relayed reply keeps the server's id, which its relayed chunks carry.
+        (ReplyFormat::OpenAiChat { .. } | ReplyFormat::OpenAiCompletion { .. }, Some(id)) => id,
+        (ReplyFormat::Messages, _) => format!("msg_{}", uuid::Uuid::new_v4().simple()),
+        (ReplyFormat::OpenAiChat { .. }, None) => {
+            format!("chatcmpl-{}", uuid::Uuid::new_v4().simple())
+        }
+        (ReplyFormat::OpenAiCompletion { .. }, None) => {
+            format!("cmpl-{}", uuid::Uuid::new_v4().simple())
+        }
     };
     let server_id = decision.server.id().to_owned();
     let variant_name = tracker.label.variant.clone();
@@ -430,7 +451,14 @@ pub async fn handle(
         .map(|v| v.policy.info().hash.clone());
     let mut response = if request.stream {
         let stream_id = message_id.clone();
-        let response = reply::stream(tracker, &request, generation, in_flight, message_id);
+        let relayed = relay.is_some();
+        let response = reply::stream(
+            tracker,
+            &request,
+            (generation, relayed),
+            in_flight,
+            message_id,
+        );
         if gateway.streams.enabled() {
             let (mut parts, body) = response.into_parts();
             let body = gateway.streams.adopt(&stream_id, &caller.key_label, body);
@@ -481,8 +509,8 @@ pub async fn handle(
 /// the request's routing values.
 #[derive(Clone, Copy)]
 struct Target<'a> {
-    /// Whether the client streams (else the server is asked for one whole answer).
-    stream: bool,
+    /// How a remote server is asked for its reply.
+    mode: ringmaster_pool::remote::ReplyMode,
     pool: &'a PoolSnapshot,
     model: &'a str,
     input: &'a RoutingInput,
@@ -534,7 +562,7 @@ async fn start_generation(
             },
             Backend::Remote(worker) => match generate.as_ref() {
                 Some(request) => worker
-                    .submit(request, target.model, !target.stream)
+                    .submit(request, target.model, target.mode)
                     .await
                     .map_err(BackendError::Remote),
                 None => Err(BackendError::Engine(EngineError::Stopped)),

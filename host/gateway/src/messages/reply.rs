@@ -422,18 +422,24 @@ pub(super) async fn collect(
     }
 }
 
-/// The reply as server-sent events, produced as the client's connection asks for them.
+/// The reply as server-sent events, produced as the client's connection asks for them. With
+/// `relayed` (a server reply kept for a relay, to a client of the server's API), the server's
+/// own content chunks go out as they came, and only what they lack is written here.
 pub(super) fn stream(
     tracker: Tracker,
     request: &MessagesRequest,
-    generation: GenerationStream,
+    (generation, relayed): (GenerationStream, bool),
     in_flight: InFlight,
     message_id: String,
 ) -> Response<ResponseBody> {
-    let openai = request
-        .format
-        .is_openai()
-        .then(|| ChunkWriter::new(message_id.clone(), request.model.clone(), request.format));
+    let openai = request.format.is_openai().then(|| {
+        let mut writer =
+            ChunkWriter::new(message_id.clone(), request.model.clone(), request.format);
+        if relayed {
+            writer.relay_from(false);
+        }
+        writer
+    });
     let machine = ReplyMachine::new(&tracker, request, message_id);
     let ping = tracker.gateway.config.stream_ping.map(|every| Ping {
         every,
@@ -448,6 +454,7 @@ pub(super) fn stream(
         generation: Some(generation),
         in_flight: Some(in_flight),
         out: Vec::new(),
+        relayed: relayed.then(Vec::new),
         ended: None,
         gather_rounds: 0,
         idle_rounds: 0,
@@ -482,6 +489,9 @@ struct SseReply {
     generation: Option<GenerationStream>,
     in_flight: Option<InFlight>,
     out: Vec<StreamEvent>,
+    /// The server's own frames taken with `out`'s events, to go out before them (`None`: no
+    /// relay).
+    relayed: Option<Vec<u8>>,
     ended: Option<Ended>,
     /// Turns given to the server's reader for the frame being gathered.
     gather_rounds: usize,
@@ -547,6 +557,17 @@ impl SseReply {
                 }
                 Poll::Pending if took => break,
                 Poll::Pending => return Poll::Pending,
+            }
+        }
+        if let Some(relayed) = self.relayed.as_mut() {
+            if let Some(frames) = generation.take_relayed() {
+                relayed.extend_from_slice(&frames);
+            }
+            let finish_relayed = generation
+                .relay_state()
+                .is_some_and(|state| state.finish_relayed);
+            if let Some(writer) = self.openai.as_mut() {
+                writer.relay_from(finish_relayed);
             }
         }
         if let Some(ended) = &self.ended {
@@ -627,6 +648,7 @@ impl Body for SseReply {
                 return Poll::Ready(Some(Ok(Frame::data(frame(
                     &mut this.out,
                     this.openai.as_mut(),
+                    this.relayed.as_mut(),
                 )))));
             }
             if this.ended.is_some() {
@@ -649,9 +671,16 @@ impl Drop for SseReply {
     }
 }
 
-/// `out`'s events as one SSE frame (emptying `out`), in OpenAI's chunks when `openai` is set.
-fn frame(out: &mut Vec<StreamEvent>, mut openai: Option<&mut ChunkWriter>) -> Bytes {
-    let mut frame = Vec::with_capacity(256 * out.len());
+/// `out`'s events as one SSE frame (emptying `out`), in OpenAI's chunks when `openai` is set,
+/// after the server's own frames in `relayed` (emptied too).
+fn frame(
+    out: &mut Vec<StreamEvent>,
+    mut openai: Option<&mut ChunkWriter>,
+    relayed: Option<&mut Vec<u8>>,
+) -> Bytes {
+    let relayed = relayed.map(std::mem::take).unwrap_or_default();
+    let mut frame = Vec::with_capacity(relayed.len() + 256 * out.len());
+    frame.extend_from_slice(&relayed);
     for event in out.drain(..) {
         match openai.as_deref_mut() {
             Some(writer) => writer.write(&event, &mut frame),

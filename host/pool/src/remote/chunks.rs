@@ -56,6 +56,9 @@ const BYTES_PER_TOKEN_ESTIMATE: usize = 4;
 /// One chunk of a stream, or a whole answer (`message` instead of `delta`).
 #[derive(Debug, Deserialize)]
 struct Chunk<'a> {
+    /// The reply's id (`chatcmpl-…`), the same in every chunk.
+    #[serde(default, borrow)]
+    id: Option<Str<'a>>,
     #[serde(default, borrow)]
     choices: Vec<Choice<'a>>,
     #[serde(default)]
@@ -230,9 +233,25 @@ impl Usage {
     }
 }
 
+/// What one SSE event of a stream was, for a relay that passes the server's own chunks on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkKind {
+    /// A chunk with a choice: text, a tool call's piece, the role, the finish.
+    Content {
+        /// It carried the `finish_reason`.
+        finish: bool,
+    },
+    /// A chunk with usage and no choice.
+    Usage,
+    /// `[DONE]`, an error object, malformed JSON, or anything after the end.
+    Other,
+}
+
 /// Turns one reply's chunks into engine events, in order.
 #[derive(Debug, Default)]
 pub struct ReplyDecoder {
+    /// The server's id of the reply (from its first chunk that has one).
+    reply_id: Option<String>,
     started: bool,
     finish: Option<FinishReason>,
     usage: Usage,
@@ -254,23 +273,33 @@ impl ReplyDecoder {
         self.usage.completion.is_none()
     }
 
-    /// One SSE event's data.
-    pub fn data(&mut self, data: &[u8], out: &mut Vec<GenerateEvent>) {
+    /// The server's id of the reply, once a chunk named it.
+    pub fn reply_id(&self) -> Option<&str> {
+        self.reply_id.as_deref()
+    }
+
+    /// One SSE event's data; says what the event was.
+    pub fn data(&mut self, data: &[u8], out: &mut Vec<GenerateEvent>) -> ChunkKind {
         if self.done {
-            return;
+            return ChunkKind::Other;
         }
         if data.trim_ascii() == b"[DONE]" {
             self.end(out, true);
-            return;
+            return ChunkKind::Other;
         }
         let chunk = match serde_json::from_slice::<Chunk<'_>>(data) {
             Ok(chunk) => chunk,
             Err(e) => {
                 self.fail(DecodeError::Malformed(e.to_string()).to_string(), out);
-                return;
+                return ChunkKind::Other;
             }
         };
-        self.chunk(chunk, out);
+        if self.reply_id.is_none()
+            && let Some(id) = &chunk.id
+        {
+            self.reply_id = Some(id.0.to_string());
+        }
+        self.chunk(chunk, out)
     }
 
     /// A whole (non-streamed) answer: the server ignored `stream: true`.
@@ -278,7 +307,7 @@ impl ReplyDecoder {
     /// Without usage in it, the output is estimated at four bytes of text per token (the
     /// stream's one-token-per-chunk count does not apply to one chunk).
     pub fn whole(&mut self, body: &[u8], out: &mut Vec<GenerateEvent>) {
-        self.data(body, out);
+        let _ = self.data(body, out);
         if self.usage.completion.is_none() {
             self.text_chunks = u32::try_from(self.text_bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE))
                 .unwrap_or(u32::MAX);
@@ -299,10 +328,10 @@ impl ReplyDecoder {
         }
     }
 
-    fn chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<GenerateEvent>) {
+    fn chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<GenerateEvent>) -> ChunkKind {
         if let Some(message) = chunk.error() {
             self.fail(format!("the GPU server reported an error: {message}"), out);
-            return;
+            return ChunkKind::Other;
         }
         let has_usage = chunk.usage.is_some();
         self.usage.update(chunk.usage, chunk.timings);
@@ -314,7 +343,11 @@ impl ReplyDecoder {
             if self.finish.is_some() {
                 self.end(out, true);
             }
-            return;
+            return if has_usage {
+                ChunkKind::Usage
+            } else {
+                ChunkKind::Other
+            };
         };
         let (content, tool_calls) = match choice.delta.or(choice.message) {
             Some(Text {
@@ -360,9 +393,11 @@ impl ReplyDecoder {
                 arguments,
             });
         }
-        if finish.is_some() {
+        let finished = finish.is_some();
+        if finished {
             self.finish = finish;
         }
+        ChunkKind::Content { finish: finished }
     }
 
     fn start(&mut self, out: &mut Vec<GenerateEvent>) {

@@ -42,12 +42,12 @@ use std::time::{Duration, Instant};
 
 use hyper::body::Incoming;
 use ringmaster_gpu_runtime::{
-    GenerateEvent, GenerateRequest, GenerationStream, LoadReport, ToolChoice,
+    GenerateEvent, GenerateRequest, GenerationStream, LoadReport, RelayState, ToolChoice,
 };
 use serde::Serialize;
 use tracing::warn;
 
-pub use chunks::{DecodeError, ReplyDecoder, error_message};
+pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
 pub use sse::{SseDecoder, SseError};
 
 use conn::{ConnError, Http1Pool, Lease};
@@ -122,6 +122,19 @@ impl Default for UpstreamSettings {
             eject_max: Duration::from_secs(300),
         }
     }
+}
+
+/// How the gateway wants a server's reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyMode {
+    /// One whole JSON answer (for a client that wants one message: one read and one parse
+    /// instead of one per token); its events come together when it is done.
+    Whole,
+    /// A stream, read into events.
+    Stream,
+    /// A stream, read into events, with the server's own content chunks kept for a client
+    /// that speaks the server's API ([`GenerationStream::take_relayed`]).
+    Relayed,
 }
 
 /// Why a request could not be started on a server.
@@ -402,17 +415,15 @@ impl RemoteWorker {
     /// yields its events as a local engine would.
     ///
     /// Cancel safety: dropping the future drops the request, which closes its connection.
-    /// `model` is the name the server serves it under (its `model` field). With `whole`, the
-    /// server is asked for one JSON answer instead of a stream (for a client that wants one
-    /// message: one read and one parse instead of one per token); the events then come
-    /// together when it is done.
+    /// `model` is the name the server serves it under (its `model` field); `mode` says whether
+    /// to ask for a stream (and keep its frames for a relay) or one whole answer.
     pub async fn submit(
         &self,
         request: &GenerateRequest,
         model: &str,
-        whole: bool,
+        mode: ReplyMode,
     ) -> Result<GenerationStream, RemoteError> {
-        let result = self.start_reply(request, model, whole).await;
+        let result = self.start_reply(request, model, mode).await;
         match &result {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
@@ -429,8 +440,9 @@ impl RemoteWorker {
         &self,
         request: &GenerateRequest,
         model: &str,
-        whole: bool,
+        mode: ReplyMode,
     ) -> Result<GenerationStream, RemoteError> {
+        let whole = mode == ReplyMode::Whole;
         let (path, mut body) = openai_body(request, model);
         if whole {
             body.stream = false;
@@ -495,8 +507,8 @@ impl RemoteWorker {
             response.into_body(),
             lease,
             &self.settings,
-            self.url.clone(),
-            request.request_id.clone(),
+            mode == ReplyMode::Relayed,
+            (self.url.clone(), request.request_id.clone()),
         );
         self.started(GenerationStream::from_source(Box::new(reply)))
             .await
@@ -649,11 +661,39 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// A server's streamed reply, bytes in, engine events out: the SSE split ([`SseDecoder`]) and
 /// the chunk decoding ([`ReplyDecoder`]) as one step, with no I/O (the relay, the proptests and
-/// the fuzz target all read replies through it).
+/// the fuzz target all read replies through it). With a relay, the server's own content chunks
+/// are also kept, as the SSE frames it sent, for a client that speaks the server's API.
 #[derive(Debug)]
 pub struct ReplyReader {
     sse: SseDecoder,
     decoder: ReplyDecoder,
+    /// `None`: no relay.
+    relay: Option<Relay>,
+}
+
+/// What a relay keeps of the server's chunks.
+#[derive(Debug, Default)]
+struct Relay {
+    /// The content chunks read and not yet taken, as `data: …` frames.
+    frames: Vec<u8>,
+    /// A content chunk carried the finish.
+    finish: bool,
+}
+
+/// Decodes one event's data, keeping it for the relay when it was content.
+fn read_event(
+    decoder: &mut ReplyDecoder,
+    relay: &mut Option<Relay>,
+    data: &[u8],
+    out: &mut Vec<GenerateEvent>,
+) {
+    let kind = decoder.data(data, out);
+    if let (ChunkKind::Content { finish }, Some(relay)) = (kind, relay.as_mut()) {
+        relay.frames.extend_from_slice(b"data: ");
+        relay.frames.extend_from_slice(data);
+        relay.frames.extend_from_slice(b"\n\n");
+        relay.finish |= finish;
+    }
 }
 
 impl ReplyReader {
@@ -662,6 +702,15 @@ impl ReplyReader {
         Self {
             sse: SseDecoder::new(limit),
             decoder: ReplyDecoder::default(),
+            relay: None,
+        }
+    }
+
+    /// A reader that also keeps the server's content chunks for [`Self::take_relayed`].
+    pub fn relaying(limit: usize) -> Self {
+        Self {
+            relay: Some(Relay::default()),
+            ..Self::new(limit)
         }
     }
 
@@ -673,7 +722,7 @@ impl ReplyReader {
         self.sse.push(bytes);
         while let Some(event) = self.sse.next_event() {
             match event {
-                Ok(data) => self.decoder.data(data, out),
+                Ok(data) => read_event(&mut self.decoder, &mut self.relay, data, out),
                 Err(e) => self.decoder.fail(e.to_string(), out),
             }
             if self.decoder.is_done() {
@@ -688,7 +737,7 @@ impl ReplyReader {
             && let Some(event) = self.sse.finish()
         {
             match event {
-                Ok(data) => self.decoder.data(data, out),
+                Ok(data) => read_event(&mut self.decoder, &mut self.relay, data, out),
                 Err(e) => self.decoder.fail(e.to_string(), out),
             }
         }
@@ -708,6 +757,23 @@ impl ReplyReader {
     /// Whether the output count is this reader's own (the server reported none).
     pub fn counted_output(&self) -> bool {
         self.decoder.counted_output()
+    }
+
+    /// The content chunks kept since the last call, as the SSE frames the server sent them
+    /// (`None` without a relay or with nothing new).
+    pub fn take_relayed(&mut self) -> Option<Vec<u8>> {
+        let relay = self.relay.as_mut().filter(|r| !r.frames.is_empty())?;
+        Some(std::mem::take(&mut relay.frames))
+    }
+
+    /// What a relay has passed on so far (`None` without a relay): the server's reply id,
+    /// and whether a chunk with the finish was among the chunks.
+    pub fn relay_state(&self) -> Option<RelayState> {
+        let relay = self.relay.as_ref()?;
+        Some(RelayState {
+            reply_id: self.decoder.reply_id().map(str::to_owned),
+            finish_relayed: relay.finish,
+        })
     }
 }
 
@@ -1019,7 +1085,7 @@ mod tests {
         };
         let worker = RemoteWorker::start_with(&url, settings);
         let err = worker
-            .submit(&raw_prompt_request(), "m", false)
+            .submit(&raw_prompt_request(), "m", ReplyMode::Stream)
             .await
             .unwrap_err();
         assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");

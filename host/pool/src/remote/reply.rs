@@ -17,7 +17,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
-use ringmaster_gpu_runtime::{EventSource, GenerateEvent};
+use ringmaster_gpu_runtime::{EventSource, GenerateEvent, RelayState};
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
@@ -46,18 +46,25 @@ pub(super) struct RemoteReply {
 }
 
 impl RemoteReply {
+    /// With `relay`, the server's content chunks are kept for a client that speaks its API.
     pub(super) fn new(
         body: Incoming,
         lease: Option<Lease>,
         settings: &UpstreamSettings,
-        url: String,
-        request_id: String,
+        relay: bool,
+        ids: (String, String),
     ) -> Self {
         let gap = settings.chunk_gap_timeout;
+        let (url, request_id) = ids;
+        let reader = if relay {
+            ReplyReader::relaying(settings.max_event_bytes)
+        } else {
+            ReplyReader::new(settings.max_event_bytes)
+        };
         Self {
             body: Some(body),
             lease,
-            reader: ReplyReader::new(settings.max_event_bytes),
+            reader,
             ready: VecDeque::new(),
             scratch: Vec::new(),
             gap,
@@ -174,6 +181,14 @@ impl EventSource for RemoteReply {
             std::task::ready!(self.poll_read(cx));
         }
         Poll::Ready(self.ready.pop_front())
+    }
+
+    fn take_relayed(&mut self) -> Option<Vec<u8>> {
+        self.reader.take_relayed()
+    }
+
+    fn relay_state(&self) -> Option<RelayState> {
+        self.reader.relay_state()
     }
 }
 
