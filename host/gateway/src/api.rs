@@ -480,6 +480,16 @@ fn tool_offer(
             (choice, parallel)
         }
     };
+    tool_offer_of(specs, choice, parallel)
+}
+
+/// The offer of `specs` (`None` when there are none and none is asked for); both APIs'
+/// parsers end here.
+pub(crate) fn tool_offer_of(
+    specs: Vec<ToolSpec>,
+    choice: ToolChoice,
+    parallel: Option<bool>,
+) -> Result<Option<Box<ToolOffer>>, ApiError> {
     if specs.is_empty() {
         return match choice {
             ToolChoice::Auto | ToolChoice::None => Ok(None),

@@ -477,19 +477,7 @@ fn tool_offer(
             ));
         }
     };
-    if specs.is_empty() {
-        return match choice {
-            ToolChoice::Auto | ToolChoice::None => Ok(None),
-            _ => Err(ApiError::invalid(
-                "tool_choice: asks for a tool call, but no tools are offered",
-            )),
-        };
-    }
-    Ok(Some(Box::new(ToolOffer {
-        tools: specs,
-        choice,
-        parallel,
-    })))
+    crate::api::tool_offer_of(specs, choice, parallel)
 }
 
 /// An assistant message's `tool_calls`: each a function call with an id, a name and its

@@ -1054,6 +1054,52 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_relaying_reader_keeps_the_content_chunks_as_sent_and_nothing_else() {
+        let content = [
+            r#"{"id":"chatcmpl-7","choices":[{"delta":{"role":"assistant","content":"Hi"}}]}"#,
+            r#"{"id":"chatcmpl-7","choices":[{"delta":{"content":" there"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+            r#"{"id":"chatcmpl-7","choices":[{"delta":{},"finish_reason":"stop"}]}"#,
+        ];
+        let mut stream = String::new();
+        for chunk in content {
+            stream.push_str(&format!("data: {chunk}\r\n\r\n"));
+        }
+        stream.push_str("data: {\"id\":\"chatcmpl-7\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\ndata: [DONE]\n\n");
+        let mut reader = ReplyReader::relaying(4096);
+        let mut events = Vec::new();
+        let (first, rest) = stream.as_bytes().split_at(40);
+        reader.feed(first, &mut events);
+        reader.feed(rest, &mut events);
+        reader.end(&mut events);
+        let relayed = String::from_utf8(reader.take_relayed().unwrap()).unwrap();
+        let expected: String = content.iter().map(|c| format!("data: {c}\n\n")).collect();
+        assert_eq!(
+            relayed, expected,
+            "the usage chunk and [DONE] are not relayed"
+        );
+        assert_eq!(reader.take_relayed(), None, "taken once");
+        assert_eq!(
+            reader.relay_state(),
+            Some(RelayState {
+                reply_id: Some("chatcmpl-7".into()),
+                finish_relayed: true
+            })
+        );
+        assert!(matches!(
+            events.last(),
+            Some(GenerateEvent::Finished {
+                output_tokens: 2,
+                ..
+            })
+        ));
+        // Without a relay nothing is kept.
+        let mut plain = ReplyReader::new(4096);
+        plain.feed(stream.as_bytes(), &mut Vec::new());
+        assert_eq!(plain.take_relayed(), None);
+        assert_eq!(plain.relay_state(), None);
+    }
+
     fn raw_prompt_request() -> GenerateRequest {
         GenerateRequest {
             request_id: "r".into(),
