@@ -72,6 +72,15 @@ pub(crate) async fn messages(
     let (owned_gateway, owned_id) = (gateway.clone(), request_id.to_owned());
     let mut pending: early::Pending =
         Box::pin(async move { handle(&owned_gateway, call, started, &owned_id).await });
+    // The first poll parses the request and runs until its first wait: only a stream that
+    // then waits needs the timer.
+    let first = std::future::poll_fn(|cx| std::task::Poll::Ready(pending.as_mut().poll(cx))).await;
+    if let std::task::Poll::Ready(reply) = first {
+        return reply;
+    }
+    if streamed.get().is_none() {
+        return pending.await;
+    }
     let interval = tokio::time::sleep(every);
     tokio::pin!(interval);
     tokio::select! {
