@@ -13,6 +13,7 @@
 # core 1; oha (crates.io), the load generator, runs on core 0.
 #
 #   tests/bench/front_door.sh [--seconds 5] [--out tests/bench/results]
+#   RINGMASTER_BENCH_BIN=/path/to/older/ringmaster tests/bench/front_door.sh ...   (compare)
 #
 # Writes front_door.json and front_door.md under --out; BENCHMARKS.md quotes them.
 set -euo pipefail
@@ -39,7 +40,8 @@ step "tools: oha"
 oha=$(bench_oha)
 step "build: ringmaster and fake-upstream (release)"
 cargo build --release --locked -p ringmaster -p ringmaster-tests --bin ringmaster --bin fake-upstream >&2
-ringmaster=$target_dir/release/ringmaster
+# RINGMASTER_BENCH_BIN: another gateway binary to measure (an older build, to compare).
+ringmaster=${RINGMASTER_BENCH_BIN:-$target_dir/release/ringmaster}
 fake=$target_dir/release/fake-upstream
 
 pids=()
