@@ -113,6 +113,10 @@ def test_scaffolded_rust_policies_test_natively_build_and_check():
     under a minute each)."""
     ringmaster = binary()
     with tempfile.TemporaryDirectory() as tmp:
+        # One target folder for the three Wasm builds (tests/run's own when it sets one):
+        # the standard library is built for Wasm once, not once per project.
+        wasm_env = {**os.environ,
+                    "CARGO_TARGET_DIR": os.environ.get("CARGO_TARGET_DIR") or os.path.join(tmp, "wasm")}
         for world in ["router", "admission", "safety-filter"]:
             name = f"edge-{world}"
             out = run([ringmaster, "policy", "new", name, "--lang", "rust", "--world", world],
@@ -121,7 +125,7 @@ def test_scaffolded_rust_policies_test_natively_build_and_check():
             project = os.path.join(tmp, name)
             out = run(["cargo", "test", "--quiet"], cwd=project,
                       env={**os.environ, "CARGO_TARGET_DIR": os.path.join(tmp, "native")})
-            run([ringmaster, "policy", "build"], cwd=project)
+            run([ringmaster, "policy", "build"], cwd=project, env=wasm_env)
             component = os.path.join(project, f"{name}.wasm")
             assert 1_000 < os.path.getsize(component) < 500_000
             out = run([ringmaster, "policy", "check", component], cwd=project)

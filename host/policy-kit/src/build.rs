@@ -100,7 +100,11 @@ fn build_rust(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Resul
     say("finding a Rust toolchain for Wasm");
     let toolchain = toolchain::detect(None)?;
     say(&format!("building with {}", toolchain.describe()));
-    let target_dir = project.dir.join("target");
+    // Cargo's own rule: `CARGO_TARGET_DIR` when set (one folder shared by several projects
+    // builds the standard library for Wasm once), else the project's `target/`.
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| project.dir.join("target"), std::path::PathBuf::from);
     run(toolchain
         .cargo_build(&project.dir)
         .env("CARGO_TARGET_DIR", &target_dir))?;
