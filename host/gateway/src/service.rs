@@ -202,7 +202,8 @@ async fn handle(
             // A refused client waits for its retry anyway: holding the refusal a little
             // keeps a flooding client's connections from taking the core from everyone
             // else's requests (each connection sends its next request only after this answer).
-            tokio::time::sleep(e.retry_after().map_or(delay, |after| after.min(delay))).await;
+            let hold = e.retry_after().map_or(delay, |after| after.min(delay));
+            tokio::time::sleep(jittered(hold, &request_id)).await;
         }
         let mut response = result.unwrap_or_else(|e| {
             if e.kind() == ErrorKind::Api {
@@ -233,6 +234,18 @@ async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// `hold` shortened by up to half, by the request's own (random) id: a flood's connections,
+/// refused together, come back spread over the second half of the hold instead of all at once,
+/// so their next refusals do not arrive as one burst in front of other keys' requests.
+fn jittered(hold: Duration, request_id: &str) -> Duration {
+    let id = request_id.trim_start_matches("req_");
+    let spread = id
+        .get(..4)
+        .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+        .map_or(0.0, |n| f64::from(n) / f64::from(u16::MAX));
+    hold.mul_f64(1.0 - spread / 2.0)
 }
 
 fn route_name(path: &str) -> &'static str {
@@ -364,6 +377,18 @@ fn model_json(id: &str) -> serde_json::Value {
 mod tests {
     use super::*;
     use std::sync::atomic::Ordering::Relaxed;
+
+    #[test]
+    fn a_held_refusal_waits_between_half_and_all_of_the_hold() {
+        let hold = Duration::from_millis(200);
+        assert_eq!(jittered(hold, "req_0000aaaa"), hold);
+        assert_eq!(jittered(hold, "req_ffffaaaa"), Duration::from_millis(100));
+        let spread: std::collections::BTreeSet<Duration> = (0..64)
+            .map(|_| jittered(hold, &format!("req_{}", uuid::Uuid::new_v4().simple())))
+            .collect();
+        assert!(spread.iter().all(|d| *d >= hold / 2 && *d <= hold));
+        assert!(spread.len() > 32, "ids spread the holds");
+    }
 
     const TWO_VARIANTS: &str = r#"
 models = ["sim-llama-3-8b"]
