@@ -369,6 +369,44 @@ async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
 }
 
 #[tokio::test]
+async fn a_stream_that_started_early_is_resumable_by_its_request_id() {
+    let server = FakeUpstream::start(Behavior::SlowStart, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\nresume_window_ms = 5000\n\
+         [[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let mut body = crate::support::hello(8);
+    body["model"] = json!("fake");
+    body["stream"] = json!(true);
+    let response = gw.post_messages(&body).await;
+    assert_eq!(response.status(), 200);
+    let stream_id = response.headers()["x-ringmaster-stream-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        stream_id,
+        response.headers()["request-id"].to_str().unwrap()
+    );
+    let text = response.text().await.unwrap();
+    assert!(text.starts_with(": ping\n\n"), "started early: {text}");
+    let resumed = gw
+        .client
+        .get(gw.url(&format!("/v1/streams/{stream_id}")))
+        .header("last-event-id", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    let rest = resumed.text().await.unwrap();
+    let (ids, _) = ids_and_text(&rest);
+    assert_eq!(ids.first(), Some(&2), "{rest}");
+    assert!(rest.contains("message_stop"), "{rest}");
+}
+
+#[tokio::test]
 async fn a_stream_that_started_early_ends_with_an_error_event_when_its_wait_fails() {
     let server = FakeUpstream::start(Behavior::Hang, 3).await;
     let gw = TestGateway::start(&format!(

@@ -327,3 +327,59 @@ async fn images_reach_the_server_as_image_url_parts_and_are_refused_for_in_proce
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn count_tokens_counts_tools_and_images_and_refuses_them_where_they_cannot_be_served() {
+    let server = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let gw = gateway_for(&server).await;
+    let count = |body: Value| {
+        let gw = &gw;
+        async move {
+            let reply = gw
+                .client
+                .post(gw.url("/v1/messages/count_tokens"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(reply.status(), 200);
+            assert_eq!(reply.headers()["x-ringmaster-token-count"], "estimated");
+            reply.json::<Value>().await.unwrap()["input_tokens"]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    let question = json!([{"role": "user", "content": "What is the weather in Paris?"}]);
+    let bare = count(json!({"model": "fake", "messages": question})).await;
+    let with_tools =
+        count(json!({"model": "fake", "messages": question, "tools": [weather_tool()]})).await;
+    let spec = weather_tool();
+    let spec_bytes = "get_weather".len()
+        + "The weather in a city".len()
+        + spec["input_schema"].to_string().len();
+    assert!(
+        with_tools >= bare + (spec_bytes as u64) / 4,
+        "the tools offered are counted: {bare} → {with_tools}"
+    );
+    let with_image = count(
+        json!({"model": "fake", "messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+        {"type": "text", "text": "What is the weather in Paris?"}]}]}),
+    )
+    .await;
+    assert_eq!(with_image, bare + 1_600, "an image is counted at its bound");
+
+    // A pool of Ringmaster's own engines counts exactly, so it refuses what it cannot serve.
+    let local = TestGateway::simulated(1, 0.01, "").await;
+    let reply = local
+        .client
+        .post(local.url("/v1/messages/count_tokens"))
+        .json(&json!({"model": "sim-llama-3-8b", "messages": question, "tools": [weather_tool()]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 400);
+    let body: Value = reply.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.starts_with("tools:"), "{message}");
+}

@@ -8,7 +8,8 @@
 //! status and every header. One that starts early has already sent `200 OK`, so what goes
 //! wrong later (a queue timeout, servers that all failed) arrives as the API's error event,
 //! and the headers known only once a server was chosen (`x-ringmaster-server`,
-//! `x-ringmaster-attempts`, the variant, the stream id for a resume) are not sent.
+//! `x-ringmaster-attempts`, the variant) are not sent. The stream id for a resume is the
+//! request's own, so it is sent.
 //!
 //! This module only relays: it must not decide anything about the request.
 
@@ -32,11 +33,13 @@ use crate::error::ApiError;
 pub(super) type Pending =
     Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, ApiError>> + Send>>;
 
-/// The streamed response for a reply still being prepared.
+/// The streamed response for a reply still being prepared, pinging `every` interval, with the
+/// id it will be resumable by (when streams are resumable).
 pub(super) fn response(
     pending: Pending,
     format: ReplyFormat,
     every: Duration,
+    stream_id: Option<&str>,
     span: tracing::Span,
 ) -> Response<ResponseBody> {
     let body = EarlyReply {
@@ -51,6 +54,9 @@ pub(super) fn response(
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert("cache-control", HeaderValue::from_static("no-cache"));
+    if let Some(value) = stream_id.and_then(|id| HeaderValue::from_str(id).ok()) {
+        headers.insert(&crate::respond::header_names::STREAM_ID, value);
+    }
     response
 }
 

@@ -91,10 +91,12 @@ pub(crate) async fn messages(
     match streamed.get() {
         Some(&format) => {
             debug!("stream.started_early");
+            let stream_id = gateway.streams.enabled().then_some(request_id);
             Ok(early::response(
                 pending,
                 format,
                 every,
+                stream_id,
                 tracing::Span::current(),
             ))
         }
@@ -104,8 +106,9 @@ pub(crate) async fn messages(
 
 /// `POST /v1/messages/count_tokens`: the prompt rendered with the chat template and counted
 /// with the tokenizer of the model's pool (a server that reports its tokenizer: a local model
-/// server, a `ringmaster worker`). A pool of servers that report none is counted at four bytes
-/// a token, and the answer says so in `x-ringmaster-token-count: estimated`.
+/// server, a `ringmaster worker`). A pool of servers that report none is estimated (four bytes
+/// a token over text, tool calls and the tools offered, a bound per image), and the answer
+/// says so in `x-ringmaster-token-count: estimated`.
 pub(crate) async fn count_tokens(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
@@ -117,6 +120,13 @@ pub(crate) async fn count_tokens(
     caller.may_use(&request.model)?;
     let (_, pool) = resolve_model(&fleet, &request.model)?;
     let scheme = pool.servers.iter().find_map(|s| s.cache_scheme());
+    // Only Ringmaster's own engines report a tokenizer, and they serve neither tools nor
+    // images: a count of a prompt they would refuse would only mislead.
+    if scheme.is_some()
+        && let Some(refusal) = unserved_in_process(&request)
+    {
+        return Err(refusal);
+    }
     let chat = crate::routing::chat_prompt(&request);
     let (tokens, exact) = match scheme {
         Some(scheme) => (
@@ -126,11 +136,7 @@ pub(crate) async fn count_tokens(
                 .len(),
             true,
         ),
-        None => {
-            let bytes = chat.system.as_ref().map_or(0, String::len)
-                + chat.messages.iter().map(|m| m.text.len()).sum::<usize>();
-            (bytes.div_ceil(4), false)
-        }
+        None => (estimated_tokens(&chat, request.tools.as_deref()), false),
     };
     let mut response = json_response(
         StatusCode::OK,
@@ -141,6 +147,41 @@ pub(crate) async fn count_tokens(
         HeaderValue::from_static(if exact { "exact" } else { "estimated" }),
     );
     Ok(response)
+}
+
+/// Tokens per image in an estimate: the most one image costs Claude after its resize (about
+/// 1.15 megapixels at 750 pixels a token), so an estimate errs high, as a budget should.
+const ESTIMATED_TOKENS_PER_IMAGE: usize = 1_600;
+
+/// A prompt's size for servers that report no tokenizer: four bytes a token over everything
+/// the server reads (text, tool calls, tool results, the tools offered), plus a bound per image.
+fn estimated_tokens(chat: &ChatPrompt, tools: Option<&ringmaster_gpu_runtime::ToolOffer>) -> usize {
+    let calls = |m: &ringmaster_gpu_runtime::ChatMessage| {
+        m.tool_calls
+            .iter()
+            .map(|c| c.name.len() + c.arguments.len())
+            .sum::<usize>()
+    };
+    let offered = tools.map_or(0, |offer| {
+        offer
+            .tools
+            .iter()
+            .map(|t| {
+                t.name.len()
+                    + t.description.as_ref().map_or(0, String::len)
+                    + t.parameters.to_string().len()
+            })
+            .sum()
+    });
+    let bytes = chat.system.as_ref().map_or(0, String::len)
+        + offered
+        + chat
+            .messages
+            .iter()
+            .map(|m| m.text.len() + calls(m))
+            .sum::<usize>();
+    let images: usize = chat.messages.iter().map(|m| m.images.len()).sum();
+    bytes.div_ceil(4) + images * ESTIMATED_TOKENS_PER_IMAGE
 }
 
 /// `GET /v1/streams/{id}`: a resumable stream again, from after its `Last-Event-ID` (from the
@@ -239,27 +280,12 @@ pub async fn handle(
     }
     let (served_model, model_pool) = resolve_model(&fleet, &request.model)?;
     let served_model = served_model.to_owned();
-    let in_process = || {
-        model_pool
-            .servers
-            .iter()
-            .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)))
-    };
-    if request.uses_tools() && in_process() {
-        return Err(ApiError::invalid(format!(
-            "tools: tool use (tool calling) is not supported for the model {:?}: its servers run in the \
-             gateway's process, and in-process engines do not call tools (the feature is served \
-             by pools of OpenAI-compatible servers with tool calling); leave tools out",
-            request.model
-        )));
-    }
-    if request.uses_images() && in_process() {
-        return Err(ApiError::invalid(format!(
-            "image input is not supported for the model {:?}: its servers run in the gateway's \
-             process, and in-process engines read text only (images are served by pools of \
-             OpenAI-compatible servers with a vision model); send text only",
-            request.model
-        )));
+    let in_process = model_pool
+        .servers
+        .iter()
+        .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)));
+    if in_process && let Some(refusal) = unserved_in_process(&request) {
+        return Err(refusal);
     }
     if gateway.safety.slot.current().is_some() {
         gateway
@@ -459,7 +485,6 @@ pub async fn handle(
         .as_ref()
         .map(|v| v.policy.info().hash.clone());
     let mut response = if request.stream {
-        let stream_id = message_id.clone();
         let relayed = relay.is_some();
         let response = reply::stream(
             tracker,
@@ -470,8 +495,10 @@ pub async fn handle(
         );
         if gateway.streams.enabled() {
             let (mut parts, body) = response.into_parts();
-            let body = gateway.streams.adopt(&stream_id, &caller.key_label, body);
-            if let Ok(value) = HeaderValue::from_str(&stream_id) {
+            // The stream is known by its request's id, which a stream that started early
+            // (before this point) already named in its headers.
+            let body = gateway.streams.adopt(request_id, &caller.key_label, body);
+            if let Ok(value) = HeaderValue::from_str(request_id) {
                 parts.headers.insert(&header_names::STREAM_ID, value);
             }
             Response::from_parts(parts, body)
@@ -921,6 +948,29 @@ fn backend_error(error: ringmaster_pool::BackendError, attempts: u32) -> ApiErro
         )
         .with_retry_after(Duration::from_secs(1)),
     }
+}
+
+/// The 400 for what an engine of this crate cannot serve (tools, images), naming the feature;
+/// `None` when the request asks for neither. Such engines run in the gateway's process or in
+/// a `ringmaster worker`; pools of OpenAI-compatible servers serve both features.
+fn unserved_in_process(request: &MessagesRequest) -> Option<ApiError> {
+    if request.uses_tools() {
+        return Some(ApiError::invalid(format!(
+            "tools: tool use (tool calling) is not supported for the model {:?}: its servers run \
+             Ringmaster's own engine, which does not call tools (the feature is served by pools of \
+             OpenAI-compatible servers with tool calling); leave tools out",
+            request.model
+        )));
+    }
+    if request.uses_images() {
+        return Some(ApiError::invalid(format!(
+            "image input is not supported for the model {:?}: its servers run Ringmaster's own \
+             engine, which reads text only (images are served by pools of OpenAI-compatible \
+             servers with a vision model); send text only",
+            request.model
+        )));
+    }
+    None
 }
 
 fn engine_error(error: EngineError) -> ApiError {
