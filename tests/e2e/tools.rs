@@ -383,3 +383,40 @@ async fn count_tokens_counts_tools_and_images_and_refuses_them_where_they_cannot
     let message = body["error"]["message"].as_str().unwrap();
     assert!(message.starts_with("tools:"), "{message}");
 }
+
+#[tokio::test]
+async fn the_output_filter_reads_tool_call_arguments() {
+    let server = FakeUpstream::start(Behavior::CallsTool, 2).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\naddress = \"{}\"\n\
+         [policies.safety]\nsource = \"builtin:blocklist\"\nconfig = {{ patterns = \"paris\" }}\n",
+        server.url()
+    ))
+    .await;
+    let mut ask = ask_weather(true);
+    ask["messages"][0]["content"] = json!("What is the weather in the capital of France?");
+    let reply = gw.post_messages(&ask).await;
+    assert_eq!(reply.status(), 200);
+    let text = reply.text().await.unwrap();
+    assert!(
+        !text.contains("Paris"),
+        "blocked arguments reached the client: {text}"
+    );
+    let events = sse_events(&text);
+    let delta = events.iter().find(|(e, _)| e == "message_delta").unwrap();
+    assert_eq!(delta.1["delta"]["stop_reason"], "refusal", "{text}");
+
+    ask["stream"] = json!(false);
+    let reply = gw.post_messages(&ask).await;
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["stop_reason"], "refusal", "{body}");
+    assert!(
+        body["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "tool_use"),
+        "a refused reply's calls are left out: {body}"
+    );
+}

@@ -1,7 +1,7 @@
 //! One reply, one state machine: engine events in, Anthropic stream events out. A streamed
 //! reply sends those events as SSE as they come; a collected reply folds the same events into
 //! one message. Both outputs therefore agree on every rule: when the message starts, how the
-//! safety filter holds text back and refuses, how usage is counted, how a failure ends it.
+//! safety filter holds text and tool-call arguments back and refuses, how usage is counted, how a failure ends it.
 //!
 //! Cancel safety: dropping the generation (the client went away, or the filter refused)
 //! cancels it on the server; both drivers drop it as soon as nothing more is wanted.
@@ -27,6 +27,7 @@ use crate::api::{
 };
 use crate::body::ResponseBody;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 use crate::openai::ChunkWriter;
 use crate::safety::{Blocked, OutputFilter};
 
@@ -62,6 +63,9 @@ struct ReplyMachine {
     model: String,
     message_id: String,
     filter: Option<OutputFilter>,
+    /// The filter over the open tool call's arguments (a fresh one per call: a call's JSON is
+    /// read as text of its own, apart from the reply's text).
+    call_filter: Option<OutputFilter>,
     prompt: u32,
     cached: u32,
     generated: u32,
@@ -77,6 +81,7 @@ impl ReplyMachine {
             model: request.model.clone(),
             message_id,
             filter: tracker.gateway.safety.output(),
+            call_filter: None,
             prompt: 0,
             cached: 0,
             generated: 0,
@@ -154,6 +159,30 @@ impl ReplyMachine {
         }
     }
 
+    /// Checks the rest of the open tool call's arguments (the call is complete: the reply
+    /// moves on) and writes what passes into the call's block.
+    fn settle_call(
+        &mut self,
+        metrics: &Metrics,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), Blocked> {
+        let Some(mut filter) = self.call_filter.take() else {
+            return Ok(());
+        };
+        let allowed = filter.finish(metrics)?;
+        if !allowed.is_empty()
+            && let Some(OpenBlock::Tool { block, .. }) = self.open
+        {
+            out.push(StreamEvent::ContentBlockDelta {
+                index: block,
+                delta: BlockDelta::InputJsonDelta {
+                    partial_json: allowed,
+                },
+            });
+        }
+        Ok(())
+    }
+
     /// One engine event (`None`: the stream ended without a finish). Pushes what the client
     /// is to see; returns how the reply ended once it has.
     fn on(
@@ -184,6 +213,9 @@ impl ReplyMachine {
             Some(GenerateEvent::Token { text }) => {
                 self.generated += 1;
                 tracker.generated(1);
+                if let Err(why) = self.settle_call(metrics, out) {
+                    return Some(self.refuse(tracker, why, out));
+                }
                 match self.filter.as_mut().map(|f| f.push(metrics, &text)) {
                     None => self.text(text, out),
                     Some(Ok(allowed)) if allowed.is_empty() => {}
@@ -200,8 +232,7 @@ impl ReplyMachine {
             }) => {
                 self.generated += 1;
                 tracker.generated(1);
-                // The filter reads text: what it holds back goes out (or is refused) before
-                // the call, which it does not read.
+                // What the text filter holds back goes out (or is refused) before the call.
                 if let Some(filter) = self.filter.as_mut() {
                     match filter.flush(metrics) {
                         Ok(allowed) if allowed.is_empty() => {}
@@ -209,6 +240,23 @@ impl ReplyMachine {
                         Err(why) => return Some(self.refuse(tracker, why, out)),
                     }
                 }
+                let same_call =
+                    matches!(self.open, Some(OpenBlock::Tool { call, .. }) if call == index);
+                if !same_call {
+                    if let Err(why) = self.settle_call(metrics, out) {
+                        return Some(self.refuse(tracker, why, out));
+                    }
+                    self.call_filter = tracker.gateway.safety.output();
+                }
+                let arguments = match self
+                    .call_filter
+                    .as_mut()
+                    .map(|f| f.push(metrics, &arguments))
+                {
+                    None => arguments,
+                    Some(Ok(allowed)) => allowed,
+                    Some(Err(why)) => return Some(self.refuse(tracker, why, out)),
+                };
                 self.tool_call(index, id, name, arguments, out);
                 None
             }
@@ -222,6 +270,9 @@ impl ReplyMachine {
                 tracker.generated(output_tokens.saturating_sub(self.generated));
                 (self.prompt, self.cached, self.generated) =
                     (prompt_tokens, cached_tokens, output_tokens);
+                if let Err(why) = self.settle_call(metrics, out) {
+                    return Some(self.refuse(tracker, why, out));
+                }
                 if let Some(filter) = self.filter.as_mut() {
                     match filter.finish(metrics) {
                         Ok(allowed) if allowed.is_empty() => {}
@@ -331,6 +382,9 @@ impl Collector {
         let mut message = self
             .message
             .unwrap_or_else(|| empty_message(model, id, Usage::default()));
+        // A refused reply's calls are left out: the filter may have cut their input off, and
+        // the reply stopped for a refusal, not to use tools.
+        let refused = message.stop_reason == Some(StopReason::Refusal);
         let has_tools = self
             .blocks
             .iter()
@@ -340,6 +394,7 @@ impl Collector {
             match block {
                 // An empty text block before a tool call says nothing.
                 ContentBlock::Text { text } if text.is_empty() && has_tools => {}
+                ContentBlock::ToolUse { .. } if refused => {}
                 ContentBlock::ToolUse { id, name, .. } => {
                     let input = if arguments.trim().is_empty() {
                         serde_json::json!({})
