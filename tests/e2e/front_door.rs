@@ -328,11 +328,18 @@ async fn an_idle_stream_sends_pings_at_the_configured_interval() {
     assert_eq!(events.last().unwrap().0, "message_stop");
 }
 
-#[tokio::test]
-async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
-    let server = FakeUpstream::start(Behavior::SlowStart, 3).await;
+/// A streamed hello through a gateway that pings every 100 ms (plus `limits` in its
+/// `[limits]`, and `sections`) in front of one fake server that behaves as `behavior`: the
+/// server, the gateway, the request sent and its response.
+async fn early_stream(
+    behavior: Behavior,
+    limits: &str,
+    sections: &str,
+) -> (FakeUpstream, TestGateway, Value, reqwest::Response) {
+    let server = FakeUpstream::start(behavior, 3).await;
     let gw = TestGateway::start(&format!(
-        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\n[[servers]]\naddress = \"{}\"\n",
+        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\n{limits}{sections}\
+         [[servers]]\naddress = \"{}\"\n",
         server.url()
     ))
     .await;
@@ -340,6 +347,12 @@ async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
     body["model"] = json!("fake");
     body["stream"] = json!(true);
     let response = gw.post_messages(&body).await;
+    (server, gw, body, response)
+}
+
+#[tokio::test]
+async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
+    let (_server, gw, mut body, response) = early_stream(Behavior::SlowStart, "", "").await;
     assert_eq!(response.status(), 200);
     assert!(
         response.headers().get("x-ringmaster-server").is_none(),
@@ -370,17 +383,8 @@ async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
 
 #[tokio::test]
 async fn a_stream_that_started_early_is_resumable_by_its_request_id() {
-    let server = FakeUpstream::start(Behavior::SlowStart, 3).await;
-    let gw = TestGateway::start(&format!(
-        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\nresume_window_ms = 5000\n\
-         [[servers]]\naddress = \"{}\"\n",
-        server.url()
-    ))
-    .await;
-    let mut body = crate::support::hello(8);
-    body["model"] = json!("fake");
-    body["stream"] = json!(true);
-    let response = gw.post_messages(&body).await;
+    let (_server, gw, _, response) =
+        early_stream(Behavior::SlowStart, "resume_window_ms = 5000\n", "").await;
     assert_eq!(response.status(), 200);
     let stream_id = response.headers()["x-ringmaster-stream-id"]
         .to_str()
@@ -408,17 +412,12 @@ async fn a_stream_that_started_early_is_resumable_by_its_request_id() {
 
 #[tokio::test]
 async fn a_stream_that_started_early_ends_with_an_error_event_when_its_wait_fails() {
-    let server = FakeUpstream::start(Behavior::Hang, 3).await;
-    let gw = TestGateway::start(&format!(
-        "models = [\"fake\"]\n[limits]\nstream_ping_ms = 100\n[upstream]\nfirst_byte_timeout_ms = 500\n\
-         [retry]\nattempts = 1\n[[servers]]\naddress = \"{}\"\n",
-        server.url()
-    ))
+    let (_server, _gw, _, response) = early_stream(
+        Behavior::Hang,
+        "",
+        "[upstream]\nfirst_byte_timeout_ms = 500\n[retry]\nattempts = 1\n",
+    )
     .await;
-    let mut body = crate::support::hello(8);
-    body["model"] = json!("fake");
-    body["stream"] = json!(true);
-    let response = gw.post_messages(&body).await;
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
     assert!(text.starts_with(": ping\n\n"), "{text}");

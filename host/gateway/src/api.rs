@@ -1077,16 +1077,22 @@ mod tests {
                 "messages.0.content.0.input: must be an object",
             ),
         ] {
-            let err = parse(&format!(
-                r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"{role}","content":[{block}]}}]}}"#
-            ))
-            .unwrap_err();
-            assert!(
-                err.message().starts_with(starts),
-                "{block}: {}",
-                err.message()
-            );
+            assert_block_refused(role, block, starts);
         }
+    }
+
+    /// A one-message request whose `role` turn holds `block` is refused with a message that
+    /// starts with `starts`.
+    fn assert_block_refused(role: &str, block: &str, starts: &str) {
+        let err = parse(&format!(
+            r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"{role}","content":[{block}]}}]}}"#
+        ))
+        .unwrap_err();
+        assert!(
+            err.message().starts_with(starts),
+            "{block}: {}",
+            err.message()
+        );
     }
 
     #[test]
@@ -1139,15 +1145,7 @@ mod tests {
                 "messages.0.content.0.type: a \"image\" block belongs in a user message",
             ),
         ] {
-            let err = parse(&format!(
-                r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"{role}","content":[{block}]}}]}}"#
-            ))
-            .unwrap_err();
-            assert!(
-                err.message().starts_with(starts),
-                "{block}: {}",
-                err.message()
-            );
+            assert_block_refused(role, block, starts);
         }
     }
 
