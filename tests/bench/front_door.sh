@@ -23,24 +23,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
-seconds=5
-rounds=3
-out=$root/tests/bench/results
-while [ $# -gt 0 ]; do
-  case $1 in
-    --seconds) seconds=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-mkdir -p "$out"
-cache=${RINGMASTER_BENCH_CACHE:-/var/cache/ringmaster/bench}
-mkdir -p "$cache"
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-work=$(mktemp -d)
 # shellcheck source=tests/bench/lib.sh
 source "$root/tests/bench/lib.sh"
+bench_setup "$@"
+work=$(mktemp -d)
 
 step "tools: oha"
 oha=$(bench_oha)

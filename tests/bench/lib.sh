@@ -1,5 +1,27 @@
-# Shared by the loopback benchmarks (overhead.sh, front_door.sh); sourced, not run. Expects
-# $work (a scratch directory), $seconds (per phase) and $cache (tools) to be set.
+# Shared by the loopback benchmarks (overhead.sh, front_door.sh, paired.sh); sourced, not run,
+# from the repository root ($root). `bench_setup "$@"` reads the options and sets $seconds (per
+# phase), $rounds, $out, $cache (tools) and $target_dir; the phases expect $work (a scratch
+# directory) too.
+
+# bench_setup [--seconds S] [--rounds N] [--out DIR]: the options every benchmark takes, over
+# the defaults below (a script that repeats nothing ignores --rounds).
+bench_setup() {
+  seconds=5
+  rounds=3
+  out=$root/tests/bench/results
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --seconds) seconds=$2; shift 2 ;;
+      --rounds) rounds=$2; shift 2 ;;
+      --out) out=$2; shift 2 ;;
+      *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+  done
+  mkdir -p "$out"
+  cache=${RINGMASTER_BENCH_CACHE:-/var/cache/ringmaster/bench}
+  mkdir -p "$cache"
+  target_dir=${CARGO_TARGET_DIR:-$root/target}
+}
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 

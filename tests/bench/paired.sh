@@ -15,24 +15,10 @@ cd "$(dirname "$0")/../.."
 root=$(pwd)
 [ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [--rounds N] [--seconds S] [--out DIR]" >&2; exit 2; }
 bin_a=$(realpath "$1"); bin_b=$(realpath "$2"); shift 2
-rounds=3
-seconds=5
-out=$root/tests/bench/results
-while [ $# -gt 0 ]; do
-  case $1 in
-    --rounds) rounds=$2; shift 2 ;;
-    --seconds) seconds=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    *) echo "unknown argument $1" >&2; exit 2 ;;
-  esac
-done
-mkdir -p "$out"
-cache=${RINGMASTER_BENCH_CACHE:-/var/cache/ringmaster/bench}
-mkdir -p "$cache"
-target_dir=${CARGO_TARGET_DIR:-$root/target}
-work=$(mktemp -d)
 # shellcheck source=tests/bench/lib.sh
 source "$root/tests/bench/lib.sh"
+bench_setup "$@"
+work=$(mktemp -d)
 
 oha=$(bench_oha)
 step "build: fake-upstream (release)"
