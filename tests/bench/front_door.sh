@@ -45,11 +45,7 @@ cleanup() {
 trap cleanup EXIT
 
 step "upstreams: two of 8 tokens (:19001, :19002), one of 256 tokens (:19003), core 1"
-for spec in 19001:8 19002:8 19003:256; do
-  taskset -c 1 "$fake" --listen "127.0.0.1:${spec%%:*}" --tokens "${spec##*:}" &
-  pids+=($!)
-  wait_port "${spec%%:*}"
-done
+start_upstreams 19001:8 19002:8 19003:256
 
 base='listen = "127.0.0.1:18090"
 models = ["fake"]

@@ -71,3 +71,29 @@ print(json.dumps({"phase": sys.argv[2], "p50_us": (lat.get("p50") or 0) * 1e6,
                   "errors": d.get("errorDistribution", {})}))
 PY
 }
+
+# start_upstreams PORT:TOKENS...: fake OpenAI-compatible servers ($fake) on core 1, one per
+# argument, each answering TOKENS tokens; their pids are added to $pids.
+start_upstreams() {
+  local spec
+  for spec in "$@"; do
+    taskset -c 1 "$fake" --listen "127.0.0.1:${spec%%:*}" --tokens "${spec##*:}" &
+    pids+=($!)
+    wait_port "${spec%%:*}"
+  done
+}
+
+# two_server_config LISTEN: a gateway config for the two 8-token upstreams on :19001 and
+# :19002, with no queue limit in the way.
+two_server_config() {
+  cat <<TOML
+listen = "$1"
+models = ["fake"]
+[limits]
+max_waiting_per_server = 1000000
+[[servers]]
+address = "http://127.0.0.1:19001"
+[[servers]]
+address = "http://127.0.0.1:19002"
+TOML
+}

@@ -59,22 +59,8 @@ cleanup() {
 trap cleanup EXIT
 
 step "upstreams on 127.0.0.1:19001 and :19002 (core 1)"
-for port in 19001 19002; do
-  taskset -c 1 "$fake" --listen "127.0.0.1:$port" --tokens 8 &
-  pids+=($!)
-  wait_port $port
-done
-
-cat > "$work/ringmaster.toml" <<EOF
-listen = "127.0.0.1:18080"
-models = ["fake"]
-[limits]
-max_waiting_per_server = 1000000
-[[servers]]
-address = "http://127.0.0.1:19001"
-[[servers]]
-address = "http://127.0.0.1:19002"
-EOF
+start_upstreams 19001:8 19002:8
+two_server_config 127.0.0.1:18080 > "$work/ringmaster.toml"
 # The same gateway with the ring component as its router (the default until prefix-affinity).
 { cat "$work/ringmaster.toml"; printf '[[policies.router]]\nname = "ring"\nsource = "builtin:consistent-hash"\n'; } \
   > "$work/ringmaster-ring.toml"

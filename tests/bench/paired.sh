@@ -33,21 +33,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-for port in 19001 19002; do
-  taskset -c 1 "$fake" --listen "127.0.0.1:$port" --tokens 8 &
-  pids+=($!)
-  wait_port $port
-done
-cat > "$work/gateway.toml" <<TOML
-listen = "127.0.0.1:18080"
-models = ["fake"]
-[limits]
-max_waiting_per_server = 1000000
-[[servers]]
-address = "http://127.0.0.1:19001"
-[[servers]]
-address = "http://127.0.0.1:19002"
-TOML
+start_upstreams 19001:8 19002:8
+two_server_config 127.0.0.1:18080 > "$work/gateway.toml"
 
 connections() {
   local total=0
