@@ -36,13 +36,7 @@ async fn the_openai_api_in_front_of_openai_servers_plain_and_streamed() {
             server.url()
         ))
         .await;
-        let reply = gw
-            .client
-            .post(gw.url("/v1/chat/completions"))
-            .json(&chat(8, false))
-            .send()
-            .await
-            .unwrap();
+        let reply = gw.post_chat(&chat(8, false)).await;
         assert_eq!(reply.status(), 200, "{behavior:?}");
         let body: Value = reply.json().await.unwrap();
         assert_eq!(body["object"], "chat.completion");
@@ -59,13 +53,7 @@ async fn the_openai_api_in_front_of_openai_servers_plain_and_streamed() {
         assert_eq!(body["usage"]["prompt_tokens"], 12, "{behavior:?}");
         assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 4);
 
-        let reply = gw
-            .client
-            .post(gw.url("/v1/chat/completions"))
-            .json(&chat(8, true))
-            .send()
-            .await
-            .unwrap();
+        let reply = gw.post_chat(&chat(8, true)).await;
         assert_eq!(reply.status(), 200);
         assert_eq!(reply.headers()["content-type"], "text/event-stream");
         let text = reply.text().await.unwrap();
@@ -104,12 +92,8 @@ async fn the_openai_api_in_front_of_openai_servers_plain_and_streamed() {
 async fn openai_errors_have_openai_shape_and_a_standard_overload_status() {
     let gw = TestGateway::simulated(1, 0.01, "models = [\"sim-llama-3-8b\"]").await;
     let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&json!({"model": "sim-llama-3-8b", "messages": [], "tools": []}))
-        .send()
-        .await
-        .unwrap();
+        .post_chat(&json!({"model": "sim-llama-3-8b", "messages": [], "tools": []}))
+        .await;
     assert_eq!(reply.status(), 400);
     assert!(reply.headers().contains_key("request-id"));
     let body: Value = reply.json().await.unwrap();
@@ -365,13 +349,7 @@ async fn a_stream_that_waits_for_its_first_token_starts_early_with_pings() {
     assert_eq!(events.last().unwrap().0, "message_stop");
 
     // The OpenAI door alike; a plain request waits for its answer as before.
-    let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&chat(8, true))
-        .send()
-        .await
-        .unwrap();
+    let reply = gw.post_chat(&chat(8, true)).await;
     let text = reply.text().await.unwrap();
     assert!(text.starts_with(": ping\n\n"), "{text}");
     assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
@@ -622,13 +600,7 @@ async fn an_openai_client_gets_its_servers_own_chunks_unless_something_must_chan
     let stream = async |model: &str| {
         let mut body = chat(8, true);
         body["model"] = json!(model);
-        let reply = gw
-            .client
-            .post(gw.url("/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let reply = gw.post_chat(&body).await;
         reply.text().await.unwrap()
     };
     // Same model name, no filter: the server's chunks as it sent them (vLLM's usage in

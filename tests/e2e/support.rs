@@ -74,6 +74,16 @@ impl TestGateway {
             .unwrap()
     }
 
+    /// A `POST /v1/chat/completions` (the OpenAI door) with `body`.
+    pub async fn post_chat(&self, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/chat/completions"))
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn admin(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         self.client
             .request(method, self.url(path))

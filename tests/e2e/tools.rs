@@ -162,13 +162,7 @@ async fn tool_calls_through_the_openai_api_plain_and_streamed() {
             "messages": [{"role": "user", "content": "Find Paris"}],
         })
     };
-    let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&ask(false))
-        .send()
-        .await
-        .unwrap();
+    let reply = gw.post_chat(&ask(false)).await;
     assert_eq!(reply.status(), 200);
     let body: Value = reply.json().await.unwrap();
     let choice = &body["choices"][0];
@@ -188,13 +182,7 @@ async fn tool_calls_through_the_openai_api_plain_and_streamed() {
     );
     assert_eq!(sent["parallel_tool_calls"], false);
 
-    let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&ask(true))
-        .send()
-        .await
-        .unwrap();
+    let reply = gw.post_chat(&ask(true)).await;
     let text = reply.text().await.unwrap();
     let chunks: Vec<Value> = text
         .split("\n\n")
@@ -225,9 +213,7 @@ async fn tool_calls_through_the_openai_api_plain_and_streamed() {
 
     // The next turn: the call and its result, in OpenAI's terms, reach the server as sent.
     let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&json!({
+        .post_chat(&json!({
             "model": "fake",
             "tools": [{"type": "function", "function": {"name": "lookup"}}],
             "messages": [
@@ -238,9 +224,7 @@ async fn tool_calls_through_the_openai_api_plain_and_streamed() {
                 {"role": "tool", "tool_call_id": "call_9", "content": "48.86N 2.35E"},
             ],
         }))
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
     let sent = server.last_request_json();
     assert_eq!(
@@ -292,17 +276,13 @@ async fn images_reach_the_server_as_image_url_parts_and_are_refused_for_in_proce
     );
     // The OpenAI door passes its image parts on the same way.
     let reply = gw
-        .client
-        .post(gw.url("/v1/chat/completions"))
-        .json(&json!({
+        .post_chat(&json!({
             "model": "fake",
             "messages": [{"role": "user", "content": [
                 {"type": "text", "text": "And this?"},
                 {"type": "image_url", "image_url": {"url": "https://example.com/cat.jpg"}}]}],
         }))
-        .send()
-        .await
-        .unwrap();
+        .await;
     assert_eq!(reply.status(), 200);
     assert_eq!(
         server.last_request_json()["messages"][0]["content"][0],
