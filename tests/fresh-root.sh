@@ -3,7 +3,8 @@
 # --variant=minbase) with nothing in it but the Rust toolchain, then `.ci/run` on a fresh clone
 # of HEAD inside it (chroot). Everything else the test command needs (a C compiler, Python,
 # Node.js, Debian's Wasm toolchain, PyPI and npm packages, the model, every cache) it must
-# install itself. Not part of tests/run: it took 20 minutes on 2 cores (2026-12-01).
+# install itself. Not part of tests/run: `.ci/run` in it took 2,090 s (35 min) on 2 cores
+# (2026-12-02, stop 21), 36 min with the debootstrap.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--keep]
 #
