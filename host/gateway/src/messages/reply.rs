@@ -1,7 +1,8 @@
 //! One reply, one state machine: engine events in, Anthropic stream events out. A streamed
 //! reply sends those events as SSE as they come; a collected reply folds the same events into
 //! one message. Both outputs therefore agree on every rule: when the message starts, how the
-//! safety filter holds text and tool-call arguments back and refuses, how usage is counted, how a failure ends it.
+//! safety filter holds text and tool-call arguments back and refuses, how usage is counted,
+//! how a failure ends it.
 //!
 //! Cancel safety: dropping the generation (the client went away, or the filter refused)
 //! cancels it on the server; both drivers drop it as soon as nothing more is wanted.
