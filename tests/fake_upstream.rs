@@ -16,6 +16,8 @@ use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use ringmaster_wire::models::ModelList;
+use ringmaster_wire::{anthropic, openai, sse};
 use tokio::net::TcpListener;
 
 /// How the fake server answers.
@@ -175,8 +177,18 @@ fn sse(frames: Vec<Result<Bytes, std::io::Error>>) -> Response<Body> {
     response
 }
 
-fn data(json: &str) -> Result<Bytes, std::io::Error> {
-    Ok(Bytes::from(format!("data: {json}\n\n")))
+fn data(value: &impl serde::Serialize) -> Result<Bytes, std::io::Error> {
+    let mut frame = Vec::with_capacity(192);
+    sse::data(&mut frame, value);
+    Ok(Bytes::from(frame))
+}
+
+fn json(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    full(
+        status,
+        "application/json",
+        serde_json::to_vec(value).unwrap_or_default(),
+    )
 }
 
 fn cut() -> Result<Bytes, std::io::Error> {
@@ -186,7 +198,9 @@ fn cut() -> Result<Bytes, std::io::Error> {
     ))
 }
 
-const DONE: &str = "[DONE]";
+fn done() -> Result<Bytes, std::io::Error> {
+    Ok(Bytes::from_static(openai::DONE))
+}
 
 /// What the server counts and keeps of its requests.
 struct Counts<'a> {
@@ -194,6 +208,125 @@ struct Counts<'a> {
     connections: &'a AtomicUsize,
     last_request: &'a std::sync::Mutex<Bytes>,
 }
+
+/// The fake's prompt and cache counts: 12 prompt tokens, 4 of them cached.
+fn usage(completion: usize) -> openai::Usage {
+    openai::Usage::new(12, 4, u32::try_from(completion).unwrap_or(u32::MAX))
+}
+
+/// The answers' shapes for one request.
+struct Shapes {
+    completions: bool,
+}
+
+impl Shapes {
+    fn chunk<'a>(
+        &self,
+        content: &'a str,
+        finish: Option<&'a str>,
+        usage: Option<openai::Usage>,
+    ) -> openai::Chunk<'a> {
+        let choice = if self.completions {
+            openai::Choice {
+                text: Some(content.into()),
+                finish_reason: finish.map(Into::into),
+                ..openai::Choice::default()
+            }
+        } else {
+            openai::Choice {
+                delta: Some(openai::Delta {
+                    content: Some(content.into()),
+                    ..openai::Delta::default()
+                }),
+                finish_reason: finish.map(Into::into),
+                ..openai::Choice::default()
+            }
+        };
+        openai::Chunk {
+            id: Some("chatcmpl-fake".into()),
+            object: Some(openai::CHAT_CHUNK.into()),
+            created: Some(0),
+            model: Some("fake".into()),
+            choices: vec![choice],
+            usage,
+            ..openai::Chunk::default()
+        }
+    }
+
+    fn usage_chunk(&self, tokens: usize) -> openai::Chunk<'static> {
+        openai::Chunk {
+            id: Some("chatcmpl-fake".into()),
+            object: Some(openai::CHAT_CHUNK.into()),
+            usage: Some(usage(tokens)),
+            ..openai::Chunk::default()
+        }
+    }
+
+    /// A whole OpenAI answer with `tokens` text tokens.
+    fn whole(&self, tokens: usize, finish: &str, with_usage: bool) -> Response<Body> {
+        let text = "tok ".repeat(tokens);
+        let choice = if self.completions {
+            openai::Choice {
+                text: Some(text.as_str().into()),
+                finish_reason: Some(finish.into()),
+                ..openai::Choice::default()
+            }
+        } else {
+            openai::Choice {
+                message: Some(openai::ReplyMessage {
+                    role: Some("assistant".into()),
+                    content: Some(text.as_str().into()),
+                    ..openai::ReplyMessage::default()
+                }),
+                finish_reason: Some(finish.into()),
+                ..openai::Choice::default()
+            }
+        };
+        json(
+            StatusCode::OK,
+            &openai::Chunk {
+                id: Some("x".into()),
+                object: Some(openai::CHAT_COMPLETION.into()),
+                choices: vec![choice],
+                usage: with_usage.then(|| usage(tokens)),
+                ..openai::Chunk::default()
+            },
+        )
+    }
+}
+
+/// A call of `name` with `arguments`: the first piece names it.
+fn call<'a>(name: Option<&'a str>, arguments: &'a str) -> openai::ToolCall<'a> {
+    openai::ToolCall {
+        index: Some(0),
+        id: name.map(|_| "call_fake_1".into()),
+        kind: name.map(|_| "function".into()),
+        function: Some(openai::FunctionCall {
+            name: name.map(Into::into),
+            arguments: Some(openai::Arguments::Text(arguments.into())),
+        }),
+    }
+}
+
+/// A streamed piece of a tool call.
+fn call_piece<'a>(call: openai::ToolCall<'a>) -> openai::Chunk<'a> {
+    openai::Chunk {
+        id: Some("chatcmpl-fake".into()),
+        object: Some(openai::CHAT_CHUNK.into()),
+        model: Some("fake".into()),
+        choices: vec![openai::Choice {
+            delta: Some(openai::Delta {
+                tool_calls: Some(vec![call]),
+                ..openai::Delta::default()
+            }),
+            ..openai::Choice::default()
+        }],
+        ..openai::Chunk::default()
+    }
+}
+
+/// The arguments every fake call carries, as vLLM streams them: in pieces.
+const CALL_ARGUMENTS: [&str; 2] = ["{\"city\": ", "\"Paris\"}"];
 
 async fn answer(
     req: Request<Incoming>,
@@ -210,28 +343,33 @@ async fn answer(
     if req.method() == hyper::Method::GET {
         return match path.as_str() {
             // For the benchmark: connections accepted and requests answered so far.
-            "/stats" => full(
+            "/stats" => json(
                 StatusCode::OK,
-                "application/json",
-                format!(
-                    r#"{{"connections":{},"requests":{}}}"#,
-                    connections.load(Ordering::Relaxed),
-                    requests.load(Ordering::Relaxed)
-                ),
+                &serde_json::json!({
+                    "connections": connections.load(Ordering::Relaxed),
+                    "requests": requests.load(Ordering::Relaxed),
+                }),
             ),
             // A `ringmaster worker`'s own endpoints: an ordinary OpenAI server has none.
-            "/load" | "/tokenizer" | "/kv/events" => full(
+            "/load" | "/tokenizer" | "/kv/events" => json(
                 StatusCode::NOT_FOUND,
-                "application/json",
-                r#"{"error":"not found"}"#,
+                &openai::ErrorResponse::new("not_found_error", "not found", None),
             ),
             // `/health`, `/v1/models`, and what the peer routers ask of a worker at start
-            // (`/get_model_info`, `/get_server_info`): one answer that satisfies each.
-            _ => full(
-                StatusCode::OK,
-                "application/json",
-                r#"{"object":"list","data":[{"id":"fake","object":"model","owned_by":"fake"}],"model_path":"fake","tokenizer_path":"fake","is_generation":true}"#,
-            ),
+            // (SGLang's `/get_model_info`, `/get_server_info`): one answer that satisfies each.
+            _ => {
+                let models = ["fake".to_owned()];
+                let mut listed =
+                    serde_json::to_value(ModelList::new(&models, "fake")).unwrap_or_default();
+                for (key, value) in [
+                    ("model_path", serde_json::json!("fake")),
+                    ("tokenizer_path", serde_json::json!("fake")),
+                    ("is_generation", serde_json::json!(true)),
+                ] {
+                    listed[key] = value;
+                }
+                json(StatusCode::OK, &listed)
+            }
         };
     }
     let body = req.into_body().collect().await.map(|b| b.to_bytes());
@@ -242,33 +380,25 @@ async fn answer(
     *last_request
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = body.clone();
-    let streamed = memfind(&body, b"\"stream\":true");
     if path == "/v1/messages" {
+        let streamed = serde_json::from_slice::<anthropic::Request<'_>>(&body)
+            .ok()
+            .and_then(|r| r.stream)
+            .unwrap_or(false);
         return messages(streamed, tokens);
     }
-    let completions = path == "/v1/completions";
-    let choice = |content: &str, finish: Option<&str>| {
-        let finish = finish.map_or("null".to_owned(), |f| format!("\"{f}\""));
-        if completions {
-            format!(r#"{{"index":0,"text":"{content}","finish_reason":{finish}}}"#)
-        } else {
-            format!(r#"{{"index":0,"delta":{{"content":"{content}"}},"finish_reason":{finish}}}"#)
-        }
+    let request = serde_json::from_slice::<openai::Request<'_>>(&body).unwrap_or_default();
+    let streamed = request.stream.unwrap_or(false);
+    // The name of the first tool the request offers (`get_weather` if none).
+    let offered = request
+        .tools
+        .as_ref()
+        .and_then(|tools| tools.first()?.function.as_ref()?.name.as_deref())
+        .unwrap_or("get_weather")
+        .to_owned();
+    let shapes = Shapes {
+        completions: path == "/v1/completions",
     };
-    let chunk = |content: &str, finish: Option<&str>, usage: Option<usize>| {
-        let usage = usage.map_or("null".to_owned(), |n| {
-            format!(
-                r#"{{"prompt_tokens":12,"completion_tokens":{n},"prompt_tokens_details":{{"cached_tokens":4}}}}"#
-            )
-        });
-        format!(
-            r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{}],"usage":{usage}}}"#,
-            choice(content, finish)
-        )
-    };
-    let usage_chunk = format!(
-        r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","choices":[],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens},"prompt_tokens_details":{{"cached_tokens":4}}}}}}"#
-    );
     // A request that does not ask for a stream gets one JSON answer, as real servers do.
     if !streamed {
         match behavior {
@@ -276,25 +406,25 @@ async fn answer(
             | Behavior::UsageInFinish
             | Behavior::EofOnly
             | Behavior::Whole
-            | Behavior::SlowStart => {
-                return whole(completions, tokens, "stop", true);
-            }
-            Behavior::OpenAi => return whole(completions, tokens, "length", true),
-            Behavior::ToolCalls => return whole(completions, tokens, "tool_calls", true),
-            Behavior::CallsTool => return whole_tool_call(&body),
-            Behavior::NoUsage => return whole(completions, tokens, "stop", false),
+            | Behavior::SlowStart => return shapes.whole(tokens, "stop", true),
+            Behavior::OpenAi => return shapes.whole(tokens, "length", true),
+            Behavior::ToolCalls => return shapes.whole(tokens, "tool_calls", true),
+            Behavior::CallsTool => return whole_tool_call(&offered),
+            Behavior::NoUsage => return shapes.whole(tokens, "stop", false),
             _ => {}
         }
     }
     let mut frames = Vec::new();
-    let body_tokens = |frames: &mut Vec<_>, usage: bool| {
+    let body_tokens = |frames: &mut Vec<_>, usage_so_far: bool| {
         for i in 0..tokens {
-            let mut frame = chunk("tok ", None, usage.then_some(i + 1));
-            if i == 0 {
+            let mut chunk = shapes.chunk("tok ", None, usage_so_far.then(|| usage(i + 1)));
+            if i == 0
+                && let Some(delta) = chunk.choices[0].delta.as_mut()
+            {
                 // As TGI and llama.cpp's server do: the role comes with the first text.
-                frame = frame.replacen(r#""delta":{"#, r#""delta":{"role":"assistant","#, 1);
+                delta.role = Some("assistant".into());
             }
-            frames.push(data(&frame));
+            frames.push(data(&chunk));
         }
     };
     match behavior {
@@ -303,76 +433,71 @@ async fn answer(
                 tokio::time::sleep(Duration::from_millis(600)).await;
             }
             body_tokens(&mut frames, true);
-            frames.push(data(&chunk("", Some("stop"), Some(tokens))));
-            frames.push(data(&usage_chunk));
-            frames.push(data(DONE));
+            frames.push(data(&shapes.chunk("", Some("stop"), Some(usage(tokens)))));
+            frames.push(data(&shapes.usage_chunk(tokens)));
+            frames.push(done());
         }
         Behavior::OpenAi => {
             body_tokens(&mut frames, false);
-            frames.push(data(&chunk("", Some("length"), None)));
-            frames.push(data(&usage_chunk));
-            frames.push(data(DONE));
+            frames.push(data(&shapes.chunk("", Some("length"), None)));
+            frames.push(data(&shapes.usage_chunk(tokens)));
+            frames.push(done());
         }
         Behavior::UsageInFinish => {
             body_tokens(&mut frames, false);
-            frames.push(data(&format!(
-                r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{}],"usage":{{"prompt_tokens":12,"completion_tokens":{tokens}}},"timings":{{"cache_n":4}}}}"#,
-                choice("", Some("stop"))
-            )));
-            frames.push(data(DONE));
+            let mut finish = shapes.chunk("", Some("stop"), None);
+            finish.created = None;
+            finish.usage = Some(openai::Usage {
+                prompt_tokens: Some(12),
+                completion_tokens: Some(u32::try_from(tokens).unwrap_or(u32::MAX)),
+                ..openai::Usage::default()
+            });
+            finish.timings = Some(openai::Timings { cache_n: Some(4) });
+            frames.push(data(&finish));
+            frames.push(done());
         }
         Behavior::NoUsage => {
             body_tokens(&mut frames, false);
-            frames.push(data(&chunk("", Some("stop"), None)));
-            frames.push(data(DONE));
+            frames.push(data(&shapes.chunk("", Some("stop"), None)));
+            frames.push(done());
         }
         Behavior::EofOnly => {
             body_tokens(&mut frames, false);
-            frames.push(data(&chunk("", Some("stop"), None)));
+            frames.push(data(&shapes.chunk("", Some("stop"), None)));
         }
         Behavior::ToolCalls => {
             body_tokens(&mut frames, false);
-            frames.push(data(&chunk("", Some("tool_calls"), None)));
-            frames.push(data(DONE));
+            frames.push(data(&shapes.chunk("", Some("tool_calls"), None)));
+            frames.push(done());
         }
         Behavior::CallsTool => {
-            let name = offered_tool(&body);
-            let piece = |call: &str| {
-                format!(
-                    r#"{{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{{"index":0,"delta":{{"tool_calls":[{call}]}},"finish_reason":null}}]}}"#
-                )
-            };
-            frames.push(data(
-                r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","model":"fake","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#,
-            ));
-            frames.push(data(&piece(&format!(
-                r#"{{"index":0,"id":"call_fake_1","type":"function","function":{{"name":"{name}","arguments":""}}}}"#
-            ))));
-            frames.push(data(&piece(
-                r#"{"index":0,"function":{"arguments":"{\"city\": "}}"#,
-            )));
-            frames.push(data(&piece(
-                r#"{"index":0,"function":{"arguments":"\"Paris\"}"}}"#,
-            )));
-            frames.push(data(&chunk("", Some("tool_calls"), None)));
-            frames.push(data(
-                r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}}"#,
-            ));
-            frames.push(data(DONE));
+            let mut first = shapes.chunk("", None, None);
+            if let Some(delta) = first.choices[0].delta.as_mut() {
+                delta.role = Some("assistant".into());
+            }
+            frames.push(data(&first));
+            frames.push(data(&call_piece(call(Some(&offered), ""))));
+            for piece in CALL_ARGUMENTS {
+                frames.push(data(&call_piece(call(None, piece))));
+            }
+            frames.push(data(&shapes.chunk("", Some("tool_calls"), None)));
+            frames.push(data(&openai::Chunk {
+                usage: Some(usage(9)),
+                ..openai::Chunk::default()
+            }));
+            frames.push(done());
         }
-        Behavior::Whole => return whole(completions, tokens, "stop", true),
+        Behavior::Whole => return shapes.whole(tokens, "stop", true),
         Behavior::Status500 => {
-            return full(
+            return json(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "application/json",
-                r#"{"error":{"message":"the fake server fails","type":"server_error"}}"#,
+                &openai::ErrorResponse::new("server_error", "the fake server fails", None),
             );
         }
         Behavior::Status429 => {
-            return full(
+            return json(
                 StatusCode::TOO_MANY_REQUESTS,
-                "application/json",
-                r#"{"error":{"message":"slow down","type":"rate_limit"}}"#,
+                &openai::ErrorResponse::new("rate_limit", "slow down", None),
             );
         }
         Behavior::Hang => {
@@ -382,21 +507,23 @@ async fn answer(
             frames.push(Ok(Bytes::from_static(
                 b"data: {\"choices\": [{\"delta\": nope\n\n",
             )));
-            frames.push(data(DONE));
+            frames.push(done());
         }
         Behavior::CloseAfterToken => {
-            frames.push(data(&chunk("tok ", None, None)));
+            frames.push(data(&shapes.chunk("tok ", None, None)));
             frames.push(cut());
         }
         Behavior::CloseBeforeFirst => {
             frames.push(cut());
         }
         Behavior::ErrorMidStream => {
-            frames.push(data(&chunk("tok ", None, None)));
-            frames.push(data(
-                r#"{"error":{"message":"the fake server ran out of memory","type":"server_error"}}"#,
-            ));
-            frames.push(data(DONE));
+            frames.push(data(&shapes.chunk("tok ", None, None)));
+            frames.push(data(&openai::ErrorResponse::new(
+                "server_error",
+                "the fake server ran out of memory",
+                None,
+            )));
+            frames.push(done());
         }
         Behavior::EndlessLine => {
             let line = futures_util::StreamExt::chain(
@@ -413,85 +540,85 @@ async fn answer(
     sse(frames)
 }
 
-/// A whole OpenAI answer with `tokens` text tokens.
-fn whole(completions: bool, tokens: usize, finish: &str, with_usage: bool) -> Response<Body> {
-    let text = "tok ".repeat(tokens);
-    let content = if completions {
-        format!(r#"{{"index":0,"text":"{text}","finish_reason":"{finish}"}}"#)
-    } else {
-        format!(
-            r#"{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"finish_reason":"{finish}"}}"#
-        )
+/// A whole answer that calls `name`.
+fn whole_tool_call(name: &str) -> Response<Body> {
+    let arguments = CALL_ARGUMENTS.concat();
+    let call = openai::ToolCall {
+        index: None,
+        ..call(Some(name), &arguments)
     };
-    let usage = if with_usage {
-        format!(
-            r#","usage":{{"prompt_tokens":12,"completion_tokens":{tokens},"prompt_tokens_details":{{"cached_tokens":4}}}}"#
-        )
-    } else {
-        String::new()
-    };
-    full(
+    json(
         StatusCode::OK,
-        "application/json",
-        format!(r#"{{"id":"x","object":"chat.completion","choices":[{content}]{usage}}}"#),
-    )
-}
-
-/// The name of the first tool a request offers (`get_weather` if none).
-fn offered_tool(body: &[u8]) -> String {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|b| {
-            b.pointer("/tools/0/function/name")
-                .and_then(|n| n.as_str())
-                .map(str::to_owned)
-        })
-        .unwrap_or_else(|| "get_weather".to_owned())
-}
-
-/// A whole answer that calls the first tool offered.
-fn whole_tool_call(body: &[u8]) -> Response<Body> {
-    let name = offered_tool(body);
-    full(
-        StatusCode::OK,
-        "application/json",
-        format!(
-            r#"{{"id":"x","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"call_fake_1","type":"function","function":{{"name":"{name}","arguments":"{{\"city\": \"Paris\"}}"}}}}]}},"finish_reason":"tool_calls"}}],"usage":{{"prompt_tokens":12,"completion_tokens":9,"prompt_tokens_details":{{"cached_tokens":4}}}}}}"#
-        ),
+        &openai::Chunk {
+            id: Some("x".into()),
+            object: Some(openai::CHAT_COMPLETION.into()),
+            choices: vec![openai::Choice {
+                message: Some(openai::ReplyMessage {
+                    role: Some("assistant".into()),
+                    content: None,
+                    refusal: None,
+                    tool_calls: Some(vec![call]),
+                }),
+                finish_reason: Some("tool_calls".into()),
+                ..openai::Choice::default()
+            }],
+            usage: Some(usage(9)),
+            ..openai::Chunk::default()
+        },
     )
 }
 
 /// An Anthropic Messages answer (for a pass-through proxy), plain or streamed.
 fn messages(streamed: bool, tokens: usize) -> Response<Body> {
+    let counted = anthropic::Usage {
+        input_tokens: 12,
+        output_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+        ..anthropic::Usage::default()
+    };
     if !streamed {
         let text = "tok ".repeat(tokens);
-        return full(
-            StatusCode::OK,
-            "application/json",
-            format!(
-                r#"{{"id":"msg_fake","type":"message","role":"assistant","model":"fake","content":[{{"type":"text","text":"{text}"}}],"stop_reason":"end_turn","stop_sequence":null,"usage":{{"input_tokens":12,"output_tokens":{tokens}}}}}"#
-            ),
-        );
+        let message = anthropic::MessageResponse {
+            content: vec![anthropic::ContentBlock::Text { text: &text }],
+            stop_reason: Some(anthropic::StopReason::EndTurn),
+            ..anthropic::MessageResponse::empty("msg_fake", "fake", counted)
+        };
+        return json(StatusCode::OK, &message);
     }
-    let mut frames = vec![
-        Ok(Bytes::from_static(
-            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_fake\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"fake\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n",
-        )),
-        Ok(Bytes::from_static(
-            b"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
-        )),
-    ];
-    for _ in 0..tokens {
-        frames.push(Ok(Bytes::from_static(
-            b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"tok \"}}\n\n",
-        )));
+    let mut out = Vec::new();
+    anthropic::StreamEvent::MessageStart {
+        message: anthropic::MessageResponse::empty(
+            "msg_fake",
+            "fake",
+            anthropic::Usage {
+                output_tokens: 1,
+                ..counted
+            },
+        ),
     }
-    frames.push(Ok(Bytes::from(format!(
-        "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\nevent: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"usage\":{{\"output_tokens\":{tokens}}}}}\n\nevent: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
-    ))));
+    .write_sse(&mut out);
+    anthropic::StreamEvent::ContentBlockStart {
+        index: 0,
+        content_block: anthropic::ContentBlock::Text { text: "" },
+    }
+    .write_sse(&mut out);
+    let mut frames = vec![Ok(Bytes::from(std::mem::take(&mut out)))];
+    anthropic::StreamEvent::ContentBlockDelta {
+        index: 0,
+        delta: anthropic::BlockDelta::TextDelta { text: "tok " },
+    }
+    .write_sse(&mut out);
+    let token = Bytes::from(std::mem::take(&mut out));
+    frames.extend(std::iter::repeat_n(token, tokens).map(Ok));
+    anthropic::StreamEvent::ContentBlockStop { index: 0 }.write_sse(&mut out);
+    anthropic::StreamEvent::MessageDelta {
+        delta: anthropic::MessageDelta {
+            stop_reason: anthropic::StopReason::EndTurn,
+            stop_sequence: None,
+        },
+        usage: counted,
+    }
+    .write_sse(&mut out);
+    anthropic::StreamEvent::MessageStop.write_sse(&mut out);
+    frames.push(Ok(Bytes::from(out)));
     sse(frames)
-}
-
-fn memfind(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }

@@ -67,11 +67,9 @@ const MAX_CLOCK_LAG: Duration = Duration::from_millis(5);
 /// Prefix-cache events kept for slow subscribers (see [`EngineHandle::kv_subscribe`]).
 pub const KV_EVENT_BUFFER: usize = 4096;
 
-/// A snapshot of an engine's load and cumulative counters, published after every step. On
-/// the wire (`GET /load`, see [`crate::wire`]) under these field names; a missing field reads
-/// as 0.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+/// A snapshot of an engine's load and cumulative counters, published after every step. (A
+/// worker serves it as `ringmaster_wire::worker::Load`.)
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LoadReport {
     /// Sequences running (holding KV blocks).
     pub running: u32,

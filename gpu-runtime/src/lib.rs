@@ -14,7 +14,7 @@
 //! same model on one CUDA GPU through `ringmaster-cuda` (re-exported as `cuda`). The block
 //! manager, prefix cache and scheduler are the same for all and do not know which executor
 //! runs. Around the engine: worker mode (one engine over HTTP) is the `ringmaster-worker`
-//! crate.
+//! crate in `host/`, which also owns the wire protocol (`ringmaster-wire`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ringmaster_gpu_runtime::EngineError> {
@@ -58,7 +58,6 @@ mod output;
 mod request;
 pub mod scheduler;
 pub mod tokenizer;
-pub mod wire;
 
 pub use block::BLOCK_SIZE;
 pub use block::KvEvent;

@@ -62,14 +62,22 @@ pub struct ToolCall {
 }
 
 /// A tool the model may call.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub struct ToolSpec {
     /// Its name.
     pub name: String,
     /// What it does, for the model.
     pub description: Option<String>,
-    /// Its arguments' JSON schema.
-    pub parameters: serde_json::Value,
+    /// Its arguments' JSON schema, as the JSON text it came as (passed on, never re-encoded).
+    pub parameters: Box<serde_json::value::RawValue>,
+}
+
+impl PartialEq for ToolSpec {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+            && self.description == other.description
+            && self.parameters.get() == other.parameters.get()
+    }
 }
 
 /// Whether and which tool the model must call.

@@ -180,8 +180,10 @@ async fn explain_shows_key_candidates_and_choice() {
     assert!(explained["prefix_hashes"].as_u64().unwrap() >= 4);
     let candidates = explained["candidates"].as_array().unwrap();
     assert_eq!(candidates.len(), 4);
-    assert_eq!(explained["reason"], "affinity");
-    assert_eq!(explained["chosen"], candidates[0]["id"]);
+    // The embedded default's router decides, as it does on the path.
+    assert_eq!(explained["variant"], "default");
+    assert_eq!(explained["reason"], "policy");
+    assert_eq!(explained["chosen"], explained["policy_chose"]);
     // Explaining runs nothing; the real request then goes exactly where explain said.
     let real = gw.post_messages(&body).await;
     assert_eq!(
@@ -200,7 +202,7 @@ async fn explain_shows_key_candidates_and_choice() {
         .json()
         .await
         .unwrap();
-    assert_eq!(by_session["routing_key"]["source"], "x-session-id");
+    assert_eq!(by_session["routing_key"]["source"], "session-header");
     let bad = gw
         .admin(Method::POST, "/admin/route/explain")
         .await
@@ -209,6 +211,59 @@ async fn explain_shows_key_candidates_and_choice() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+}
+
+/// Regression (issue 23): explain read only `x-session-id`, so with Claude Code's header it
+/// explained decisions the gateway did not make (2 of 12 sessions agreed). It now runs the
+/// path's own prepare phase and router: for every configured session header, the server it
+/// names is the one that answers.
+#[tokio::test]
+async fn explain_agrees_with_the_path_for_each_session_header() {
+    let headers = ["x-session-id", "x-claude-code-session-id", "x-team-session"];
+    let gw = TestGateway::simulated(
+        4,
+        0.0,
+        "[routing]\nsession_headers = [\"x-session-id\", \"x-claude-code-session-id\", \"x-team-session\"]\n",
+    )
+    .await;
+    for header in headers {
+        for session in 0..12 {
+            let body = json!({
+                "model": "sim-llama-3-8b", "max_tokens": 4,
+                "messages": [{"role": "user", "content": format!("Turn of session {session}")}],
+            });
+            let id = format!("{header}-{session}");
+            let explained: Value = gw
+                .admin(Method::POST, "/admin/route/explain")
+                .await
+                .header(header, &id)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(
+                explained["routing_key"]["source"], "session-header",
+                "{header}"
+            );
+            let real = gw
+                .client
+                .post(gw.url("/v1/messages"))
+                .header(header, &id)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(real.status(), 200);
+            assert_eq!(
+                real.headers()["x-ringmaster-server"].to_str().unwrap(),
+                explained["chosen"].as_str().unwrap(),
+                "{header}: session {session}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -609,7 +609,7 @@ async fn an_openai_client_gets_its_servers_own_chunks_unless_something_must_chan
     let data = data_lines(&text);
     assert_eq!(
         data[0],
-        r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"role":"assistant","content":"tok "},"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}"#,
+        r#"{"id":"chatcmpl-fake","object":"chat.completion.chunk","created":0,"model":"fake","choices":[{"index":0,"delta":{"role":"assistant","content":"tok "},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}}"#,
         "{text}"
     );
     let last_chunk: Value = serde_json::from_str(&data[data.len() - 2]).unwrap();

@@ -12,17 +12,19 @@ use hyper::body::Incoming;
 use serde_json::json;
 use tracing::info;
 
+use ringmaster_api::{ApiError, Door, ErrorKind, read_json as parse_json};
+use ringmaster_policy_engine::StateMode;
+use ringmaster_pool::{PoolError, Server};
+use subtle::ConstantTimeEq;
+
 use crate::Gateway;
-use crate::api::{self, parse_json};
+use crate::auth::Caller;
 use crate::body::ResponseBody;
+use crate::call::{Call, CallInput};
 use crate::config::RawServer;
-use crate::error::{ApiError, ErrorKind};
 use crate::experiment_stats::{self, summarize};
 use crate::policy::{SlotError, Variant};
 use crate::respond::{json_response, read_json_body};
-use crate::routing::routing_input;
-use ringmaster_policy_engine::StateMode;
-use ringmaster_pool::{PoolError, Server};
 
 /// Handles `/admin/…`.
 pub(crate) async fn handle(
@@ -171,12 +173,8 @@ fn presented_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .or_else(|| headers.get("x-admin-token").and_then(|v| v.to_str().ok()));
-    presented.is_some_and(|p| constant_time_eq(p.trim().as_bytes(), token.as_bytes()))
-}
-
-/// Compares without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    // `subtle` compares without an early exit on the first differing byte.
+    presented.is_some_and(|p| bool::from(p.trim().as_bytes().ct_eq(token.as_bytes())))
 }
 
 fn servers_json(gateway: &Gateway) -> serde_json::Value {
@@ -258,33 +256,60 @@ fn pool_error(error: PoolError) -> ApiError {
     }
 }
 
+/// `POST /admin/route/explain`: a request's routing decision, nothing run. The body goes
+/// through the request path's own prepare phase (the door's parser, the configured session
+/// headers, the model's pool, the routing key and prefix hashes, the request as policies see
+/// it) and the router slot's own variant pick, policy call and carrying-out, with nothing
+/// counted. `?door=chat|completions` explains an OpenAI body (Messages by default);
+/// `?tier=T` the decision for a caller of tier `T`.
 async fn explain(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let session = req
-        .headers()
-        .get("x-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let body = read_json_body(gateway, req).await?;
-    let full = gateway.pool.snapshot();
-    let request = api::parse_messages_request(&body, gateway.limits(&full))?;
-    let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
-    // The model's pool: what the request would be routed over.
-    let Some((_, snapshot)) = full.model(&request.model) else {
-        return Err(ApiError::not_found(format!(
-            "model: {:?} is not served here",
-            request.model
-        )));
+    let door = match query_param(&req, "door").as_deref() {
+        None | Some("messages") => Door::Messages,
+        Some("chat") => Door::Chat,
+        Some("completions") => Door::Completions,
+        Some(other) => {
+            return Err(ApiError::invalid(format!(
+                "door: {other:?} is not one of \"messages\", \"chat\", \"completions\""
+            )));
+        }
     };
-    let snapshot = snapshot.clone();
-    let decision = gateway
-        .pool
-        .explain_on(&snapshot, &input)
+    let tier = query_param(&req, "tier").unwrap_or_else(|| "anonymous".to_owned());
+    let session = crate::doors::session_header(req.headers(), &gateway.config.session_headers)?;
+    let passed_headers =
+        crate::doors::passed_headers(req.headers(), &gateway.config.policies.pass_headers);
+    let body = read_json_body(gateway, req).await?;
+    let input = CallInput {
+        door,
+        body,
+        session,
+        caller: Caller::unlimited(&tier, "admin-explain"),
+        passed_headers,
+        queue_timeout: None,
+        streamed: None,
+    };
+    let call = Call::prepare(gateway, input, std::time::Instant::now(), "explain")?;
+    let snapshot = &call.pool;
+    let explained = gateway.router.explain(
+        &gateway.pool,
+        snapshot,
+        (&call.input, call.chat()),
+        &call.policy,
+    );
+    if let Some(reason) = &explained.rejected {
+        return Err(ApiError::new(
+            ErrorKind::Overloaded,
+            format!("the router policy would decline the request: {reason}"),
+        ));
+    }
+    let decision = explained
+        .decision
         .ok_or_else(|| ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool"))?;
+    let input = &call.input;
     let prefix_matches: Vec<_> =
-        crate::policy::prefix_matches(&snapshot, gateway.pool.prefixes(), &input)
+        crate::policy::prefix_matches(snapshot, gateway.pool.prefixes(), (input, call.chat()))
             .into_iter()
             .map(|m| {
                 json!({
@@ -309,29 +334,40 @@ async fn explain(
             })
         })
         .collect();
-    let why = match decision.reason {
-        ringmaster_pool::DecisionReason::Affinity => {
+    let preferred = decision.preferred.as_ref().map_or("?", |s| s.id());
+    let why = match (decision.reason, &explained.fault) {
+        (_, Some(fault)) => format!(
+            "the router policy faulted ({}); the host's ring decided instead",
+            fault.kind()
+        ),
+        (ringmaster_pool::DecisionReason::Affinity, None) => {
             "the routing key's owner on the ring is under its bounded-load cap".to_owned()
         }
-        ringmaster_pool::DecisionReason::BoundedLoadSpill => format!(
-            "the key's owner {} is at its bounded-load cap; the next server clockwise under its cap takes it",
-            decision.preferred.as_ref().map_or("?", |s| s.id())
+        (ringmaster_pool::DecisionReason::BoundedLoadSpill, None) => format!(
+            "the key's owner {preferred} is at its bounded-load cap; the next server clockwise under its cap takes it"
         ),
-        ringmaster_pool::DecisionReason::RoundRobin => {
-            "round-robin strategy: the next server in turn".to_owned()
+        (ringmaster_pool::DecisionReason::RoundRobin, None) => {
+            "round-robin: the next server in turn".to_owned()
         }
-        ringmaster_pool::DecisionReason::Policy
-        | ringmaster_pool::DecisionReason::PolicyOverCap => "a router policy decided".to_owned(),
-        ringmaster_pool::DecisionReason::Failover => format!(
-            "the key's owner {} is unreachable or ejected; the next routable server on the ring takes it",
-            decision.preferred.as_ref().map_or("?", |s| s.id())
+        (ringmaster_pool::DecisionReason::Policy, None) => {
+            "the router policy chose this server, under its bounded-load cap".to_owned()
+        }
+        (ringmaster_pool::DecisionReason::PolicyOverCap, None) => format!(
+            "the router policy chose {preferred}, which is at its bounded-load cap; the ring spilled it onward"
+        ),
+        (ringmaster_pool::DecisionReason::Failover, None) => format!(
+            "{preferred} is unreachable or ejected; the next routable server on the ring takes it"
         ),
     };
     Ok(json_response(
         StatusCode::OK,
         &json!({
-            "strategy": gateway.pool.strategy().as_str(),
-            "variant": gateway.router.current().pick(input.key).map(|v| v.name.to_string()),
+            "router": explained.variant.as_ref().map_or_else(
+                || "native ring".to_owned(),
+                |v| format!("{} ({})", v.name, v.policy.info().hash),
+            ),
+            "variant": explained.variant.as_ref().map(|v| v.name.to_string()),
+            "policy_chose": explained.chosen,
             "routing_key": {
                 "source": input.source.as_str(),
                 "hash": format!("{:016x}", input.key),

@@ -25,6 +25,7 @@ use crate::policy::PoolView;
 use crate::queue::{FairQueue, Place};
 use crate::routing::RoutingInput;
 use crate::slot::PolicySlot;
+use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Pool, PoolSnapshot};
 
 /// Requests that may wait in the gateway's queue at once, unless configured.
@@ -118,7 +119,7 @@ impl AdmissionGate {
         pool: &Pool,
         snapshot: &Arc<PoolSnapshot>,
         metrics: &Metrics,
-        input: &RoutingInput,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
         request: &mut PolicyRequest,
         asking: Asking<'_>,
     ) -> Result<bool, ApiError> {
@@ -143,8 +144,14 @@ impl AdmissionGate {
                 current = pool.snapshot();
                 &current
             };
-            let Some(verdict) = self.ask(pool, snapshot, metrics, input, request, ticket.is_some())
-            else {
+            let Some(verdict) = self.ask(
+                pool,
+                snapshot,
+                metrics,
+                (input, chat),
+                request,
+                ticket.is_some(),
+            ) else {
                 self.order.served(
                     asking.tenant,
                     request.prompt_tokens,
@@ -233,12 +240,12 @@ impl AdmissionGate {
         pool: &Pool,
         snapshot: &PoolSnapshot,
         metrics: &Metrics,
-        input: &RoutingInput,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
         request: &PolicyRequest,
         requeued: bool,
     ) -> Option<AdmissionVerdict> {
         let installed = self.slot.current()?;
-        let view = PoolView::new(snapshot, pool, input);
+        let view = PoolView::new(snapshot, pool, input, chat);
         let in_flight: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
         // A request that already waits is not counted against itself.
         let queued = self.queued().saturating_sub(u32::from(requeued));

@@ -13,27 +13,29 @@
 
 mod admin;
 pub mod admission;
-pub mod api;
 pub mod auth;
 pub mod autoscale;
 mod body;
 pub mod builtin;
+pub mod call;
 mod collectors;
 pub mod config;
-pub mod error;
+mod doors;
 pub mod experiment_stats;
-pub mod messages;
 pub mod metrics;
-pub mod openai;
 pub mod policy;
 pub mod queue;
 pub mod record;
+mod reply;
 mod respond;
 pub mod routing;
 pub mod safety;
 mod send_timeout;
 mod service;
 pub mod slot;
+
+/// The API error (the `ringmaster-api` crate's), under the gateway's old path.
+pub use ringmaster_api::error;
 
 use std::sync::Arc;
 
@@ -101,7 +103,7 @@ pub struct Gateway {
     auth: Authenticator,
     metrics: Metrics,
     recorder: Option<record::TraceRecorder>,
-    streams: Arc<messages::resume::Streams>,
+    streams: Arc<reply::resume::Streams>,
 }
 
 impl Gateway {
@@ -167,7 +169,7 @@ impl Gateway {
             .transpose()?;
         Ok(Arc::new(Self {
             recorder,
-            streams: messages::resume::Streams::new(config.resume_window),
+            streams: reply::resume::Streams::new(config.resume_window),
             auth: Authenticator::new(&config.api_keys, &config.tenants),
             metrics: {
                 let mut metrics = Metrics::new();
@@ -282,8 +284,8 @@ impl Gateway {
         collectors::autoscale_report(&self.pool, &self.admission, &self.config.autoscale)
     }
 
-    fn limits<'a>(&'a self, snapshot: &'a pool::PoolSnapshot) -> api::Limits<'a> {
-        api::Limits {
+    fn limits<'a>(&'a self, snapshot: &'a pool::PoolSnapshot) -> ringmaster_api::Limits<'a> {
+        ringmaster_api::Limits {
             models: &snapshot.accepted,
             max_output_tokens: self.config.max_output_tokens,
         }

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::routing::RoutingInput;
-use ringmaster_pool::kv_view::{PromptBlocks, in_prefix_units};
+use ringmaster_pool::kv_view::{ChatPrompt, PromptBlocks, in_prefix_units};
 use ringmaster_pool::prefix_index::PrefixIndex;
 use ringmaster_pool::{CapGuard, Decision, InFlight, Pool, PoolSnapshot};
 
@@ -515,14 +515,14 @@ impl RouterSlot {
         &self,
         pool: &Pool,
         snapshot: &PoolSnapshot,
-        input: &RoutingInput,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
         request: &PolicyRequest,
     ) -> RouteOutcome {
         let set = self.set.load();
         if snapshot.servers.is_empty() {
             return RouteOutcome::NoServers;
         }
-        let view = PoolView::new(snapshot, pool, input);
+        let view = PoolView::new(snapshot, pool, input, chat);
         let variant = set.pick(input.key).cloned();
         let mut fault = None;
         let routed = match &variant {
@@ -607,11 +607,67 @@ impl RouterSlot {
     }
 }
 
+/// What routing would decide for a request now, with nothing counted: the explain endpoint's
+/// answer, from the same variant pick, policy call and carrying-out the path uses.
+#[derive(Debug)]
+pub struct Explained {
+    /// The variant whose policy decided (`None`: the native ring).
+    pub variant: Option<Arc<Variant>>,
+    /// The server the policy named, if it named one.
+    pub chosen: Option<String>,
+    /// The decision carried out (`None`: no servers, or the policy refused).
+    pub decision: Option<Decision>,
+    /// The policy's refusal, if it refused.
+    pub rejected: Option<String>,
+    /// The fault that made the ring decide instead, if any.
+    pub fault: Option<PolicyFault>,
+}
+
+impl RouterSlot {
+    /// What [`Self::route`] would decide on `snapshot` now, counting nothing and charging
+    /// no fault. The policy runs once, as it would for the request.
+    pub fn explain(
+        &self,
+        pool: &Pool,
+        snapshot: &PoolSnapshot,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
+        request: &PolicyRequest,
+    ) -> Explained {
+        let set = self.set.load();
+        let variant = set.pick(input.key).cloned();
+        let mut explained = Explained {
+            variant: variant.clone(),
+            chosen: None,
+            decision: None,
+            rejected: None,
+            fault: None,
+        };
+        let Some(variant) = variant else {
+            explained.decision = pool.explain_on(snapshot, input);
+            return explained;
+        };
+        let view = PoolView::new(snapshot, pool, input, chat);
+        match variant.policy.route(&view, request) {
+            Ok(RouteDecision::Route(id)) => {
+                explained.decision = pool.explain_assign_on(snapshot, &id, input, self.guard);
+                explained.chosen = Some(id);
+            }
+            Ok(RouteDecision::Reject(reason)) => explained.rejected = Some(reason),
+            Err(fault) => {
+                explained.fault = Some(fault);
+                explained.decision = pool.explain_on(snapshot, input);
+            }
+        }
+        explained
+    }
+}
+
 /// The pool as a router policy's imports see it during one call.
 pub(crate) struct PoolView<'a> {
     snapshot: &'a PoolSnapshot,
     prefixes: &'a PrefixIndex,
     input: &'a RoutingInput,
+    chat: ChatPrompt<'a>,
     /// The request's prefix matches, computed once (on the first ask) for every variant and
     /// every call that asks (the shadow's included).
     matches: std::sync::OnceLock<Vec<(String, u32)>>,
@@ -619,11 +675,17 @@ pub(crate) struct PoolView<'a> {
 
 impl<'a> PoolView<'a> {
     /// The view of `snapshot` for the request `input` describes.
-    pub(crate) fn new(snapshot: &'a PoolSnapshot, pool: &'a Pool, input: &'a RoutingInput) -> Self {
+    pub(crate) fn new(
+        snapshot: &'a PoolSnapshot,
+        pool: &'a Pool,
+        input: &'a RoutingInput,
+        chat: ChatPrompt<'a>,
+    ) -> Self {
         Self {
             snapshot,
             prefixes: pool.prefixes(),
             input,
+            chat,
             matches: std::sync::OnceLock::new(),
         }
     }
@@ -688,7 +750,7 @@ impl RouterHost for PoolView<'_> {
     fn prefix_matches(&self) -> Vec<(String, u32)> {
         self.matches
             .get_or_init(|| {
-                prefix_matches(self.snapshot, self.prefixes, self.input)
+                prefix_matches(self.snapshot, self.prefixes, (self.input, self.chat))
                     .into_iter()
                     .filter(|m| m.hashes > 0)
                     .map(|m| (m.server, m.hashes))
@@ -773,10 +835,10 @@ pub struct PrefixMatch {
 pub fn prefix_matches(
     snapshot: &PoolSnapshot,
     prefixes: &PrefixIndex,
-    input: &RoutingInput,
+    (input, chat): (&RoutingInput, ChatPrompt<'_>),
 ) -> Vec<PrefixMatch> {
     let mut estimated: Option<Vec<(usize, u32)>> = None;
-    let mut blocks = PromptBlocks::new(&input.chat);
+    let mut blocks = PromptBlocks::new(chat);
     let hashes = input.prefix_hashes.len();
     snapshot
         .servers

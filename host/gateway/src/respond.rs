@@ -1,6 +1,6 @@
 //! Building responses and reading request bodies, shared by every handler: JSON answers,
-//! Anthropic's error shape (with `retry-after` and `x-should-retry`), and JSON bodies under
-//! the configured size limit.
+//! errors in their door's shape (with `retry-after` and `x-should-retry`), and JSON bodies
+//! under the configured size limit.
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -8,9 +8,10 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 
+use ringmaster_api::{ApiError, Door, ErrorKind};
+
 use crate::Gateway;
 use crate::body::{ResponseBody, full};
-use crate::error::{ApiError, ErrorKind};
 
 /// The gateway's own response headers, named once: `insert` with a `&str` parses and hashes
 /// the name again on every request.
@@ -47,20 +48,15 @@ pub(crate) fn json_response(
     response
 }
 
-/// The Anthropic error response for `error`.
-pub(crate) fn error_response(error: &ApiError) -> Response<ResponseBody> {
-    stamp_retry(json_response(error.kind().status(), &error.body()), error)
-}
-
-/// The OpenAI error response for `error` (the OpenAI doors).
-pub(crate) fn openai_error_response(error: &ApiError) -> Response<ResponseBody> {
-    stamp_retry(
-        json_response(
-            crate::openai::error_status(error),
-            &crate::openai::error_body(error),
-        ),
-        error,
-    )
+/// The error response for `error` in `door`'s terms (Anthropic's for every path that is no
+/// OpenAI door).
+pub(crate) fn error_response(door: Door, error: &ApiError) -> Response<ResponseBody> {
+    let mut response = Response::new(full(door.error_body(error)));
+    *response.status_mut() = door.error_status(error);
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    stamp_retry(response, error)
 }
 
 /// `retry-after` and `x-should-retry`, when the error says so.

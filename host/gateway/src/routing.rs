@@ -1,7 +1,8 @@
 //! The routing key and the prefix hashes of a request, computed once, in native code.
 //!
 //! The key decides where the ring sends a request. It is the session id when the request has
-//! one (`x-session-id` header first, then `metadata.user_id`), so every turn of a session lands
+//! one (a configured session header first, then the body's: `metadata.user_id`, OpenAI's
+//! `prompt_cache_key` or `user`), so every turn of a session lands
 //! on one server. Otherwise it is a hash over the prompt from its start through the end of the
 //! first user turn: the system prompt plus the first user message. Every later turn of a
 //! conversation repeats exactly those bytes, so it keeps its key; two conversations that share
@@ -13,14 +14,11 @@
 //! (`h[i] = xxh3(chunk[i], seed = h[i-1])`), full chunks only, for cache-aware policies to
 //! estimate how much of a prompt a server already holds. This module does no I/O.
 
-use std::sync::Arc;
-
-use ringmaster_gpu_runtime::ChatMessage;
+use ringmaster_api::Request;
+use ringmaster_gpu_runtime::Role;
 use ringmaster_ring::key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use crate::api::{MessagesRequest, Role};
-use ringmaster_pool::kv_view::ChatPrompt;
 pub use ringmaster_pool::{KeySource, RoutingInput};
 
 /// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
@@ -62,7 +60,7 @@ impl Default for PrefixHashing {
 
 /// Computes the routing key and prefix hashes of `request`.
 pub fn routing_input(
-    request: &MessagesRequest,
+    request: &Request,
     session_header: Option<&str>,
     hashing: PrefixHashing,
 ) -> RoutingInput {
@@ -74,9 +72,9 @@ pub fn routing_input(
         .map(|s| (s, KeySource::SessionHeader))
         .or_else(|| {
             request
-                .user_id
+                .session
                 .as_deref()
-                .map(|s| (s, KeySource::MetadataUserId))
+                .map(|s| (s, KeySource::BodySession))
         });
     let (key, source) = match session {
         Some((id, source)) => (session_key(id), source),
@@ -87,28 +85,6 @@ pub fn routing_input(
         source,
         prefix_hashes,
         prompt_chunks,
-        chat: Arc::new(chat_prompt(request)),
-    }
-}
-
-/// The request's chat in the engines' terms.
-pub fn chat_prompt(request: &MessagesRequest) -> ChatPrompt {
-    ChatPrompt {
-        system: request.system.clone(),
-        messages: request
-            .messages
-            .iter()
-            .map(|m| ChatMessage {
-                role: match m.role {
-                    Role::User => ringmaster_gpu_runtime::Role::User,
-                    Role::Assistant => ringmaster_gpu_runtime::Role::Assistant,
-                },
-                text: m.text.clone(),
-                tool_calls: m.tool_calls.clone(),
-                tool_call_id: m.tool_call_id.clone(),
-                images: m.images.clone(),
-            })
-            .collect(),
     }
 }
 
@@ -121,7 +97,7 @@ fn session_key(id: &str) -> u64 {
 }
 
 /// The prompt as canonical bytes, and the offset just past the first user turn.
-fn canonical_prompt(request: &MessagesRequest) -> (Vec<u8>, usize) {
+fn canonical_prompt(request: &Request) -> (Vec<u8>, usize) {
     let len = request.system.as_ref().map_or(0, String::len)
         + request
             .messages
@@ -184,34 +160,22 @@ fn chained_chunk_hashes(prompt: &[u8], hashing: PrefixHashing) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::Message;
     use proptest::prelude::*;
+    use ringmaster_api::Door;
+    use ringmaster_gpu_runtime::ChatMessage;
 
-    fn request(system: Option<&str>, turns: &[(Role, &str)]) -> MessagesRequest {
-        MessagesRequest {
-            model: "m".into(),
-            system: system.map(str::to_owned),
-            messages: turns
-                .iter()
-                .map(|(role, text)| Message {
-                    role: *role,
-                    text: (*text).to_owned(),
-                    ..Message::default()
-                })
-                .collect(),
-            max_tokens: 8,
-            stream: false,
-            temperature: None,
-            top_p: None,
-            top_k: None,
-            stop_sequences: vec![],
-            user_id: None,
-            ignore_eos: false,
-            seed: None,
-            raw_prompt: None,
-            format: crate::api::ReplyFormat::Messages,
-            tools: None,
-        }
+    fn request(system: Option<&str>, turns: &[(Role, &str)]) -> Request {
+        let mut request = Request::new(Door::Messages, "m".into());
+        request.system = system.map(str::to_owned);
+        request.messages = turns
+            .iter()
+            .map(|(role, text)| ChatMessage {
+                role: *role,
+                text: (*text).to_owned(),
+                ..ChatMessage::default()
+            })
+            .collect();
+        request
     }
 
     #[test]
@@ -259,14 +223,14 @@ mod tests {
     #[test]
     fn session_header_wins_over_metadata_and_prefix() {
         let mut req = request(None, &[(Role::User, "hello")]);
-        req.user_id = Some("user-1".into());
+        req.session = Some("user-1".into());
         let by_meta = routing_input(&req, None, PrefixHashing::default());
-        assert_eq!(by_meta.source, KeySource::MetadataUserId);
+        assert_eq!(by_meta.source, KeySource::BodySession);
         let by_header = routing_input(&req, Some("s-9"), PrefixHashing::default());
         assert_eq!(by_header.source, KeySource::SessionHeader);
         assert_ne!(by_meta.key, by_header.key);
         let mut other = request(None, &[(Role::User, "completely different")]);
-        other.user_id = Some("user-1".into());
+        other.session = Some("user-1".into());
         assert_eq!(
             routing_input(&other, None, PrefixHashing::default()).key,
             by_meta.key

@@ -3,7 +3,7 @@
 //!
 //! Every response, success or error, carries a `request-id` header, and every log line of a
 //! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and
-//! turned into Anthropic's JSON in one place ([`crate::respond::error_response`]). A streamed
+//! turned into their door's JSON in one place ([`crate::respond::error_response`]). A streamed
 //! reply is a body hyper polls in the connection's task; if the client goes away (or takes
 //! nothing for `client_send_timeout_ms`, [`crate::send_timeout`]), hyper drops it, and with it
 //! the engine's stream, which cancels the generation and frees its KV blocks.
@@ -24,10 +24,11 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use ringmaster_api::{ApiError, Door, ErrorKind};
+use ringmaster_wire::models::{Model, ModelList};
+
 use crate::Gateway;
 use crate::body::{ResponseBody, full};
-use crate::error::{ApiError, ErrorKind};
-use crate::messages::{Api, messages};
 use crate::metrics::ResponseLabels;
 use crate::respond::{error_response, json_response};
 
@@ -193,8 +194,9 @@ async fn handle(
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
-        let route = route_name(&path);
-        let result = dispatch(&gateway, req, started, &request_id).await;
+        let door = Door::at(&path);
+        let route = door.map_or_else(|| route_name(&path), Door::route);
+        let result = dispatch(&gateway, req, door, started, &request_id).await;
         if let Err(e) = &result
             && e.kind() == ErrorKind::RateLimit
             && let Some(delay) = gateway.config.rate_limit_delay
@@ -209,11 +211,8 @@ async fn handle(
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");
             }
-            if matches!(route, "chat_completions" | "completions") {
-                crate::respond::openai_error_response(&e)
-            } else {
-                error_response(&e)
-            }
+            // Every path that is no door answers in Anthropic's shape.
+            error_response(door.unwrap_or(Door::Messages), &e)
         });
         response.headers_mut().insert(
             &crate::respond::header_names::REQUEST_ID,
@@ -248,12 +247,10 @@ fn jittered(hold: Duration, request_id: &str) -> Duration {
     hold.mul_f64(1.0 - spread / 2.0)
 }
 
+/// The metric label of a path that is no door.
 fn route_name(path: &str) -> &'static str {
     match path {
-        "/v1/messages" => "messages",
         "/v1/messages/count_tokens" => "count_tokens",
-        "/v1/chat/completions" => "chat_completions",
-        "/v1/completions" => "completions",
         p if p.starts_with("/v1/streams/") => "streams",
         p if p.starts_with("/v1/models") => "models",
         "/healthz" | "/readyz" => "health",
@@ -266,6 +263,7 @@ fn route_name(path: &str) -> &'static str {
 async fn dispatch(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
+    door: Option<Door>,
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
@@ -281,38 +279,30 @@ async fn dispatch(
             ))
         }
     };
+    if let Some(door) = door {
+        allow(&[Method::POST])?;
+        return crate::doors::answer(gateway, req, door, started, request_id).await;
+    }
     match path.as_str() {
-        "/v1/messages" => {
-            allow(&[Method::POST])?;
-            messages(gateway, req, Api::Messages, started, request_id).await
-        }
         "/v1/messages/count_tokens" => {
             allow(&[Method::POST])?;
-            crate::messages::count_tokens(gateway, req).await
-        }
-        "/v1/chat/completions" => {
-            allow(&[Method::POST])?;
-            messages(gateway, req, Api::ChatCompletions, started, request_id).await
-        }
-        "/v1/completions" => {
-            allow(&[Method::POST])?;
-            messages(gateway, req, Api::Completions, started, request_id).await
+            crate::doors::count_tokens(gateway, req).await
         }
         p if p.starts_with("/v1/streams/") => {
             allow(&[Method::GET])?;
-            crate::messages::resume_stream(gateway, &req, &p["/v1/streams/".len()..])
+            crate::doors::resume_stream(gateway, &req, &p["/v1/streams/".len()..])
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
             gateway.auth.check(req.headers())?;
-            Ok(json_response(StatusCode::OK, &models_json(gateway)))
+            Ok(crate::call::json_body(models_json(gateway)))
         }
         p if p.starts_with("/v1/models/") => {
             allow(&[Method::GET])?;
             gateway.auth.check(req.headers())?;
             let id = &p["/v1/models/".len()..];
             if gateway.pool.snapshot().accepted.iter().any(|m| m == id) {
-                Ok(json_response(StatusCode::OK, &model_json(id)))
+                Ok(json_response(StatusCode::OK, &Model::new(id, OWNER)))
             } else {
                 Err(ApiError::not_found(format!(
                     "model: {id:?} is not served here"
@@ -352,25 +342,12 @@ async fn dispatch(
     }
 }
 
-fn models_json(gateway: &Gateway) -> serde_json::Value {
-    let snapshot = gateway.pool.snapshot();
-    let data: Vec<_> = snapshot.accepted.iter().map(|m| model_json(m)).collect();
-    // Both APIs' list shapes at once: Anthropic's `has_more`/`first_id`/`last_id`, OpenAI's
-    // `object` (each SDK ignores the other's fields).
-    json!({
-        "object": "list",
-        "data": data,
-        "has_more": false,
-        "first_id": snapshot.accepted.first(),
-        "last_id": snapshot.accepted.last(),
-    })
-}
+/// Who owns the models this gateway lists (OpenAI's `owned_by`).
+const OWNER: &str = "ringmaster";
 
-fn model_json(id: &str) -> serde_json::Value {
-    json!({
-        "type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z",
-        "object": "model", "created": 1_767_225_600, "owned_by": "ringmaster",
-    })
+fn models_json(gateway: &Gateway) -> Vec<u8> {
+    let snapshot = gateway.pool.snapshot();
+    serde_json::to_vec(&ModelList::new(&snapshot.accepted, OWNER)).unwrap_or_default()
 }
 
 #[cfg(test)]

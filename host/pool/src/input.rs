@@ -1,17 +1,14 @@
 //! What routing knows about one request, computed once by the gateway and handed down: the
-//! ring key, the prefix hashes and the chat. The pool reads it and never recomputes it.
-
-use std::sync::Arc;
-
-use crate::kv_view::ChatPrompt;
+//! ring key and the prefix hashes. The pool reads it and never recomputes it.
 
 /// Where a routing key came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeySource {
-    /// The `x-session-id` header.
+    /// One of the configured session headers (`[routing] session_headers`).
     SessionHeader,
-    /// `metadata.user_id`.
-    MetadataUserId,
+    /// The body's session key: Anthropic's `metadata.user_id`, OpenAI's `prompt_cache_key`
+    /// or `user`.
+    BodySession,
     /// The system prompt and first user turn.
     Prefix,
 }
@@ -20,8 +17,8 @@ impl KeySource {
     /// A stable name for logs and the explain endpoint.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::SessionHeader => "x-session-id",
-            Self::MetadataUserId => "metadata.user_id",
+            Self::SessionHeader => "session-header",
+            Self::BodySession => "body-session",
             Self::Prefix => "prefix",
         }
     }
@@ -38,6 +35,4 @@ pub struct RoutingInput {
     pub prefix_hashes: Vec<u64>,
     /// The prompt's full chunks, counted past the cap on hashes.
     pub prompt_chunks: usize,
-    /// The chat, for matching it against the caches servers report (see [`crate::kv_view`]).
-    pub chat: Arc<ChatPrompt>,
 }

@@ -28,16 +28,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use ringmaster_gpu_runtime::block::{BlockHash, block_hashes};
-use ringmaster_gpu_runtime::wire::KvWireEvent;
 use ringmaster_gpu_runtime::{BLOCK_SIZE, ChatMessage, Tokenizer, TokenizerSpec};
+use ringmaster_wire::worker::KvEvent as KvWireEvent;
 
-/// A request's chat as the engines render it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ChatPrompt {
+/// A request's chat as the engines render it, borrowed from the request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChatPrompt<'a> {
     /// The system prompt.
-    pub system: Option<String>,
+    pub system: Option<&'a str>,
     /// The turns.
-    pub messages: Vec<ChatMessage>,
+    pub messages: &'a [ChatMessage],
 }
 
 /// A server's tokenizer with the fingerprint of its description: servers with one
@@ -63,14 +63,14 @@ impl Scheme {
 /// One request's prompt, tokenized and hashed once per tokenizer it is matched under.
 #[derive(Debug)]
 pub struct PromptBlocks<'a> {
-    chat: &'a ChatPrompt,
+    chat: ChatPrompt<'a>,
     /// (fingerprint, block hashes, prompt tokens).
     done: Vec<(u64, Vec<BlockHash>, usize)>,
 }
 
 impl<'a> PromptBlocks<'a> {
     /// Nothing tokenized yet.
-    pub fn new(chat: &'a ChatPrompt) -> Self {
+    pub fn new(chat: ChatPrompt<'a>) -> Self {
         Self {
             chat,
             done: Vec::new(),
@@ -88,7 +88,7 @@ impl<'a> PromptBlocks<'a> {
             None => {
                 let tokens = scheme
                     .tokenizer
-                    .encode_chat(self.chat.system.as_deref(), &self.chat.messages);
+                    .encode_chat(self.chat.system, self.chat.messages);
                 self.done
                     .push((scheme.fingerprint, block_hashes(&tokens), tokens.len()));
                 self.done.len() - 1
@@ -251,15 +251,15 @@ mod tests {
 
     use super::*;
 
-    fn chat(system: &str, user: &str) -> ChatPrompt {
-        ChatPrompt {
-            system: Some(system.into()),
-            messages: vec![ChatMessage {
+    fn chat(system: &str, user: &str) -> (String, Vec<ChatMessage>) {
+        (
+            system.to_owned(),
+            vec![ChatMessage {
                 role: Role::User,
                 text: user.into(),
                 ..Default::default()
             }],
-        }
+        )
     }
 
     #[test]
@@ -318,14 +318,15 @@ mod tests {
     fn a_prompt_is_tokenized_once_per_tokenizer() {
         let scheme = Scheme::of(Arc::new(SimTokenizer::new()));
         let long: String = (0..100).map(|i| format!("word{i} ")).collect();
-        let prompt = chat(&long, "hi");
-        let mut blocks = PromptBlocks::new(&prompt);
+        let (system, messages) = chat(&long, "hi");
+        let mut blocks = PromptBlocks::new(ChatPrompt {
+            system: Some(&system),
+            messages: &messages,
+        });
         let (hashes, tokens) = blocks.under(&scheme);
         let (hashes, tokens) = (hashes.to_vec(), tokens);
         assert_eq!(hashes.len(), tokens / BLOCK_SIZE);
-        let expected = scheme
-            .tokenizer
-            .encode_chat(prompt.system.as_deref(), &prompt.messages);
+        let expected = scheme.tokenizer.encode_chat(Some(&system), &messages);
         assert_eq!(hashes, block_hashes(&expected));
         assert_eq!(blocks.under(&scheme.clone()).0, &hashes[..]);
         assert_eq!(blocks.done.len(), 1);

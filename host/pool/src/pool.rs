@@ -259,7 +259,6 @@ mod tests {
             source: KeySource::Prefix,
             prefix_hashes: vec![],
             prompt_chunks: 0,
-            chat: Default::default(),
         }
     }
 

@@ -125,10 +125,38 @@ impl crate::Pool {
             return None;
         }
         let mut loads = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let decision = self.carry_out(snapshot, chosen, input, guard, &mut loads)?;
+        Some(self.count(decision, input, loads))
+    }
+
+    /// What [`Self::assign_on`] would decide now, without counting anything.
+    pub fn explain_assign_on(
+        &self,
+        snapshot: &PoolSnapshot,
+        chosen: &str,
+        input: &RoutingInput,
+        guard: CapGuard,
+    ) -> Option<Decision> {
+        if snapshot.servers.is_empty() {
+            return None;
+        }
+        self.carry_out(snapshot, chosen, input, guard, &mut Vec::new())
+    }
+
+    /// A router policy's choice, carried out: the chosen server, or the ring's decision when
+    /// it is unroutable or at its cap.
+    fn carry_out(
+        &self,
+        snapshot: &PoolSnapshot,
+        chosen: &str,
+        input: &RoutingInput,
+        guard: CapGuard,
+        loads: &mut Vec<u64>,
+    ) -> Option<Decision> {
         let position = snapshot.servers.iter().position(|s| s.id == chosen);
         let decision = match position {
             Some(i) if !snapshot.servers[i].is_routable() => {
-                let mut failover = self.decide(snapshot, input, &mut loads)?;
+                let mut failover = self.decide(snapshot, input, loads)?;
                 failover.reason = DecisionReason::Failover;
                 failover.preferred = Some(snapshot.servers[i].clone());
                 failover
@@ -158,15 +186,15 @@ impl crate::Pool {
                         load_after: loads[i] + 1,
                     }
                 } else {
-                    let mut spilled = self.decide(snapshot, input, &mut loads)?;
+                    let mut spilled = self.decide(snapshot, input, loads)?;
                     spilled.reason = DecisionReason::PolicyOverCap;
                     spilled.preferred = Some(snapshot.servers[i].clone());
                     spilled
                 }
             }
-            None => self.decide(snapshot, input, &mut loads)?,
+            None => self.decide(snapshot, input, loads)?,
         };
-        Some(self.count(decision, input, loads))
+        Some(decision)
     }
 
     /// For a retry: the next routable server on the ring for `input` that is not in `tried`

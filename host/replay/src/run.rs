@@ -16,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use ringmaster_gateway::auth::Caller;
-use ringmaster_gateway::messages::{MessagesCall, handle};
+use ringmaster_gateway::call::{CallInput, handle};
 use ringmaster_gateway::{Gateway, RawConfig};
 use serde::Serialize;
 use tokio::task::JoinSet;
@@ -340,8 +340,8 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         arrival_s: (arrived - start).as_secs_f64(),
         ..Outcome::default()
     };
-    let call = MessagesCall {
-        api: ringmaster_gateway::messages::Api::Messages,
+    let call = CallInput {
+        door: ringmaster_api::Door::Messages,
         queue_timeout: None,
         body,
         session: None,

@@ -1,6 +1,7 @@
 //! OpenAI-compatible replies as engine events: the stream chunks and whole answers that vLLM,
 //! SGLang, TGI, llama.cpp's server, Ollama and `ringmaster worker` send, decoded with typed
-//! structs that borrow from the read buffer, into the [`GenerateEvent`]s a local engine sends.
+//! structs that borrow from the read buffer (the wire crate's [`Chunk`]), into the
+//! [`GenerateEvent`]s a local engine sends.
 //!
 //! The shapes differ in where the usage comes (see the README's compatibility table):
 //! in every chunk (vLLM's `continuous_usage_stats`), in the finishing chunk (TGI, llama.cpp),
@@ -11,190 +12,11 @@
 //! `{"error": {...}}`, TGI's `{"error": "..."}`, vLLM's `{"object": "error", ...}`) ends it as
 //! [`GenerateEvent::Failed`]; so does malformed JSON, and a body that ends before a finish.
 
-use std::borrow::Cow;
-
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
-use serde::Deserialize;
-
-/// A string that borrows from the buffer unless it had escapes to undo. (serde's own
-/// `Cow<str>` always copies when it sits inside an `Option`.)
-#[derive(Debug, Default, PartialEq, Eq)]
-struct Str<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Visit;
-        impl<'de> serde::de::Visitor<'de> for Visit {
-            type Value = Str<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v)))
-            }
-        }
-        deserializer.deserialize_str(Visit)
-    }
-}
-
-impl std::ops::Deref for Str<'_> {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
+use ringmaster_wire::openai::{Chunk, MatchedStop, Timings, Usage as UsageWire};
 
 /// Bytes of text per token, to estimate a whole answer's output when the server reports none.
 const BYTES_PER_TOKEN_ESTIMATE: usize = 4;
-
-/// One chunk of a stream, or a whole answer (`message` instead of `delta`).
-#[derive(Debug, Deserialize)]
-struct Chunk<'a> {
-    /// The reply's id (`chatcmpl-…`), the same in every chunk.
-    #[serde(default, borrow)]
-    id: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    choices: Vec<Choice<'a>>,
-    #[serde(default)]
-    usage: Option<UsageWire>,
-    /// llama.cpp's server: `cache_n` prompt tokens came from its cache.
-    #[serde(default)]
-    timings: Option<Timings>,
-    #[serde(default, borrow)]
-    error: Option<ErrorWire<'a>>,
-    #[serde(default, borrow)]
-    object: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    message: Option<Str<'a>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Choice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Text<'a>>,
-    #[serde(default, borrow)]
-    message: Option<Text<'a>>,
-    /// `/v1/completions`.
-    #[serde(default, borrow)]
-    text: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    finish_reason: Option<Str<'a>>,
-    /// vLLM and SGLang: the stop string that matched (or the stop token's id).
-    #[serde(default, borrow)]
-    stop_reason: Option<StopWire<'a>>,
-    /// SGLang's spelling of the same (`matched_stop`).
-    #[serde(default, borrow)]
-    matched_stop: Option<StopWire<'a>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Text<'a> {
-    #[serde(default, borrow)]
-    content: Option<Str<'a>>,
-    /// Tool calls: pieces of them in a stream's `delta`, whole ones in an answer's `message`.
-    #[serde(default, borrow)]
-    tool_calls: Option<Vec<ToolCallWire<'a>>>,
-}
-
-/// One (piece of a) tool call.
-#[derive(Debug, Deserialize)]
-struct ToolCallWire<'a> {
-    /// Which call of the turn a stream's piece belongs to (a whole answer's calls have none:
-    /// their place in the list is their index).
-    #[serde(default)]
-    index: Option<u32>,
-    #[serde(default, borrow)]
-    id: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    function: Option<FunctionWire<'a>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct FunctionWire<'a> {
-    #[serde(default, borrow)]
-    name: Option<Str<'a>>,
-    #[serde(default, borrow)]
-    arguments: Option<ArgumentsWire<'a>>,
-}
-
-/// The arguments as JSON text (OpenAI's shape), or as a JSON object (some servers' whole
-/// answers), which is written back out as text.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum ArgumentsWire<'a> {
-    Text(#[serde(borrow)] Str<'a>),
-    Json(serde_json::Value),
-}
-
-impl ArgumentsWire<'_> {
-    fn into_text(self) -> String {
-        match self {
-            Self::Text(text) => text.0.into_owned(),
-            Self::Json(value) => value.to_string(),
-        }
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum StopWire<'a> {
-    Text(#[serde(borrow)] Str<'a>),
-    /// A stop token's id, or anything else: not a matched string.
-    Other(serde::de::IgnoredAny),
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-struct UsageWire {
-    #[serde(default)]
-    prompt_tokens: Option<u32>,
-    #[serde(default)]
-    completion_tokens: Option<u32>,
-    #[serde(default)]
-    prompt_tokens_details: Option<PromptDetails>,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-struct PromptDetails {
-    #[serde(default)]
-    cached_tokens: Option<u32>,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize)]
-struct Timings {
-    #[serde(default)]
-    cache_n: Option<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum ErrorWire<'a> {
-    Text(#[serde(borrow)] Str<'a>),
-    Object {
-        #[serde(default, borrow)]
-        message: Option<Str<'a>>,
-    },
-}
-
-impl Chunk<'_> {
-    /// The error this chunk carries, if it is one.
-    fn error(&self) -> Option<String> {
-        match &self.error {
-            Some(ErrorWire::Text(text)) => return Some(text.0.to_string()),
-            Some(ErrorWire::Object { message }) => {
-                return Some(message.as_deref().unwrap_or("(no message)").to_owned());
-            }
-            None => {}
-        }
-        (self.object.as_deref() == Some("error"))
-            .then(|| self.message.as_deref().unwrap_or("(no message)").to_owned())
-    }
-}
 
 /// Why a server's bytes could not be read as a reply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -297,7 +119,7 @@ impl ReplyDecoder {
         if self.reply_id.is_none()
             && let Some(id) = &chunk.id
         {
-            self.reply_id = Some(id.0.to_string());
+            self.reply_id = Some(id.to_string());
         }
         self.chunk(chunk, out)
     }
@@ -349,12 +171,10 @@ impl ReplyDecoder {
                 ChunkKind::Other
             };
         };
-        let (content, tool_calls) = match choice.delta.or(choice.message) {
-            Some(Text {
-                content,
-                tool_calls,
-            }) => (content, tool_calls.unwrap_or_default()),
-            None => (None, Vec::new()),
+        let (content, tool_calls) = match (choice.delta, choice.message) {
+            (Some(delta), _) => (delta.content, delta.tool_calls.unwrap_or_default()),
+            (None, Some(message)) => (message.content, message.tool_calls.unwrap_or_default()),
+            (None, None) => (None, Vec::new()),
         };
         let text = content.or(choice.text).unwrap_or_default().0;
         let finish = choice.finish_reason.as_deref().map(|reason| {
@@ -374,10 +194,10 @@ impl ReplyDecoder {
         for (position, call) in tool_calls.into_iter().enumerate() {
             let (name, arguments) = match call.function {
                 Some(function) => (
-                    function.name.map(|n| n.0.into_owned()),
+                    function.name.map(|n| n.into_owned()),
                     function
                         .arguments
-                        .map(ArgumentsWire::into_text)
+                        .map(|arguments| arguments.into_text())
                         .unwrap_or_default(),
                 ),
                 None => (None, String::new()),
@@ -388,7 +208,7 @@ impl ReplyDecoder {
                 index: call
                     .index
                     .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
-                id: call.id.map(|id| id.0.into_owned()),
+                id: call.id.map(|id| id.into_owned()),
                 name,
                 arguments,
             });
@@ -439,15 +259,15 @@ impl ReplyDecoder {
     }
 }
 
-fn finish_reason(reason: &str, matched: Option<StopWire<'_>>) -> FinishReason {
+fn finish_reason(reason: &str, matched: Option<MatchedStop<'_>>) -> FinishReason {
     match reason {
         "length" => FinishReason::MaxTokens,
         "tool_calls" | "function_call" => FinishReason::ToolCalls,
         "content_filter" => FinishReason::ContentFilter,
         // "stop", TGI's "eos_token" and "stop_sequence", and anything unknown.
         _ => match matched {
-            Some(StopWire::Text(text)) if !text.is_empty() => {
-                FinishReason::StopSequence(text.0.into_owned())
+            Some(MatchedStop::Text(text)) if !text.is_empty() => {
+                FinishReason::StopSequence(text.into_owned())
             }
             _ => FinishReason::EndOfTurn,
         },
@@ -653,7 +473,7 @@ mod tests {
         let data = br#"{"choices":[{"delta":{"content":"plain"}}]}"#;
         let chunk: Chunk<'_> = serde_json::from_slice(data).unwrap();
         let content = chunk.choices[0].delta.as_ref().unwrap().content.as_ref();
-        assert!(matches!(content, Some(Str(Cow::Borrowed("plain")))));
+        assert!(content.is_some_and(|c| c == "plain" && c.is_borrowed()));
         let events = decode(&[
             r#"{"choices":[{"delta":{"content":"a\"b\n\u00e9"}}]}"#,
             "[DONE]",

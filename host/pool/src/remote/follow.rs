@@ -6,8 +6,9 @@ use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ringmaster_gpu_runtime::LoadReport;
-use ringmaster_gpu_runtime::wire::TokenizerDescription;
+use ringmaster_gpu_runtime::{LoadReport, TokenizerSpec};
+use ringmaster_wire::models::ModelList;
+use ringmaster_wire::worker::{Load, TokenizerDescription};
 use tracing::{debug, info, warn};
 
 use super::sse::SseDecoder;
@@ -98,7 +99,7 @@ async fn follow_once(
         Ok(bytes) => bytes,
         Err(end) => return end,
     };
-    let described: TokenizerDescription = match serde_json::from_slice(&described) {
+    let described: TokenizerDescription<TokenizerSpec> = match serde_json::from_slice(&described) {
         Ok(described) => described,
         Err(e) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
     };
@@ -194,9 +195,9 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
             }
             response
                 .error_for_status()?
-                .json::<LoadReport>()
+                .json::<Load>()
                 .await
-                .map(Some)
+                .map(|load| Some(load_report(load)))
         }
         .await;
         match fetched {
@@ -222,15 +223,6 @@ const MODELS_POLL_EVERY: u64 = 20;
 
 /// The model ids a server lists at `/v1/models`; `None` when it has no such endpoint.
 async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<String>>> {
-    #[derive(serde::Deserialize)]
-    struct Listed {
-        #[serde(default)]
-        data: Vec<Model>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Model {
-        id: String,
-    }
     let response = worker
         .client
         .get(format!("{}/v1/models", worker.url))
@@ -240,9 +232,36 @@ async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<Strin
     if !response.status().is_success() {
         return Ok(None);
     }
-    let listed: Listed = match response.json().await {
-        Ok(listed) => listed,
-        Err(_) => return Ok(None),
+    let body = response.bytes().await?;
+    let Ok(listed) = serde_json::from_slice::<ModelList<'_>>(&body) else {
+        return Ok(None);
     };
-    Ok(Some(listed.data.into_iter().map(|m| m.id).collect()))
+    Ok(Some(
+        listed.data.into_iter().map(|m| m.id.into_owned()).collect(),
+    ))
+}
+
+/// A worker's load report in the engine's terms.
+fn load_report(load: Load) -> LoadReport {
+    LoadReport {
+        running: load.running,
+        waiting: load.waiting,
+        kv_blocks_total: load.kv_blocks_total,
+        kv_blocks_used: load.kv_blocks_used,
+        kv_blocks_cached: load.kv_blocks_cached,
+        prompt_tokens_total: load.prompt_tokens_total,
+        cached_prompt_tokens_total: load.cached_prompt_tokens_total,
+        generated_tokens_total: load.generated_tokens_total,
+        requests_finished: load.requests_finished,
+        requests_cancelled: load.requests_cancelled,
+        preemptions: load.preemptions,
+        steps: load.steps,
+        last_batch_size: load.last_batch_size,
+        step_sequences_total: load.step_sequences_total,
+        step_tokens_total: load.step_tokens_total,
+        step_budget_tokens_total: load.step_budget_tokens_total,
+        prefill_tokens_total: load.prefill_tokens_total,
+        decode_tokens_total: load.decode_tokens_total,
+        busy_seconds_total: load.busy_seconds_total,
+    }
 }

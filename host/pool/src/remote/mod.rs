@@ -44,7 +44,7 @@ use hyper::body::Incoming;
 use ringmaster_gpu_runtime::{
     GenerateEvent, GenerateRequest, GenerationStream, LoadReport, RelayState, ToolChoice,
 };
-use serde::Serialize;
+use ringmaster_wire::openai;
 use tracing::warn;
 
 pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
@@ -415,15 +415,8 @@ impl RemoteWorker {
     /// yields its events as a local engine would.
     ///
     /// Cancel safety: dropping the future drops the request, which closes its connection.
-    /// `model` is the name the server serves it under (its `model` field); `mode` says whether
-    /// to ask for a stream (and keep its frames for a relay) or one whole answer.
-    pub async fn submit(
-        &self,
-        request: &GenerateRequest,
-        model: &str,
-        mode: ReplyMode,
-    ) -> Result<GenerationStream, RemoteError> {
-        let result = self.start_reply(request, model, mode).await;
+    pub async fn submit(&self, request: &UpstreamRequest) -> Result<GenerationStream, RemoteError> {
+        let result = self.start_reply(request).await;
         match &result {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
@@ -438,32 +431,21 @@ impl RemoteWorker {
 
     async fn start_reply(
         &self,
-        request: &GenerateRequest,
-        model: &str,
-        mode: ReplyMode,
+        request: &UpstreamRequest,
     ) -> Result<GenerationStream, RemoteError> {
-        let whole = mode == ReplyMode::Whole;
-        let (path, mut body) = openai_body(request, model);
-        if whole {
-            body.stream = false;
-            body.stream_options = None;
-        }
+        let whole = request.mode == ReplyMode::Whole;
         let headers_timeout = if whole {
             self.settings.whole_answer_timeout
         } else {
             self.settings.first_byte_timeout
         };
-        let body = serde_json::to_vec(&body).map_err(|e| RemoteError::Broken {
-            url: self.url.clone(),
-            why: format!("could not encode the request: {e}"),
-        })?;
-        let endpoint = match path {
+        let endpoint = match request.endpoint {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
         };
         let http_request = http::Request::post(endpoint)
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .body(http_body_util::Full::new(request.body.clone()))
             .map_err(|e| RemoteError::Broken {
                 url: self.url.clone(),
                 why: format!("could not build the request: {e}"),
@@ -507,7 +489,7 @@ impl RemoteWorker {
             response.into_body(),
             lease,
             &self.settings,
-            mode == ReplyMode::Relayed,
+            request.mode == ReplyMode::Relayed,
             (self.url.clone(), request.request_id.clone()),
         );
         self.started(GenerationStream::from_source(Box::new(reply)))
@@ -777,106 +759,6 @@ impl ReplyReader {
     }
 }
 
-/// The body of a request to a server, borrowing from the request.
-#[derive(Debug, Serialize)]
-struct OpenAiBody<'a> {
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    messages: Option<Vec<OpenAiMessage<'a>>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt: Option<&'a str>,
-    max_tokens: u32,
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<StreamOptions>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_p: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    top_k: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    seed: Option<u64>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    stop: &'a [String],
-    /// vLLM's and SGLang's extension (and `ringmaster worker`'s): run to `max_tokens`.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    ignore_eos: bool,
-    /// `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
-    ringmaster_priority: u8,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    tools: Vec<OpenAiTool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    parallel_tool_calls: Option<bool>,
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiTool<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: OpenAiFunction<'a>,
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiFunction<'a> {
-    name: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    description: Option<&'a str>,
-    parameters: &'a serde_json::Value,
-}
-
-/// A message's content: its text, or (with images) the images then the text as parts.
-#[derive(Debug, Serialize)]
-#[serde(untagged)]
-enum OpenAiContent<'a> {
-    Text(&'a str),
-    Parts(Vec<OpenAiPart<'a>>),
-}
-
-#[derive(Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-enum OpenAiPart<'a> {
-    Text { text: &'a str },
-    ImageUrl { image_url: OpenAiImageUrl<'a> },
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiImageUrl<'a> {
-    url: &'a str,
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiToolCall<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: OpenAiFunctionCall<'a>,
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiFunctionCall<'a> {
-    name: &'a str,
-    arguments: &'a str,
-}
-
-#[derive(Debug, Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-    continuous_usage_stats: bool,
-}
-
-#[derive(Debug, Serialize)]
-struct OpenAiMessage<'a> {
-    role: &'static str,
-    content: OpenAiContent<'a>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    tool_calls: Vec<OpenAiToolCall<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_call_id: Option<&'a str>,
-}
-
 /// Which OpenAI endpoint a request goes to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Endpoint {
@@ -886,101 +768,145 @@ enum Endpoint {
     Completions,
 }
 
-/// The server endpoint and OpenAI body for `request`.
-fn openai_body<'a>(request: &'a GenerateRequest, model: &'a str) -> (Endpoint, OpenAiBody<'a>) {
+/// A request as a server gets it, encoded once: every attempt (a retry on another server of
+/// the same pool) sends these bytes again.
+#[derive(Clone, Debug)]
+pub struct UpstreamRequest {
+    endpoint: Endpoint,
+    body: bytes::Bytes,
+    mode: ReplyMode,
+    request_id: String,
+}
+
+impl UpstreamRequest {
+    /// `request` for servers that serve it as `model`, its reply asked for as `mode` says.
+    pub fn encode(request: &GenerateRequest, model: &str, mode: ReplyMode) -> Self {
+        let (endpoint, body) = wire_request(request, model, mode == ReplyMode::Whole);
+        // The wire types serialize infallibly (strings, numbers, raw JSON text).
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        Self {
+            endpoint,
+            body: bytes::Bytes::from(body),
+            mode,
+            request_id: request.request_id.clone(),
+        }
+    }
+
+    /// The encoded body.
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+/// A sampling value as the client wrote it (`0.7`, not `0.699999988079071`).
+fn widen(value: f32) -> f64 {
+    value.to_string().parse().unwrap_or(f64::from(value))
+}
+
+/// The server endpoint and OpenAI body for `request`, borrowing from it. A `whole` answer is
+/// asked for without a stream.
+fn wire_request<'a>(
+    request: &'a GenerateRequest,
+    model: &'a str,
+    whole: bool,
+) -> (Endpoint, openai::Request<'a>) {
     let sampling = &request.sampling;
-    let mut body = OpenAiBody {
-        model,
-        messages: None,
-        prompt: None,
-        max_tokens: request.max_tokens,
-        stream: true,
-        stream_options: Some(StreamOptions {
-            include_usage: true,
-            continuous_usage_stats: true,
+    let mut body = openai::Request {
+        model: Some(model.into()),
+        max_tokens: Some(i64::from(request.max_tokens)),
+        stream: Some(!whole),
+        stream_options: (!whole).then_some(openai::StreamOptions {
+            include_usage: Some(true),
+            continuous_usage_stats: Some(true),
+            include_obfuscation: None,
         }),
-        temperature: sampling.temperature,
-        top_p: sampling.top_p,
-        top_k: sampling.top_k,
-        seed: sampling.seed,
-        stop: &request.stop_sequences,
-        ignore_eos: sampling.ignore_eos,
-        ringmaster_priority: request.priority,
-        tools: Vec::new(),
-        tool_choice: None,
-        parallel_tool_calls: None,
+        temperature: sampling.temperature.map(widen),
+        top_p: sampling.top_p.map(widen),
+        top_k: sampling.top_k.map(i64::from),
+        seed: sampling.seed.and_then(|s| i64::try_from(s).ok()),
+        stop: (!request.stop_sequences.is_empty())
+            .then(|| openai::Stop::List(request.stop_sequences.iter().map(Into::into).collect())),
+        // vLLM's and SGLang's extension (and `ringmaster worker`'s): run to `max_tokens`.
+        ignore_eos: sampling.ignore_eos.then_some(true),
+        // `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
+        ringmaster_priority: Some(request.priority),
+        ..openai::Request::default()
     };
     if let Some(offer) = &request.tools {
-        body.tools = offer
-            .tools
-            .iter()
-            .map(|tool| OpenAiTool {
-                kind: "function",
-                function: OpenAiFunction {
-                    name: &tool.name,
-                    description: tool.description.as_deref(),
-                    parameters: &tool.parameters,
-                },
-            })
-            .collect();
+        body.tools = Some(
+            offer
+                .tools
+                .iter()
+                .map(|tool| openai::Tool {
+                    kind: Some("function".into()),
+                    function: Some(openai::Function {
+                        name: Some(tool.name.as_str().into()),
+                        description: tool.description.as_deref().map(Into::into),
+                        parameters: Some(tool.parameters.as_ref()),
+                    }),
+                })
+                .collect(),
+        );
         body.tool_choice = Some(match &offer.choice {
-            ToolChoice::Auto => serde_json::json!("auto"),
-            ToolChoice::None => serde_json::json!("none"),
-            ToolChoice::Required => serde_json::json!("required"),
-            ToolChoice::Named(name) => {
-                serde_json::json!({ "type": "function", "function": { "name": name } })
-            }
+            ToolChoice::Auto => openai::ToolChoice::Mode("auto".into()),
+            ToolChoice::None => openai::ToolChoice::Mode("none".into()),
+            ToolChoice::Required => openai::ToolChoice::Mode("required".into()),
+            ToolChoice::Named(name) => openai::ToolChoice::named(name.as_str()),
         });
         body.parallel_tool_calls = offer.parallel;
     }
     if let Some(prompt) = &request.prompt {
-        body.prompt = Some(prompt);
+        body.prompt = Some(openai::Prompt::Text(prompt.into()));
         return (Endpoint::Completions, body);
     }
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if let Some(system) = &request.system {
-        messages.push(OpenAiMessage {
-            role: "system",
-            content: OpenAiContent::Text(system),
-            tool_calls: Vec::new(),
-            tool_call_id: None,
+        messages.push(openai::Message {
+            role: "system".into(),
+            content: Some(openai::Content::Text(system.into())),
+            ..openai::Message::default()
         });
     }
     for m in &request.messages {
-        messages.push(OpenAiMessage {
+        let content = if m.images.is_empty() {
+            openai::Content::Text(m.text.as_str().into())
+        } else {
+            let mut parts: Vec<openai::Part<'_>> = m
+                .images
+                .iter()
+                .map(|image| openai::Part::image(image.url.as_str()))
+                .collect();
+            if !m.text.is_empty() {
+                parts.push(openai::Part::text(m.text.as_str()));
+            }
+            openai::Content::List(parts)
+        };
+        messages.push(openai::Message {
             role: match (m.role, &m.tool_call_id) {
                 (_, Some(_)) => "tool",
                 (ringmaster_gpu_runtime::Role::User, None) => "user",
                 (ringmaster_gpu_runtime::Role::Assistant, None) => "assistant",
-            },
-            content: if m.images.is_empty() {
-                OpenAiContent::Text(&m.text)
-            } else {
-                let mut parts: Vec<OpenAiPart<'_>> = m
-                    .images
+            }
+            .into(),
+            content: Some(content),
+            tool_calls: (!m.tool_calls.is_empty()).then(|| {
+                m.tool_calls
                     .iter()
-                    .map(|image| OpenAiPart::ImageUrl {
-                        image_url: OpenAiImageUrl { url: &image.url },
+                    .map(|call| openai::ToolCall {
+                        index: None,
+                        id: Some(call.id.as_str().into()),
+                        kind: Some("function".into()),
+                        function: Some(openai::FunctionCall {
+                            name: Some(call.name.as_str().into()),
+                            arguments: Some(openai::Arguments::Text(
+                                call.arguments.as_str().into(),
+                            )),
+                        }),
                     })
-                    .collect();
-                if !m.text.is_empty() {
-                    parts.push(OpenAiPart::Text { text: &m.text });
-                }
-                OpenAiContent::Parts(parts)
-            },
-            tool_calls: m
-                .tool_calls
-                .iter()
-                .map(|call| OpenAiToolCall {
-                    id: &call.id,
-                    kind: "function",
-                    function: OpenAiFunctionCall {
-                        name: &call.name,
-                        arguments: &call.arguments,
-                    },
-                })
-                .collect(),
-            tool_call_id: m.tool_call_id.as_deref(),
+                    .collect()
+            }),
+            tool_call_id: m.tool_call_id.as_deref().map(Into::into),
+            ..openai::Message::default()
         });
     }
     body.messages = Some(messages);
@@ -1130,10 +1056,8 @@ mod tests {
             ..UpstreamSettings::default()
         };
         let worker = RemoteWorker::start_with(&url, settings);
-        let err = worker
-            .submit(&raw_prompt_request(), "m", ReplyMode::Stream)
-            .await
-            .unwrap_err();
+        let request = UpstreamRequest::encode(&raw_prompt_request(), "m", ReplyMode::Stream);
+        let err = worker.submit(&request).await.unwrap_err();
         assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
         assert!(err.to_string().contains("no answer within"), "{err}");
         assert!(err.is_retryable());
@@ -1202,7 +1126,7 @@ mod tests {
             priority: 3,
             tools: None,
         };
-        let (path, body) = openai_body(&request, "served-name");
+        let (path, body) = wire_request(&request, "served-name", false);
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, Endpoint::Chat);
         assert_eq!(body["model"], "served-name");
@@ -1213,7 +1137,7 @@ mod tests {
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert!(body.get("temperature").is_none());
         request.prompt = Some("Once".into());
-        let (path, body) = openai_body(&request, "m");
+        let (path, body) = wire_request(&request, "m", false);
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, Endpoint::Completions);
         assert_eq!(body["prompt"], "Once");

@@ -1,10 +1,9 @@
-//! Fuzzes the OpenAI request parsers (chat and legacy completions) and the count_tokens body:
+//! Fuzzes the OpenAI doors' parsers (chat and legacy completions) and the count_tokens body:
 //! any bytes give a validated request or a client error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringmaster_gateway::api::{Limits, parse_count_tokens_request};
-use ringmaster_gateway::openai::{parse_chat_request, parse_completion_request};
+use ringmaster_api::{Door, Limits};
 
 fuzz_target!(|body: &[u8]| {
     let models = ["sim-llama-3-8b".to_owned()];
@@ -13,15 +12,15 @@ fuzz_target!(|body: &[u8]| {
         max_output_tokens: 8192,
     };
     for parsed in [
-        parse_chat_request(body, limits),
-        parse_completion_request(body, limits),
-        parse_count_tokens_request(body, limits),
+        Door::Chat.parse(body, limits),
+        Door::Completions.parse(body, limits),
+        ringmaster_api::messages::parse_count_tokens(body, limits),
     ] {
         match parsed {
             Ok(request) => {
                 assert!(!request.messages.is_empty());
                 assert!((1..=8192).contains(&request.max_tokens));
-                if let Some(t) = request.temperature {
+                if let Some(t) = request.sampling.temperature {
                     assert!((0.0..=2.0).contains(&t));
                 }
             }

@@ -1,8 +1,8 @@
-//! Fuzzes the Messages request parser: any bytes give a validated request or a client error.
+//! Fuzzes the Messages door's parser: any bytes give a validated request or a client error.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringmaster_gateway::api::{Limits, parse_messages_request};
+use ringmaster_api::{Door, Limits};
 
 fuzz_target!(|body: &[u8]| {
     let models = ["sim-llama-3-8b".to_owned()];
@@ -10,7 +10,7 @@ fuzz_target!(|body: &[u8]| {
         models: &models,
         max_output_tokens: 8192,
     };
-    match parse_messages_request(body, limits) {
+    match Door::Messages.parse(body, limits) {
         Ok(request) => {
             assert!(!request.messages.is_empty());
             assert!((1..=8192).contains(&request.max_tokens));

@@ -46,14 +46,15 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use ringmaster_gpu_runtime::{
     EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent, LoadReport,
-    wire::{KvWireEvent, TokenizerDescription},
 };
-use serde_json::{Value, json};
+use ringmaster_wire::models::ModelList;
+use ringmaster_wire::worker::{self as wire, HexHash, TokenizerDescription};
+use ringmaster_wire::{openai as openai_wire, sse};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tracing::{debug, info, warn};
 
-use crate::openai::{Endpoint, Invalid};
+use crate::openai::{Endpoint, Invalid, Reply};
 
 /// Largest request body, bytes.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -141,7 +142,7 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
     let response = match (&method, path.as_str()) {
         (&Method::GET, "/health") => health(&worker),
         (&Method::GET, "/v1/models") => models(&worker),
-        (&Method::GET, "/load") => json_response(StatusCode::OK, &load_json(&worker.engine.load())),
+        (&Method::GET, "/load") => json_response(StatusCode::OK, &load(&worker.engine.load())),
         (&Method::GET, "/kv/events") => kv_events(&worker),
         (&Method::GET, "/tokenizer") => tokenizer(&worker),
         (&Method::POST, "/v1/chat/completions") => {
@@ -184,7 +185,10 @@ fn health(worker: &Worker) -> Response<ResponseBody> {
     } else {
         json_response(
             StatusCode::OK,
-            &json!({ "status": "ok", "model": worker.model }),
+            &wire::Health {
+                status: "ok",
+                model: &worker.model,
+            },
         )
     }
 }
@@ -192,21 +196,41 @@ fn health(worker: &Worker) -> Response<ResponseBody> {
 fn models(worker: &Worker) -> Response<ResponseBody> {
     json_response(
         StatusCode::OK,
-        &json!({
-            "object": "list",
-            "data": [{ "id": worker.model, "object": "model", "created": 0, "owned_by": "ringmaster" }],
-        }),
+        &ModelList::new(std::slice::from_ref(&worker.model), "ringmaster"),
     )
 }
 
-/// The load report as JSON (the wire form of [`LoadReport`]).
-pub fn load_json(l: &LoadReport) -> Value {
-    serde_json::to_value(l).unwrap_or_default()
+/// The load report in its wire form.
+pub fn load(l: &LoadReport) -> wire::Load {
+    wire::Load {
+        running: l.running,
+        waiting: l.waiting,
+        kv_blocks_total: l.kv_blocks_total,
+        kv_blocks_used: l.kv_blocks_used,
+        kv_blocks_cached: l.kv_blocks_cached,
+        prompt_tokens_total: l.prompt_tokens_total,
+        cached_prompt_tokens_total: l.cached_prompt_tokens_total,
+        generated_tokens_total: l.generated_tokens_total,
+        requests_finished: l.requests_finished,
+        requests_cancelled: l.requests_cancelled,
+        preemptions: l.preemptions,
+        steps: l.steps,
+        last_batch_size: l.last_batch_size,
+        step_sequences_total: l.step_sequences_total,
+        step_tokens_total: l.step_tokens_total,
+        step_budget_tokens_total: l.step_budget_tokens_total,
+        prefill_tokens_total: l.prefill_tokens_total,
+        decode_tokens_total: l.decode_tokens_total,
+        busy_seconds_total: l.busy_seconds_total,
+    }
 }
 
 /// One KV event as its SSE frame.
 pub fn kv_event_frame(event: &KvEvent) -> Bytes {
-    sse_data(&KvWireEvent::from(event))
+    sse_data(&match event {
+        KvEvent::Stored(h) => wire::KvEvent::Stored { hash: HexHash(h.0) },
+        KvEvent::Evicted(h) => wire::KvEvent::Evicted { hash: HexHash(h.0) },
+    })
 }
 
 fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
@@ -228,7 +252,9 @@ fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
 
 /// The `snapshot` frame that opens `/kv/events`: every block hash the prefix cache holds.
 pub fn kv_snapshot_frame(hashes: &[ringmaster_gpu_runtime::block::BlockHash]) -> Bytes {
-    sse_data(&KvWireEvent::snapshot(hashes))
+    sse_data(&wire::KvEvent::Snapshot {
+        hashes: hashes.iter().map(|h| HexHash(h.0)).collect(),
+    })
 }
 
 fn kv_events(worker: &Worker) -> Response<ResponseBody> {
@@ -242,7 +268,7 @@ fn kv_events(worker: &Worker) -> Response<ResponseBody> {
             let frame = match events.recv().await {
                 Ok(event) => kv_event_frame(&event),
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
-                    sse_data(&KvWireEvent::Lagged { missed })
+                    sse_data(&wire::KvEvent::Lagged { missed })
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
             };
@@ -358,12 +384,8 @@ async fn generate(
     tokio::spawn(async move {
         // Dropping `stream` (when the client is gone and a send fails) cancels the generation.
         let (mut prompt, mut cached, mut output) = (0, 0, 0u32);
-        let with_usage = |mut chunk: Value, prompt, cached, output| {
-            if continuous {
-                chunk["usage"] = openai::usage(prompt, cached, output);
-            }
-            chunk
-        };
+        let so_far =
+            |prompt, cached, output| continuous.then(|| openai::usage(prompt, cached, output));
         while let Some(event) = stream.next().await {
             let frame = match event {
                 GenerateEvent::Started {
@@ -371,16 +393,11 @@ async fn generate(
                     cached_tokens,
                 } => {
                     (prompt, cached) = (prompt_tokens, cached_tokens);
-                    sse_data(&with_usage(reply.chunk(Some(""), None), prompt, cached, 0))
+                    sse_data(&reply.chunk(Some(""), None, so_far(prompt, cached, 0)))
                 }
                 GenerateEvent::Token { text } => {
                     output += 1;
-                    sse_data(&with_usage(
-                        reply.chunk(Some(&text), None),
-                        prompt,
-                        cached,
-                        output,
-                    ))
+                    sse_data(&reply.chunk(Some(&text), None, so_far(prompt, cached, output)))
                 }
                 GenerateEvent::Finished {
                     reason,
@@ -388,16 +405,15 @@ async fn generate(
                     cached_tokens,
                     output_tokens,
                 } => {
-                    let mut finish = reply.chunk(None, Some(openai::finish_reason(&reason)));
-                    if let FinishReason::StopSequence(matched) = &reason {
-                        // vLLM's extension: which stop sequence ended the reply.
-                        finish["choices"][0]["stop_reason"] = json!(matched);
-                    }
-                    let mut last = vec![sse_data(&with_usage(
-                        finish,
-                        prompt_tokens,
-                        cached_tokens,
-                        output_tokens,
+                    // vLLM's extension: which stop sequence ended the reply.
+                    let matched = match &reason {
+                        FinishReason::StopSequence(matched) => Some(matched.as_str()),
+                        _ => None,
+                    };
+                    let mut last = vec![sse_data(&reply.chunk(
+                        None,
+                        Some((openai::finish_reason(&reason), matched)),
+                        so_far(prompt_tokens, cached_tokens, output_tokens),
                     ))];
                     if include_usage {
                         last.push(sse_data(&reply.usage_chunk(openai::usage(
@@ -406,7 +422,7 @@ async fn generate(
                             output_tokens,
                         ))));
                     }
-                    last.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    last.push(Bytes::from_static(openai_wire::DONE));
                     for frame in last {
                         if tx.send(frame).await.is_err() {
                             return;
@@ -415,8 +431,9 @@ async fn generate(
                     return;
                 }
                 GenerateEvent::Failed { message } => {
-                    let error = json!({"error": {"message": message, "type": "server_error"}});
-                    let _ = tx.send(sse_data(&error)).await;
+                    let _ = tx
+                        .send(sse_data(&openai::error("server_error", &message)))
+                        .await;
                     return;
                 }
                 // The engine takes no tools, so it calls none.
@@ -430,87 +447,9 @@ async fn generate(
     sse_response(body)
 }
 
-/// What every chunk or reply of one request repeats.
-struct Reply {
-    id: String,
-    endpoint: Endpoint,
-    model: String,
-    created: u64,
-}
-
-impl Reply {
-    fn whole(&self, text: &str, finish: &str, usage: Value) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": { "role": "assistant", "content": text },
-                "finish_reason": finish,
-                "logprobs": null,
-            }),
-            Endpoint::Completions => json!({
-                "index": 0, "text": text, "finish_reason": finish, "logprobs": null,
-            }),
-        };
-        json!({
-            "id": self.id,
-            "object": self.object(false),
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": usage,
-        })
-    }
-
-    /// A streamed chunk: text (the first chat chunk also names the role), or the finish.
-    fn chunk(&self, text: Option<&str>, finish: Option<&str>) -> Value {
-        let choice = match self.endpoint {
-            Endpoint::Chat => {
-                let delta = match text {
-                    Some("") => json!({ "role": "assistant", "content": "" }),
-                    Some(t) => json!({ "content": t }),
-                    None => json!({}),
-                };
-                json!({ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null })
-            }
-            Endpoint::Completions => json!({
-                "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null,
-            }),
-        };
-        json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-        })
-    }
-
-    fn usage_chunk(&self, usage: Value) -> Value {
-        json!({
-            "id": self.id,
-            "object": self.object(true),
-            "created": self.created,
-            "model": self.model,
-            "choices": [],
-            "usage": usage,
-        })
-    }
-
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.endpoint, chunk) {
-            (Endpoint::Chat, false) => "chat.completion",
-            (Endpoint::Chat, true) => "chat.completion.chunk",
-            (Endpoint::Completions, _) => "text_completion",
-        }
-    }
-}
-
 fn sse_data(value: &impl serde::Serialize) -> Bytes {
-    let mut frame = b"data: ".to_vec();
-    if serde_json::to_writer(&mut frame, value).is_err() {
-        frame.extend_from_slice(b"{}");
-    }
-    frame.extend_from_slice(b"\n\n");
+    let mut frame = Vec::with_capacity(128);
+    sse::data(&mut frame, value);
     Bytes::from(frame)
 }
 
@@ -523,11 +462,13 @@ fn sse_response(body: ResponseBody) -> Response<ResponseBody> {
         .unwrap_or_else(|_| Response::new(full(Bytes::new())))
 }
 
-fn json_response(status: StatusCode, value: &Value) -> Response<ResponseBody> {
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json")
-        .body(full(Bytes::from(value.to_string())))
+        .body(full(Bytes::from(
+            serde_json::to_vec(value).unwrap_or_default(),
+        )))
         .unwrap_or_else(|_| Response::new(full(Bytes::new())))
 }
 

@@ -25,19 +25,19 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 
-use crate::api::ReplyFormat;
+use ringmaster_api::{ApiError, Door};
+
 use crate::body::ResponseBody;
-use crate::error::ApiError;
 
 /// The reply being prepared: what the handler answers once its wait is over.
-pub(super) type Pending =
+pub(crate) type Pending =
     Pin<Box<dyn Future<Output = Result<Response<ResponseBody>, ApiError>> + Send>>;
 
 /// The streamed response for a reply still being prepared, pinging `every` interval, with the
 /// id it will be resumable by (when streams are resumable).
-pub(super) fn response(
+pub(crate) fn response(
     pending: Pending,
-    format: ReplyFormat,
+    door: Door,
     every: Duration,
     stream_id: Option<&str>,
     span: tracing::Span,
@@ -45,7 +45,7 @@ pub(super) fn response(
     let body = EarlyReply {
         pending: Some(pending),
         reply: None,
-        format,
+        door,
         every,
         ping: Box::pin(tokio::time::sleep(every)),
         span,
@@ -66,7 +66,7 @@ struct EarlyReply {
     pending: Option<Pending>,
     /// The prepared reply's body, relayed once it is there.
     reply: Option<ResponseBody>,
-    format: ReplyFormat,
+    door: Door,
     every: Duration,
     ping: Pin<Box<tokio::time::Sleep>>,
     span: tracing::Span,
@@ -99,7 +99,7 @@ impl Body for EarlyReply {
             }
             Poll::Ready(Err(error)) => {
                 this.pending = None;
-                Poll::Ready(Some(Ok(Frame::data(error_event(&error, this.format)))))
+                Poll::Ready(Some(Ok(Frame::data(super::error_event(this.door, &error)))))
             }
             Poll::Pending => {
                 if this.ping.as_mut().poll(cx).is_pending() {
@@ -110,22 +110,10 @@ impl Body for EarlyReply {
                 // Registers the next ping's wake-up.
                 let _ = this.ping.as_mut().poll(cx);
                 // A comment: no client expects an event before the reply's first.
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b": ping\n\n")))))
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(
+                    super::EARLY_KEEP_ALIVE,
+                )))))
             }
         }
     }
-}
-
-/// The API's error event for `error`: Anthropic's `event: error`, or OpenAI's error chunk.
-fn error_event(error: &ApiError, format: ReplyFormat) -> Bytes {
-    let mut frame = Vec::with_capacity(256);
-    if format.is_openai() {
-        frame.extend_from_slice(b"data: ");
-        frame.extend_from_slice(crate::openai::error_body(error).to_string().as_bytes());
-    } else {
-        frame.extend_from_slice(b"event: error\ndata: ");
-        frame.extend_from_slice(error.body().to_string().as_bytes());
-    }
-    frame.extend_from_slice(b"\n\n");
-    Bytes::from(frame)
 }

@@ -1,10 +1,14 @@
-//! The OpenAI request and response shapes the worker speaks, and their mapping onto the
-//! engine's [`GenerateRequest`]. Unknown fields are ignored, as OpenAI-compatible servers do;
-//! fields that are present must be well-formed.
+//! The worker's OpenAI endpoints: a request ([`ringmaster_wire::openai::Request`], read
+//! leniently, as OpenAI-compatible servers do) mapped onto the engine's [`GenerateRequest`],
+//! and the reply's chunks and whole answer in the wire crate's shapes. Fields that are
+//! present must be well-formed; fields the worker does not use are ignored.
 
 use ringmaster_gpu_runtime::{ChatMessage, FinishReason, GenerateRequest, Role, SamplingParams};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use ringmaster_wire::Str;
+use ringmaster_wire::openai::{
+    self, CHAT_CHUNK, CHAT_COMPLETION, Choice, Chunk, Content, Delta, ErrorResponse, MatchedStop,
+    Prompt, ReplyMessage, Stop, TEXT_COMPLETION, Usage,
+};
 
 /// `max_tokens` when a request gives none.
 pub const DEFAULT_MAX_TOKENS: u32 = 256;
@@ -12,82 +16,6 @@ pub const DEFAULT_MAX_TOKENS: u32 = 256;
 /// A bad request, with the message the client sees.
 #[derive(Debug)]
 pub struct Invalid(pub String);
-
-/// Message content: a string, or an array of parts of which the text ones count.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
-}
-
-#[derive(Debug, Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    #[serde(default)]
-    text: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Message {
-    role: String,
-    #[serde(default)]
-    content: Option<Content>,
-}
-
-/// `stop`: one string or several.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-    /// vLLM's extension: usage in every chunk (how a gateway learns the prompt and cached
-    /// token counts with the first token).
-    #[serde(default)]
-    continuous_usage_stats: bool,
-}
-
-/// The fields of `/v1/chat/completions` and `/v1/completions` the worker reads.
-#[derive(Debug, Deserialize)]
-struct RawRequest {
-    #[serde(default)]
-    model: Option<String>,
-    #[serde(default)]
-    messages: Option<Vec<Message>>,
-    #[serde(default)]
-    prompt: Option<String>,
-    #[serde(default)]
-    max_tokens: Option<u32>,
-    #[serde(default)]
-    max_completion_tokens: Option<u32>,
-    #[serde(default)]
-    temperature: Option<f32>,
-    #[serde(default)]
-    top_p: Option<f32>,
-    #[serde(default)]
-    top_k: Option<u32>,
-    #[serde(default)]
-    seed: Option<u64>,
-    #[serde(default)]
-    stop: Option<Stop>,
-    #[serde(default)]
-    stream: bool,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-    /// vLLM's extension: keep generating past the end of the turn, to `max_tokens`.
-    #[serde(default)]
-    ignore_eos: bool,
-    /// Ringmaster's extension: the scheduling priority, 0 = lowest (preempted first).
-    #[serde(default)]
-    ringmaster_priority: Option<u8>,
-}
 
 /// Which endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +39,13 @@ pub struct Request {
     pub continuous_usage: bool,
 }
 
+/// A count from the wire that must fit a `u32`.
+fn count(value: Option<i64>, field: &str) -> Result<Option<u32>, Invalid> {
+    value
+        .map(|n| u32::try_from(n).map_err(|_| Invalid(format!("`{field}` {n} is out of range"))))
+        .transpose()
+}
+
 impl Request {
     /// Parses and checks a request body for `endpoint` on a worker serving `model`.
     pub fn parse(
@@ -119,13 +54,14 @@ impl Request {
         model: &str,
         request_id: &str,
     ) -> Result<Self, Invalid> {
-        let raw: RawRequest = serde_json::from_slice(body)
+        let raw: openai::Request<'_> = serde_json::from_slice(body)
             .map_err(|e| Invalid(format!("the request body is not a valid request: {e}")))?;
         if let Some(asked) = &raw.model
-            && asked != model
+            && *asked != *model
         {
             return Err(Invalid(format!(
-                "this worker serves the model {model:?}, not {asked:?}"
+                "this worker serves the model {model:?}, not {:?}",
+                &**asked
             )));
         }
         let (system, messages, prompt) = match endpoint {
@@ -137,9 +73,10 @@ impl Request {
                 (system, messages, None)
             }
             Endpoint::Completions => {
-                let prompt = raw
-                    .prompt
-                    .ok_or_else(|| Invalid("`prompt` is required (one string)".into()))?;
+                let prompt = match raw.prompt {
+                    Some(Prompt::Text(text)) => text.into_owned(),
+                    _ => return Err(Invalid("`prompt` is required (one string)".into())),
+                };
                 if prompt.is_empty() {
                     return Err(Invalid("`prompt` is empty".into()));
                 }
@@ -158,52 +95,50 @@ impl Request {
         }
         let stop_sequences = match raw.stop {
             None => Vec::new(),
-            Some(Stop::One(s)) => vec![s],
-            Some(Stop::Many(v)) => v,
+            Some(Stop::Text(s)) => vec![s.into_owned()],
+            Some(Stop::List(v)) => v.into_iter().map(Str::into_owned).collect(),
         };
+        let max_tokens = count(raw.max_completion_tokens, "max_completion_tokens")?
+            .or(count(raw.max_tokens, "max_tokens")?)
+            .unwrap_or(DEFAULT_MAX_TOKENS);
+        let options = raw.stream_options.unwrap_or_default();
         Ok(Self {
             generate: GenerateRequest {
                 request_id: request_id.to_owned(),
                 system,
                 messages,
-                max_tokens: raw
-                    .max_completion_tokens
-                    .or(raw.max_tokens)
-                    .unwrap_or(DEFAULT_MAX_TOKENS),
+                max_tokens,
                 stop_sequences,
                 sampling: SamplingParams {
-                    temperature: raw.temperature,
-                    top_p: raw.top_p,
-                    top_k: raw.top_k,
-                    seed: raw.seed,
-                    ignore_eos: raw.ignore_eos,
+                    temperature: raw.temperature.map(|t| t as f32),
+                    top_p: raw.top_p.map(|p| p as f32),
+                    top_k: count(raw.top_k, "top_k")?,
+                    seed: raw.seed.and_then(|s| u64::try_from(s).ok()),
+                    ignore_eos: raw.ignore_eos.unwrap_or(false),
                 },
                 prompt,
                 priority: raw.ringmaster_priority.unwrap_or(0),
                 tools: None,
             },
-            stream: raw.stream,
-            include_usage: raw.stream_options.as_ref().is_some_and(|o| o.include_usage),
-            continuous_usage: raw
-                .stream_options
-                .as_ref()
-                .is_some_and(|o| o.continuous_usage_stats),
+            stream: raw.stream.unwrap_or(false),
+            include_usage: options.include_usage.unwrap_or(false),
+            continuous_usage: options.continuous_usage_stats.unwrap_or(false),
         })
     }
 }
 
 /// Splits OpenAI messages into the system prompt and the conversation.
-fn chat(messages: Vec<Message>) -> Result<(Option<String>, Vec<ChatMessage>), Invalid> {
+fn chat(messages: Vec<openai::Message<'_>>) -> Result<(Option<String>, Vec<ChatMessage>), Invalid> {
     let mut system: Option<String> = None;
     let mut out = Vec::new();
     for (i, m) in messages.into_iter().enumerate() {
         let text = match m.content {
             None => String::new(),
-            Some(Content::Text(t)) => t,
-            Some(Content::Parts(parts)) => {
+            Some(Content::Text(t)) => t.into_owned(),
+            Some(Content::List(parts)) => {
                 let mut text = String::new();
                 for part in parts {
-                    match (part.kind.as_str(), part.text) {
+                    match (&*part.kind, part.text) {
                         ("text", Some(t)) => text.push_str(&t),
                         (kind, _) => {
                             return Err(Invalid(format!(
@@ -215,7 +150,7 @@ fn chat(messages: Vec<Message>) -> Result<(Option<String>, Vec<ChatMessage>), In
                 text
             }
         };
-        match m.role.as_str() {
+        match &*m.role {
             "system" | "developer" => match &mut system {
                 Some(s) => {
                     s.push('\n');
@@ -259,18 +194,120 @@ pub fn finish_reason(reason: &FinishReason) -> &'static str {
 }
 
 /// The `usage` object.
-pub fn usage(prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": output_tokens,
-        "total_tokens": prompt_tokens + output_tokens,
-        "prompt_tokens_details": { "cached_tokens": cached_tokens },
-    })
+pub fn usage(prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) -> Usage {
+    Usage::new(prompt_tokens, cached_tokens, output_tokens)
 }
 
 /// An OpenAI error body.
-pub fn error(kind: &str, message: &str) -> Value {
-    json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+pub fn error<'a>(kind: &'a str, message: &'a str) -> ErrorResponse<'a> {
+    ErrorResponse::new(kind, message, None)
+}
+
+/// What every chunk or answer of one request repeats.
+#[derive(Debug)]
+pub struct Reply {
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// The endpoint (chat or completion shapes).
+    pub endpoint: Endpoint,
+    /// The model served.
+    pub model: String,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => CHAT_COMPLETION,
+            (Endpoint::Chat, true) => CHAT_CHUNK,
+            (Endpoint::Completions, _) => TEXT_COMPLETION,
+        }
+    }
+
+    fn frame<'a>(
+        &'a self,
+        chunk: bool,
+        choice: Option<Choice<'a>>,
+        usage: Option<Usage>,
+    ) -> Chunk<'a> {
+        Chunk {
+            id: Some(self.id.as_str().into()),
+            object: Some(self.object(chunk).into()),
+            created: Some(self.created),
+            model: Some(self.model.as_str().into()),
+            choices: choice.into_iter().collect(),
+            usage,
+            ..Chunk::default()
+        }
+    }
+
+    /// The whole answer: `text`, why it finished, and the usage.
+    pub fn whole<'a>(&'a self, text: &'a str, finish: &'a str, usage: Usage) -> Chunk<'a> {
+        let choice = match self.endpoint {
+            Endpoint::Chat => Choice {
+                message: Some(ReplyMessage {
+                    role: Some("assistant".into()),
+                    content: Some(text.into()),
+                    refusal: None,
+                    tool_calls: None,
+                }),
+                finish_reason: Some(finish.into()),
+                ..Choice::default()
+            },
+            Endpoint::Completions => Choice {
+                text: Some(text.into()),
+                finish_reason: Some(finish.into()),
+                ..Choice::default()
+            },
+        };
+        self.frame(false, Some(choice), Some(usage))
+    }
+
+    /// A streamed chunk: text (the first chat chunk, empty, also names the role), or the
+    /// finish with the stop sequence that matched (vLLM's `stop_reason`); `usage` so far when
+    /// the client asked for it in every chunk.
+    pub fn chunk<'a>(
+        &'a self,
+        text: Option<&'a str>,
+        finish: Option<(&'a str, Option<&'a str>)>,
+        usage: Option<Usage>,
+    ) -> Chunk<'a> {
+        let choice = match self.endpoint {
+            Endpoint::Chat => Choice {
+                delta: Some(match text {
+                    Some("") => Delta {
+                        role: Some("assistant".into()),
+                        content: Some("".into()),
+                        tool_calls: None,
+                    },
+                    Some(t) => Delta {
+                        content: Some(t.into()),
+                        ..Delta::default()
+                    },
+                    None => Delta::default(),
+                }),
+                ..Choice::default()
+            },
+            Endpoint::Completions => Choice {
+                text: Some(text.unwrap_or("").into()),
+                ..Choice::default()
+            },
+        };
+        let choice = Choice {
+            finish_reason: finish.map(|(reason, _)| reason.into()),
+            stop_reason: finish
+                .and_then(|(_, matched)| matched)
+                .map(|m| MatchedStop::Text(m.into())),
+            ..choice
+        };
+        self.frame(true, Some(choice), usage)
+    }
+
+    /// The usage chunk that ends a stream whose client asked for it.
+    pub fn usage_chunk(&self, usage: Usage) -> Chunk<'_> {
+        self.frame(true, None, Some(usage))
+    }
 }
 
 #[cfg(test)]
@@ -287,7 +324,7 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"system","content":"Be brief."},
                 {"role":"user","content":[{"type":"text","text":"Hi"}]}],
                 "max_completion_tokens":7,"temperature":0,"stop":"x","stream":true,
-                "stream_options":{"include_usage":true},"seed":3}"#,
+                "stream_options":{"include_usage":true},"seed":3,"logprobs":false,"user":"u"}"#,
             Endpoint::Chat,
         )
         .unwrap();
@@ -348,9 +385,31 @@ mod tests {
                 Endpoint::Completions,
                 "top_p",
             ),
+            (
+                r#"{"prompt":"x","max_tokens":-1}"#,
+                Endpoint::Completions,
+                "max_tokens",
+            ),
         ] {
             let Invalid(message) = parse(body, endpoint).unwrap_err();
             assert!(message.contains(says), "{body}: {message}");
         }
+    }
+
+    #[test]
+    fn chunks_name_the_role_first_and_the_matched_stop_last() {
+        let reply = Reply {
+            id: "chatcmpl-1".into(),
+            endpoint: Endpoint::Chat,
+            model: "m".into(),
+            created: 7,
+        };
+        let first = serde_json::to_value(reply.chunk(Some(""), None, None)).unwrap();
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        let last =
+            serde_json::to_value(reply.chunk(None, Some(("stop", Some("END"))), None)).unwrap();
+        assert_eq!(last["choices"][0]["finish_reason"], "stop");
+        assert_eq!(last["choices"][0]["stop_reason"], "END");
+        assert_eq!(last["choices"][0]["delta"], serde_json::json!({}));
     }
 }

@@ -1,7 +1,8 @@
-//! The gateway's API error: what went wrong, who is to blame, and how it is shown to a client.
+//! The API error: what went wrong, who is to blame, and whether trying again can help.
 //!
 //! Every error a client can see is an [`ApiError`]. Its [`ErrorKind`] decides, in this one place,
-//! the HTTP status and the Anthropic error `type`, so handlers never pick status codes by hand.
+//! the HTTP status and the Anthropic error `type` ([`crate::Door`] writes each door's body and
+//! OpenAI's status), so handlers never pick status codes by hand.
 //! The message is written for the client: it names the field or value that is wrong and never
 //! contains a prompt, an API key or an internal path.
 
@@ -9,7 +10,6 @@ use std::fmt;
 use std::time::Duration;
 
 use http::StatusCode;
-use serde::Serialize;
 
 /// The class of an API error, after Anthropic's error types.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -143,30 +143,6 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
-
-    /// The Anthropic error body: `{"type":"error","error":{"type":…,"message":…}}`.
-    pub fn body(&self) -> serde_json::Value {
-        #[derive(Serialize)]
-        struct Inner<'a> {
-            #[serde(rename = "type")]
-            kind: &'a str,
-            message: &'a str,
-        }
-        #[derive(Serialize)]
-        struct Outer<'a> {
-            #[serde(rename = "type")]
-            kind: &'static str,
-            error: Inner<'a>,
-        }
-        serde_json::to_value(Outer {
-            kind: "error",
-            error: Inner {
-                kind: self.kind.anthropic_type(),
-                message: &self.message,
-            },
-        })
-        .unwrap_or_default()
-    }
 }
 
 impl fmt::Display for ApiError {
@@ -202,13 +178,5 @@ mod tests {
             assert_eq!(kind.status().as_u16(), status, "{kind:?}");
             assert_eq!(kind.anthropic_type(), name, "{kind:?}");
         }
-    }
-
-    #[test]
-    fn body_has_the_anthropic_shape() {
-        let body = ApiError::invalid("max_tokens: field required").body();
-        assert_eq!(body["type"], "error");
-        assert_eq!(body["error"]["type"], "invalid_request_error");
-        assert_eq!(body["error"]["message"], "max_tokens: field required");
     }
 }

@@ -1,0 +1,154 @@
+//! The one request model: what every door's codec makes of a body, and all the rest of the
+//! gateway reads. The prompt is already the engines' chat (system prompt, messages with their
+//! tool calls, tool results and images), built once while the body was read; the token
+//! estimate is made once, here, and used for admission, the token buckets, the policies and
+//! `count_tokens` alike.
+
+use ringmaster_gpu_runtime::{ChatMessage, SamplingParams, ToolOffer};
+
+use crate::Door;
+
+/// Tokens per image in an estimate: the most one image costs Claude after its resize (about
+/// 1.15 megapixels at 750 pixels a token), so an estimate errs high, as a budget should.
+pub const ESTIMATED_TOKENS_PER_IMAGE: u32 = 1_600;
+
+/// Bytes of text per token in an estimate (English text, a BPE tokenizer).
+pub const ESTIMATED_BYTES_PER_TOKEN: usize = 4;
+
+/// Longest session id a body may name (`metadata.user_id`, `user`, `prompt_cache_key`):
+/// Anthropic's own limit on `metadata.user_id`.
+pub const MAX_SESSION_CHARS: usize = 256;
+
+/// What the codecs need to know about the gateway.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits<'a> {
+    /// The models served (and the aliases that name them).
+    pub models: &'a [String],
+    /// The largest `max_tokens` accepted.
+    pub max_output_tokens: u32,
+}
+
+/// A validated request, whichever door it came in by.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The door: the reply is written in its terms.
+    pub door: Door,
+    /// The model asked for (one this gateway serves, or an alias of one).
+    pub model: String,
+    /// The system prompt.
+    pub system: Option<String>,
+    /// The conversation, in the engines' terms. A completion's raw prompt is its one user
+    /// message, with [`Self::raw_prompt`] set.
+    pub messages: Vec<ChatMessage>,
+    /// The prompt is raw text for the model, not a chat to render with its template
+    /// (`/v1/completions`).
+    pub raw_prompt: bool,
+    /// Most tokens to generate, at least 1.
+    pub max_tokens: u32,
+    /// Whether the reply streams.
+    pub stream: bool,
+    /// A streamed OpenAI reply ends with a usage chunk (`stream_options.include_usage`).
+    pub include_usage: bool,
+    /// How to pick tokens.
+    pub sampling: SamplingParams,
+    /// Strings that end generation.
+    pub stop_sequences: Vec<String>,
+    /// The tools the model may call.
+    pub tools: Option<Box<ToolOffer>>,
+    /// The session key the body names (`metadata.user_id`; OpenAI's `prompt_cache_key`, else
+    /// `user`).
+    pub session: Option<String>,
+    /// The prompt's estimated tokens: [`ESTIMATED_BYTES_PER_TOKEN`] over everything a server
+    /// reads (text, tool calls, tool results, the tools offered) plus
+    /// [`ESTIMATED_TOKENS_PER_IMAGE`] per image.
+    pub estimated_tokens: u32,
+}
+
+impl Request {
+    /// A request of `door` for `model`, with nothing in it yet (the codecs fill it in and end
+    /// with [`Self::estimate`]; in-process callers and tests build requests this way too).
+    pub fn new(door: Door, model: String) -> Self {
+        Self {
+            door,
+            model,
+            system: None,
+            messages: Vec::new(),
+            raw_prompt: false,
+            max_tokens: 1,
+            stream: false,
+            include_usage: false,
+            sampling: SamplingParams::default(),
+            stop_sequences: Vec::new(),
+            tools: None,
+            session: None,
+            estimated_tokens: 0,
+        }
+    }
+
+    /// Sets [`Self::estimated_tokens`] from the prompt as it stands.
+    pub fn estimate(mut self) -> Self {
+        let offered = self.tools.as_ref().map_or(0, |offer| {
+            offer
+                .tools
+                .iter()
+                .map(|t| {
+                    t.name.len()
+                        + t.description.as_ref().map_or(0, String::len)
+                        + t.parameters.get().len()
+                })
+                .sum()
+        });
+        let mut bytes = self.system.as_ref().map_or(0, String::len) + offered;
+        let mut images = 0usize;
+        for m in &self.messages {
+            bytes += m.text.len();
+            bytes += m
+                .tool_calls
+                .iter()
+                .map(|c| c.name.len() + c.arguments.len())
+                .sum::<usize>();
+            images += m.images.len();
+        }
+        let tokens = bytes.div_ceil(ESTIMATED_BYTES_PER_TOKEN)
+            + images * ESTIMATED_TOKENS_PER_IMAGE as usize;
+        self.estimated_tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        self
+    }
+
+    /// Whether the conversation offers tools or holds tool calls or results: only servers
+    /// that call tools can take it.
+    pub fn uses_tools(&self) -> bool {
+        self.tools.is_some()
+            || self
+                .messages
+                .iter()
+                .any(|m| !m.tool_calls.is_empty() || m.tool_call_id.is_some())
+    }
+
+    /// Whether a message shows images: only servers that read images can take it.
+    pub fn uses_images(&self) -> bool {
+        self.messages.iter().any(|m| !m.images.is_empty())
+    }
+
+    /// The prompt as a safety filter reads it: the system prompt and every message, in order,
+    /// separated by blank lines.
+    pub fn prompt_text(&self) -> String {
+        let len = self.system.as_ref().map_or(0, String::len)
+            + self
+                .messages
+                .iter()
+                .map(|m| m.text.len() + 2)
+                .sum::<usize>();
+        let mut text = String::with_capacity(len);
+        if let Some(system) = &self.system {
+            text.push_str(system);
+        }
+        for message in &self.messages {
+            if !text.is_empty() {
+                text.push_str("\n\n");
+            }
+            text.push_str(&message.text);
+        }
+        text
+    }
+}

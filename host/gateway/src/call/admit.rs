@@ -1,0 +1,40 @@
+//! Phase 2, admit: the caller's token buckets (its estimated input tokens, no output owed),
+//! then the admission policy and the fair queue. After a wait in the queue the pool has moved
+//! on, so the call takes a fresh view of its model's pool.
+
+use ringmaster_api::ApiError;
+
+use super::Call;
+use super::prepare::resolve_model;
+use crate::admission::Asking;
+
+impl Call {
+    /// Phase 2: see the module's documentation.
+    pub(crate) async fn admit(&mut self) -> Result<(), ApiError> {
+        let gateway = self.gateway.clone();
+        self.caller
+            .admit(&self.request.model, self.request.estimated_tokens)?;
+        let asked_tokens =
+            u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);
+        let chat = super::chat(&self.request);
+        let waited = gateway
+            .admission
+            .admit(
+                &gateway.pool,
+                &self.pool,
+                &gateway.metrics,
+                (&self.input, chat),
+                &mut self.policy,
+                Asking {
+                    tenant: &self.caller.tenant,
+                    tokens: asked_tokens,
+                    deadline: self.queue_timeout,
+                },
+            )
+            .await?;
+        if waited {
+            self.pool = resolve_model(&gateway.pool.snapshot(), &self.request.model)?.1;
+        }
+        Ok(())
+    }
+}

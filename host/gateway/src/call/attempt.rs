@@ -1,0 +1,188 @@
+//! Phase 4, attempt: the generation starts on the routed server. When it fails before the
+//! first token in a way another server can fix (see
+//! [`ringmaster_pool::remote::RemoteError::is_retryable`]), the next routable server on the
+//! ring is tried, up to `[retry] attempts` within its deadline. A remote server's body is
+//! encoded once ([`UpstreamRequest`]) and every attempt sends the same bytes; a local engine
+//! takes the request over.
+
+use std::time::Duration;
+
+use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream};
+use ringmaster_pool::remote::{ReplyMode, UpstreamRequest};
+use ringmaster_pool::{Backend, BackendError, Decision, InFlight};
+use tracing::debug;
+
+use super::Call;
+use crate::metrics::AttemptLabels;
+use crate::policy::Routed;
+
+/// A generation under way: its stream, the server it runs on, and how many attempts it took.
+#[derive(Debug)]
+pub(crate) struct Started {
+    pub(crate) generation: GenerationStream,
+    pub(crate) decision: Decision,
+    pub(crate) in_flight: InFlight,
+    pub(crate) attempts: u32,
+}
+
+impl Call {
+    /// How a remote server is asked for its reply: whole for a client that wants one message;
+    /// streamed, and relayed as it came to a client that speaks the server's API where
+    /// nothing in its chunks has to change (the same model name, and no filter that may hold
+    /// text back).
+    fn reply_mode(&self) -> ReplyMode {
+        if !self.request.stream {
+            ReplyMode::Whole
+        } else if self.request.door.is_openai()
+            && self.served_model == self.request.model
+            && self.gateway.safety.slot.current().is_none()
+        {
+            ReplyMode::Relayed
+        } else {
+            ReplyMode::Stream
+        }
+    }
+
+    /// The request in the engines' terms. The prompt moves out of the call: routing is done
+    /// with it, and the generation takes it over instead of copying it.
+    fn generate_request(&mut self) -> GenerateRequest {
+        let request = &mut self.request;
+        let mut messages = std::mem::take(&mut request.messages);
+        let prompt = if request.raw_prompt {
+            messages.pop().map(|m| m.text)
+        } else {
+            None
+        };
+        GenerateRequest {
+            prompt,
+            priority: self.policy.priority,
+            request_id: self.id.clone(),
+            system: request.system.take(),
+            messages,
+            max_tokens: request.max_tokens,
+            stop_sequences: std::mem::take(&mut request.stop_sequences),
+            tools: request.tools.take(),
+            sampling: request.sampling.clone(),
+        }
+    }
+
+    /// Phase 4: see the module's documentation.
+    pub(crate) async fn attempt(&mut self, routed: Routed) -> Result<Started, ApiError> {
+        let mode = self.reply_mode();
+        let generate = self.generate_request();
+        self.start(generate, mode, routed.decision, routed.in_flight)
+            .await
+    }
+
+    async fn start(
+        &self,
+        generate: GenerateRequest,
+        mode: ReplyMode,
+        mut decision: Decision,
+        mut in_flight: InFlight,
+    ) -> Result<Started, ApiError> {
+        let gateway = &self.gateway;
+        let retry = &gateway.config.retry;
+        // A local engine takes the request over; a remote one reads the bytes encoded once.
+        let mut generate = Some(generate);
+        let mut upstream: Option<UpstreamRequest> = None;
+        let mut tried: Vec<String> = Vec::new();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let result = match decision.server.engine() {
+                Backend::Local(engine) => match generate.take() {
+                    Some(request) => engine.submit(request).map_err(BackendError::Engine),
+                    None => Err(BackendError::Engine(EngineError::Stopped)),
+                },
+                Backend::Remote(worker) => {
+                    if upstream.is_none()
+                        && let Some(request) = generate.as_ref()
+                    {
+                        upstream = Some(UpstreamRequest::encode(request, &self.served_model, mode));
+                    }
+                    match upstream.as_ref() {
+                        Some(request) => worker.submit(request).await.map_err(BackendError::Remote),
+                        None => Err(BackendError::Engine(EngineError::Stopped)),
+                    }
+                }
+            };
+            let error = match result {
+                Ok(generation) => {
+                    gateway
+                        .metrics
+                        .upstream_attempts
+                        .get_or_create(&AttemptLabels { outcome: "ok" })
+                        .inc();
+                    return Ok(Started {
+                        generation,
+                        decision,
+                        in_flight,
+                        attempts,
+                    });
+                }
+                Err(error) => error,
+            };
+            let (outcome, retryable) = match &error {
+                BackendError::Remote(e) => (e.outcome(), e.is_retryable()),
+                BackendError::Engine(_) => ("engine", false),
+            };
+            gateway
+                .metrics
+                .upstream_attempts
+                .get_or_create(&AttemptLabels { outcome })
+                .inc();
+            debug!(server = decision.server.id(), attempt = attempts, outcome, error = %error, "upstream.attempt_failed");
+            if !retryable || attempts >= retry.attempts || self.started.elapsed() >= retry.deadline
+            {
+                return Err(backend_error(error, attempts));
+            }
+            tried.push(decision.server.id().to_owned());
+            // Release the failed server's slot before the next choice counts loads.
+            drop(in_flight);
+            match gateway.pool.reassign(&self.pool, &self.input, &tried) {
+                Some((next, mut next_in_flight)) => {
+                    next_in_flight.charge_prefill(u64::from(self.request.estimated_tokens));
+                    (decision, in_flight) = (next, next_in_flight);
+                }
+                None => return Err(backend_error(error, attempts)),
+            }
+        }
+    }
+}
+
+fn backend_error(error: BackendError, attempts: u32) -> ApiError {
+    use ringmaster_pool::remote::RemoteError;
+    let tries = if attempts > 1 {
+        format!(" (after {attempts} attempts on different servers)")
+    } else {
+        String::new()
+    };
+    match error {
+        BackendError::Engine(e) => engine_error(e),
+        BackendError::Remote(RemoteError::Refused { message }) => ApiError::invalid(message),
+        BackendError::Remote(e) => ApiError::new(
+            ErrorKind::Unavailable,
+            format!("GPU server unavailable{tries}: {e}"),
+        )
+        .with_retry_after(Duration::from_secs(1)),
+    }
+}
+
+fn engine_error(error: EngineError) -> ApiError {
+    match error {
+        EngineError::PromptTooLong { .. } | EngineError::ContextTooLong { .. } => {
+            ApiError::invalid(format!("prompt is too long: {error}"))
+        }
+        EngineError::EmptyPrompt => ApiError::invalid(format!("prompt: {error}")),
+        EngineError::ToolsUnsupported => ApiError::invalid(format!("tools: {error}")),
+        EngineError::ImagesUnsupported => ApiError::invalid(error.to_string()),
+        EngineError::Stopped => ApiError::new(
+            ErrorKind::Overloaded,
+            "the GPU server is shutting down; retry",
+        )
+        .with_retry_after(Duration::from_secs(1)),
+        other => ApiError::internal(format!("GPU server error: {other}")),
+    }
+}

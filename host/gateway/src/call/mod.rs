@@ -1,0 +1,158 @@
+//! One request's way through the gateway: a [`Call`] carried through its phases in order.
+//!
+//! 1. [`prepare`]: the body parsed by its door, the model's pool resolved, the safety filter's
+//!    input check, the routing key and prefix hashes (hashed once), the request as policies
+//!    see it, all decided on one pool snapshot. `POST /admin/route/explain` runs this same
+//!    phase.
+//! 2. [`admit`]: the token buckets, then the admission policy and the fair queue.
+//! 3. [`route`]: the router slot's variant decides, the pool carries it out under the
+//!    bounded-load cap; the decision is counted.
+//! 4. [`attempt`]: the generation starts on the chosen server, retried on the next one before
+//!    the first token where another server can help; a remote server's body is encoded once.
+//! 5. reply ([`crate::reply`]): one state machine, streamed or collected, in the door's terms.
+//! 6. record ([`track`]): latencies, the variant's statistics, the token charges, the learning
+//!    router's observation, the traffic recording, as the reply goes.
+//!
+//! The HTTP layer in front ([`crate::doors`]) reads headers and the body and hands over a
+//! [`CallInput`]; in-process callers (the trace replay) build one directly.
+
+mod admit;
+pub(crate) mod attempt;
+pub(crate) mod prepare;
+mod route;
+pub(crate) mod track;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::{Response, StatusCode};
+use ringmaster_api::{ApiError, Door, Request};
+use ringmaster_policy_engine::PolicyRequest;
+use ringmaster_pool::kv_view::ChatPrompt;
+use ringmaster_pool::{PoolSnapshot, RoutingInput};
+
+use crate::Gateway;
+use crate::auth::Caller;
+use crate::body::ResponseBody;
+use crate::respond::header_names;
+
+/// A request as the HTTP layer hands it over: the body as read, and what was taken from the
+/// headers. In-process callers (the trace replay) build it directly.
+#[derive(Debug)]
+pub struct CallInput {
+    /// The door it came in by.
+    pub door: Door,
+    /// The JSON body.
+    pub body: Bytes,
+    /// The session id from the configured session headers, if any.
+    pub session: Option<String>,
+    /// Who sent it.
+    pub caller: Caller,
+    /// The headers passed on to policies.
+    pub passed_headers: Vec<(String, String)>,
+    /// The request's own limit on its wait in the admission queue
+    /// (`x-ringmaster-queue-timeout-ms`), when it sets one.
+    pub queue_timeout: Option<Duration>,
+    /// Set to the door once the body is known to ask for a stream (`None`: nobody asks), so
+    /// that a reply still waiting can start early.
+    pub streamed: Option<Arc<OnceLock<Door>>>,
+}
+
+/// One request between its phases.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) gateway: Arc<Gateway>,
+    /// `req_…`.
+    pub(crate) id: String,
+    /// When it arrived.
+    pub(crate) started: Instant,
+    pub(crate) caller: Caller,
+    pub(crate) request: Request,
+    /// The name its model's servers serve it under (an alias's target).
+    pub(crate) served_model: String,
+    /// The request's one view of its model's pool (a new one after a wait in the queue).
+    pub(crate) pool: Arc<PoolSnapshot>,
+    pub(crate) input: RoutingInput,
+    /// The request as policies see it.
+    pub(crate) policy: PolicyRequest,
+    pub(crate) queue_timeout: Option<Duration>,
+}
+
+impl Call {
+    /// The prompt, as the pool matches it against the caches servers report.
+    pub(crate) fn chat(&self) -> ChatPrompt<'_> {
+        chat(&self.request)
+    }
+}
+
+/// `request`'s prompt as the pool reads it.
+pub(crate) fn chat(request: &Request) -> ChatPrompt<'_> {
+    ChatPrompt {
+        system: request.system.as_deref(),
+        messages: &request.messages,
+    }
+}
+
+/// A request from its parsed input to its answer: every phase, in order. `started` is when
+/// the request arrived.
+pub async fn handle(
+    gateway: &Arc<Gateway>,
+    input: CallInput,
+    started: Instant,
+    request_id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let mut call = Call::prepare(gateway, input, started, request_id)?;
+    call.admit().await?;
+    let (routed, mut tracker) = call.route()?;
+    let started = match call.attempt(routed).await {
+        Ok(started) => started,
+        Err(e) => {
+            tracker.failed(e.message());
+            return Err(e);
+        }
+    };
+    if let Some(observation) = tracker.observation.as_mut() {
+        started
+            .decision
+            .server
+            .id()
+            .clone_into(&mut observation.server);
+    }
+    let attempts = started.attempts;
+    let server = started.decision.server.id().to_owned();
+    let variant = tracker.label.variant.clone();
+    let version = tracker
+        .variant
+        .as_ref()
+        .map(|v| v.policy.info().hash.clone());
+    let door = call.request.door;
+    let caller = call.caller.clone();
+    let mut response = crate::reply::answer(call, tracker, started).await?;
+    let headers = response.headers_mut();
+    if let Ok(value) = HeaderValue::from_str(&server) {
+        headers.insert(&header_names::SERVER, value);
+    }
+    headers.insert(&header_names::ATTEMPTS, HeaderValue::from(attempts));
+    if let Ok(value) = HeaderValue::from_str(&variant) {
+        headers.insert(&header_names::VARIANT, value);
+    }
+    caller.rate_limit_headers(headers, door.is_openai());
+    // The router version that decided (absent when the native ring decided alone).
+    if let Some(value) = version.and_then(|h| HeaderValue::from_str(&h).ok()) {
+        headers.insert(&header_names::POLICY_VERSION, value);
+    }
+    Ok(response)
+}
+
+/// A JSON body answer.
+pub(crate) fn json_body(body: Vec<u8>) -> Response<ResponseBody> {
+    let mut response = Response::new(crate::body::full(body));
+    *response.status_mut() = StatusCode::OK;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}

@@ -1,0 +1,164 @@
+//! Phase 1, prepare: from the body to a [`Call`] decided on one pool snapshot. The body is
+//! parsed by its door (once), the model's pool resolved, what this pool cannot serve refused,
+//! the safety filter's input check run, the prompt hashed (once) into the routing key and
+//! prefix hashes, and the request as policies see it built. `POST /admin/route/explain` runs
+//! this same phase, so it explains the decisions the path makes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ringmaster_api::{ApiError, ErrorKind, Request};
+use ringmaster_policy_engine::PolicyRequest;
+use ringmaster_pool::PoolSnapshot;
+
+use super::{Call, CallInput};
+use crate::Gateway;
+use crate::routing::routing_input;
+
+impl Call {
+    /// Phase 1: see the module's documentation.
+    pub(crate) fn prepare(
+        gateway: &Arc<Gateway>,
+        input: CallInput,
+        started: Instant,
+        request_id: &str,
+    ) -> Result<Self, ApiError> {
+        let CallInput {
+            door,
+            body,
+            session,
+            caller,
+            passed_headers,
+            queue_timeout,
+            streamed,
+        } = input;
+        // The request's one view of the pool: admission, the router, assignment and the
+        // metrics all decide on it.
+        let fleet = gateway.pool.snapshot();
+        let request = door.parse(&body, gateway.limits(&fleet))?;
+        drop(body);
+        if request.stream
+            && let Some(streamed) = &streamed
+        {
+            let _ = streamed.set(door);
+        }
+        let (served_model, pool) = resolve_model(&fleet, &request.model)?;
+        let served_model = served_model.to_owned();
+        if pool
+            .servers
+            .iter()
+            .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)))
+            && let Some(refusal) = unserved_in_process(&request)
+        {
+            return Err(refusal);
+        }
+        if gateway.safety.slot.current().is_some() {
+            gateway
+                .safety
+                .check_input(&gateway.metrics, &request.prompt_text())?;
+        }
+        serving_now(gateway, &fleet, &pool, &served_model)?;
+        let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
+        let policy = PolicyRequest {
+            id: request_id.to_owned(),
+            model: request.model.clone(),
+            tier: caller.tier.clone(),
+            session_id: session.or_else(|| request.session.clone()),
+            routing_key: input.key,
+            prefix_hashes: input.prefix_hashes.clone(),
+            prompt_tokens: request.estimated_tokens,
+            max_tokens: request.max_tokens,
+            priority: 0,
+            stream: request.stream,
+            headers: passed_headers,
+        };
+        Ok(Self {
+            gateway: gateway.clone(),
+            id: request_id.to_owned(),
+            started,
+            caller,
+            request,
+            served_model,
+            pool,
+            input,
+            policy,
+            queue_timeout,
+        })
+    }
+}
+
+/// Refuses a request its model's pool cannot take now: no server serves the model, none can
+/// be reached, or every one's queue is full (each with a `retry-after`).
+fn serving_now(
+    gateway: &Gateway,
+    fleet: &PoolSnapshot,
+    pool: &PoolSnapshot,
+    served_model: &str,
+) -> Result<(), ApiError> {
+    if pool.servers.is_empty() && !fleet.servers.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            format!("no GPU server serves the model {served_model:?} now; retry shortly"),
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    if !pool.servers.is_empty() && pool.servers.iter().all(|s| !s.engine().is_reachable()) {
+        return Err(ApiError::new(
+            ErrorKind::Unavailable,
+            "no GPU server can be reached (every worker is down); retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    if !pool.servers.is_empty()
+        && pool
+            .servers
+            .iter()
+            .all(|s| s.engine().load().waiting >= gateway.config.max_waiting_per_server)
+    {
+        return Err(ApiError::new(
+            ErrorKind::Overloaded,
+            "every GPU server's queue is full; retry shortly",
+        )
+        .with_retry_after(Duration::from_secs(1)));
+    }
+    Ok(())
+}
+
+/// The pool of the model a request names, and the name it is served under.
+pub(crate) fn resolve_model<'a>(
+    snapshot: &'a PoolSnapshot,
+    model: &str,
+) -> Result<(&'a str, Arc<PoolSnapshot>), ApiError> {
+    snapshot
+        .model(model)
+        .map(|(served, pool)| (served, pool.clone()))
+        .ok_or_else(|| {
+            ApiError::not_found(format!(
+                "model: {model:?} is not served here; available models: {}",
+                snapshot.accepted.join(", ")
+            ))
+        })
+}
+
+/// The 400 for what an engine of this crate cannot serve (tools, images), naming the feature;
+/// `None` when the request asks for neither. Such engines run in the gateway's process or in
+/// a `ringmaster worker`; pools of OpenAI-compatible servers serve both features.
+pub(crate) fn unserved_in_process(request: &Request) -> Option<ApiError> {
+    if request.uses_tools() {
+        return Some(ApiError::invalid(format!(
+            "tools: tool use (tool calling) is not supported for the model {:?}: its servers run \
+             Ringmaster's own engine, which does not call tools (the feature is served by pools of \
+             OpenAI-compatible servers with tool calling); leave tools out",
+            request.model
+        )));
+    }
+    if request.uses_images() {
+        return Some(ApiError::invalid(format!(
+            "image input is not supported for the model {:?}: its servers run Ringmaster's own \
+             engine, which reads text only (images are served by pools of OpenAI-compatible \
+             servers with a vision model); send text only",
+            request.model
+        )));
+    }
+    None
+}

@@ -1,0 +1,173 @@
+//! Phase 3, route: the router slot's variant for the request's key decides on the call's pool
+//! snapshot (or the native ring, when there is none or it faults), the pool carries the
+//! decision out under the bounded-load cap and counts the request in flight. The decision is
+//! counted (reason, variant, the policy call's time, faults, load to cap) and logged, and the
+//! request's bookkeeping ([`Tracker`]) begins.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_policy_engine::PolicyFault;
+use ringmaster_pool::{Decision, DecisionReason};
+use tracing::debug;
+
+use super::Call;
+use super::track::{Observation, Tracker};
+use crate::Gateway;
+use crate::metrics::{DecisionLabels, FaultLabels, VariantLabel};
+use crate::policy::{RouteOutcome, Routed};
+
+impl Call {
+    /// Phase 3: see the module's documentation.
+    pub(crate) fn route(&self) -> Result<(Routed, Tracker), ApiError> {
+        let gateway = &self.gateway;
+        let routing_started = Instant::now();
+        let routed = match gateway.router.route(
+            &gateway.pool,
+            &self.pool,
+            (&self.input, self.chat()),
+            &self.policy,
+        ) {
+            RouteOutcome::Routed(routed) => *routed,
+            RouteOutcome::Rejected { variant, reason } => {
+                variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::new(
+                    ErrorKind::Overloaded,
+                    format!("the router policy declined the request: {reason}"),
+                )
+                .with_retry_after(Duration::from_secs(1)));
+            }
+            RouteOutcome::NoServers => {
+                return Err(
+                    ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
+                        .with_retry_after(Duration::from_secs(5)),
+                );
+            }
+        };
+        let tracker = self.tracker(&routed);
+        record_decision(
+            gateway,
+            &tracker,
+            &routed.decision,
+            routed.fault.as_ref(),
+            routing_started.elapsed(),
+        );
+        debug!(
+            server = routed.decision.server.id(),
+            reason = routed.decision.reason.as_str(),
+            variant = %tracker.label.variant,
+            key_source = self.input.source.as_str(),
+            prefix_hashes = self.input.prefix_hashes.len(),
+            tier = %self.caller.tier,
+            key = %self.caller.key_label,
+            "request.routed"
+        );
+        Ok((routed, tracker))
+    }
+
+    /// The bookkeeping of a request routed as `routed` says.
+    fn tracker(&self, routed: &Routed) -> Tracker {
+        let gateway = &self.gateway;
+        let Routed {
+            decision,
+            variant,
+            fault,
+            ..
+        } = routed;
+        // A learning router hears how each request it decided went (`observe`).
+        let observation = variant
+            .as_ref()
+            .filter(|v| v.policy.learns() && fault.is_none())
+            .map(|_| Observation {
+                request_id: self.id.clone(),
+                routing_key: self.policy.routing_key,
+                decided: matches!(decision.reason, DecisionReason::Policy)
+                    .then(|| decision.server.id().to_owned()),
+                server: decision.server.id().to_owned(),
+                ttft_us: AtomicU64::new(u64::MAX),
+            });
+        Tracker {
+            gateway: gateway.clone(),
+            charged: self
+                .caller
+                .is_limited()
+                .then(|| (self.caller.clone(), self.request.estimated_tokens)),
+            fair_share: gateway
+                .admission
+                .is_active()
+                .then(|| self.caller.tenant.clone()),
+            observation,
+            label: VariantLabel {
+                variant: variant
+                    .as_ref()
+                    .map_or_else(|| "native".to_owned(), |v| v.name.to_string()),
+            },
+            variant: variant.clone(),
+            started: self.started,
+            record: gateway.recorder().map(|r| {
+                r.start(
+                    self.started,
+                    &self.input.prefix_hashes,
+                    gateway.config.prefix_hashing.chunk_bytes,
+                )
+            }),
+        }
+    }
+}
+
+/// Counts a routing decision: its reason, the policy call's time, a fault, the load to cap.
+fn record_decision(
+    gateway: &Gateway,
+    tracker: &Tracker,
+    decision: &Decision,
+    fault: Option<&PolicyFault>,
+    elapsed: Duration,
+) {
+    let reason = match (fault, decision.reason) {
+        (Some(_), _) => "fallback",
+        (None, DecisionReason::Policy) => {
+            // `preferred` is the key's owner on the ring.
+            if decision
+                .preferred
+                .as_ref()
+                .is_some_and(|owner| owner.id() == decision.server.id())
+            {
+                "affinity"
+            } else {
+                "policy-other"
+            }
+        }
+        (None, reason) => reason.as_str(),
+    };
+    gateway
+        .metrics
+        .routing_decisions
+        .get_or_create(&DecisionLabels {
+            variant: tracker.label.variant.clone(),
+            reason,
+        })
+        .inc();
+    gateway
+        .metrics
+        .routing_seconds
+        .get_or_create(&tracker.label)
+        .observe(elapsed.as_secs_f64());
+    if let Some(fault) = fault {
+        gateway
+            .metrics
+            .policy_faults
+            .get_or_create(&FaultLabels {
+                slot: "router",
+                variant: tracker.label.variant.clone(),
+                kind: fault.kind(),
+            })
+            .inc();
+    }
+    if let Some(capacity) = decision.capacity {
+        gateway
+            .metrics
+            .routing_load_to_cap
+            .observe(decision.load_after as f64 / capacity.max(1) as f64);
+    }
+}

@@ -1,0 +1,133 @@
+//! Phase 6, record: per-request bookkeeping that ends in the variant's statistics, the
+//! latency histograms, the token buckets' output charges, the fair queue's counters, the
+//! learning router's observation and the traffic recording. The reply state machine calls it
+//! as the reply goes (the first token, each output token, the finish or the failure).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use ringmaster_policy_engine::Outcome;
+use tracing::debug;
+
+use crate::Gateway;
+use crate::metrics::VariantLabel;
+use crate::policy::Variant;
+
+/// What a learning router is told about a request it decided, gathered as the request runs.
+pub(crate) struct Observation {
+    pub(crate) request_id: String,
+    pub(crate) routing_key: u64,
+    /// The server the router chose (`None`: the host's ring chose, over its cap).
+    pub(crate) decided: Option<String>,
+    /// The server that served it (after retries).
+    pub(crate) server: String,
+    /// Microseconds to the first token (`u64::MAX`: none yet).
+    pub(crate) ttft_us: AtomicU64,
+}
+
+/// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
+pub(crate) struct Tracker {
+    pub(crate) gateway: Arc<Gateway>,
+    /// The caller whose token buckets the reply charges, with the input tokens charged on
+    /// the estimate (`None`: no bucket applies).
+    pub(crate) charged: Option<(crate::auth::Caller, u32)>,
+    /// The tenant whose virtual token counter the output is counted to (`None`: no admission
+    /// policy, so no queue to order).
+    pub(crate) fair_share: Option<String>,
+    pub(crate) variant: Option<Arc<Variant>>,
+    /// Set when the deciding variant learns.
+    pub(crate) observation: Option<Observation>,
+    pub(crate) label: VariantLabel,
+    pub(crate) started: Instant,
+    /// The request's start as the traffic recording has it, when recording.
+    pub(crate) record: Option<crate::record::RecordStart>,
+}
+
+impl Tracker {
+    /// The server counted the prompt: the input charge is corrected to its count.
+    pub(crate) fn counted_prompt(&self, prompt_tokens: u32) {
+        if let Some((caller, estimated)) = &self.charged {
+            caller.settle_input(*estimated, prompt_tokens);
+        }
+    }
+
+    /// `tokens` more generated tokens, charged to the output buckets as they stream.
+    pub(crate) fn generated(&self, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        if let Some((caller, _)) = &self.charged {
+            caller.charge_output(tokens);
+        }
+        if let Some(tenant) = &self.fair_share {
+            self.gateway
+                .admission
+                .order
+                .served(tenant, tokens, crate::queue::OUTPUT_WEIGHT);
+        }
+    }
+
+    pub(crate) fn first_token(&self) {
+        let ttft = self.started.elapsed().as_secs_f64();
+        self.gateway
+            .metrics
+            .ttft_seconds
+            .get_or_create(&self.label)
+            .observe(ttft);
+        if let Some(variant) = &self.variant {
+            variant.stats.record_ttft(ttft);
+        }
+        if let Some(observation) = &self.observation {
+            let micros = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+            observation.ttft_us.store(micros, Ordering::Relaxed);
+        }
+    }
+
+    /// Tells a learning router how the request went. Runs once the last token (or the failure)
+    /// is in, before the reply's closing events or body go out; a fault is counted like a
+    /// routing fault.
+    fn observe(&self, tokens: (u32, u32, u32), error: Option<&str>) {
+        let (Some(variant), Some(observation)) = (&self.variant, &self.observation) else {
+            return;
+        };
+        let ttft = observation.ttft_us.load(Ordering::Relaxed);
+        let outcome = Outcome {
+            request_id: observation.request_id.clone(),
+            routing_key: observation.routing_key,
+            server: observation.server.clone(),
+            as_decided: observation.decided.as_deref() == Some(observation.server.as_str()),
+            ttft_us: (ttft != u64::MAX).then_some(ttft),
+            prompt_tokens: tokens.0,
+            cached_tokens: tokens.1,
+            output_tokens: tokens.2,
+            error: error.map(str::to_owned),
+        };
+        if let Err(fault) = variant.policy.observe(&outcome) {
+            debug!(variant = %variant.name, kind = fault.kind(), "policy.observe_fault");
+            variant.stats.faults.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn finished(&self, prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) {
+        if let (Some(recorder), Some(start)) = (self.gateway.recorder(), &self.record) {
+            recorder.finish(start, prompt_tokens, output_tokens);
+        }
+        self.gateway
+            .metrics
+            .request_duration_seconds
+            .get_or_create(&self.label)
+            .observe(self.started.elapsed().as_secs_f64());
+        if let Some(variant) = &self.variant {
+            variant.stats.record_cache(cached_tokens, prompt_tokens);
+        }
+        self.observe((prompt_tokens, cached_tokens, output_tokens), None);
+    }
+
+    pub(crate) fn failed(&self, why: &str) {
+        if let Some(variant) = &self.variant {
+            variant.stats.errors.fetch_add(1, Ordering::Relaxed);
+        }
+        self.observe((0, 0, 0), Some(why));
+    }
+}

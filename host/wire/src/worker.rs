@@ -1,0 +1,168 @@
+//! The worker protocol: what `ringmaster worker` serves besides OpenAI's chat endpoints, and
+//! what a gateway's pool reads from it: the load report (`GET /load`), the prefix cache's
+//! events (`GET /kv/events`) and the tokenizer (`GET /tokenizer`).
+//!
+//! These shapes are the protocol, apart from the engine's own structs: the engine may change
+//! its internals, and the worker and the pool each convert at their edge.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// `GET /load`: an engine's load and cumulative counters. A missing field reads as 0, so a
+/// newer worker's report reads in an older gateway and the reverse.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Load {
+    /// Sequences running (holding KV blocks).
+    pub running: u32,
+    /// Requests waiting for admission.
+    pub waiting: u32,
+    /// Blocks in the KV pool.
+    pub kv_blocks_total: u32,
+    /// Blocks referenced by live sequences.
+    pub kv_blocks_used: u32,
+    /// Blocks unreferenced but still in the prefix cache.
+    pub kv_blocks_cached: u32,
+    /// Prompt tokens of every admitted request (cumulative).
+    pub prompt_tokens_total: u64,
+    /// Of those, tokens reused from the prefix cache (cumulative).
+    pub cached_prompt_tokens_total: u64,
+    /// Tokens generated (cumulative).
+    pub generated_tokens_total: u64,
+    /// Requests finished (cumulative).
+    pub requests_finished: u64,
+    /// Requests cancelled (cumulative).
+    pub requests_cancelled: u64,
+    /// Preemptions (cumulative).
+    pub preemptions: u64,
+    /// Engine steps (cumulative).
+    pub steps: u64,
+    /// Sequences in the last step.
+    pub last_batch_size: u32,
+    /// Sequences scheduled, summed over steps (cumulative).
+    pub step_sequences_total: u64,
+    /// Tokens computed, summed over steps (cumulative).
+    pub step_tokens_total: u64,
+    /// The step token budget, summed over steps (cumulative).
+    pub step_budget_tokens_total: u64,
+    /// Prompt tokens computed (cumulative).
+    pub prefill_tokens_total: u64,
+    /// Decode tokens computed (cumulative).
+    pub decode_tokens_total: u64,
+    /// Time spent computing steps (cumulative).
+    pub busy_seconds_total: f64,
+}
+
+/// A block's chained hash: 16 lower-case hex digits on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct HexHash(pub u64);
+
+impl Serialize for HexHash {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut digits = [0u8; 16];
+        for (i, digit) in digits.iter_mut().enumerate() {
+            let nibble = (self.0 >> (60 - 4 * i)) & 0xf;
+            *digit = b"0123456789abcdef"[nibble as usize];
+        }
+        serializer.serialize_str(std::str::from_utf8(&digits).unwrap_or_default())
+    }
+}
+
+impl<'de> Deserialize<'de> for HexHash {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = crate::Str::deserialize(deserializer)?;
+        u64::from_str_radix(&text, 16)
+            .map(HexHash)
+            .map_err(|_| serde::de::Error::custom(format!("bad block hash {text:?}")))
+    }
+}
+
+/// One event of `GET /kv/events`, the `data` of its SSE frame.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum KvEvent {
+    /// The first event: every block the prefix cache holds.
+    Snapshot {
+        /// Their hashes.
+        hashes: Vec<HexHash>,
+    },
+    /// A block entered the cache.
+    Stored {
+        /// Its hash.
+        hash: HexHash,
+    },
+    /// A block left the cache.
+    Evicted {
+        /// Its hash.
+        hash: HexHash,
+    },
+    /// The subscriber fell behind and missed this many events: its view is stale, and it
+    /// should reconnect for a new snapshot.
+    Lagged {
+        /// Events missed.
+        missed: u64,
+    },
+}
+
+/// `GET /tokenizer`: how the worker tokenizes, so a gateway hashes a prompt's blocks exactly
+/// as the worker's engine does. `T` is the engine's own description of its tokenizer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerDescription<T> {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// The tokenizer's fingerprint (16 hex digits); equal fingerprints tokenize alike.
+    pub fingerprint: String,
+    /// The tokenizer itself.
+    pub tokenizer: T,
+}
+
+/// `GET /health`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health<'a> {
+    /// `ok`.
+    pub status: &'a str,
+    /// The model served.
+    pub model: &'a str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kv_events_read_back_as_written() {
+        for event in [
+            KvEvent::Snapshot {
+                hashes: vec![HexHash(1), HexHash(u64::MAX)],
+            },
+            KvEvent::Stored {
+                hash: HexHash(0xabc),
+            },
+            KvEvent::Evicted { hash: HexHash(7) },
+            KvEvent::Lagged { missed: 3 },
+        ] {
+            let text = serde_json::to_string(&event).unwrap();
+            assert_eq!(serde_json::from_str::<KvEvent>(&text).unwrap(), event);
+        }
+        assert_eq!(
+            serde_json::to_string(&KvEvent::Stored {
+                hash: HexHash(0xabc)
+            })
+            .unwrap(),
+            r#"{"type":"stored","hash":"0000000000000abc"}"#
+        );
+        assert!(serde_json::from_str::<KvEvent>(r#"{"type":"stored","hash":"xyz"}"#).is_err());
+    }
+
+    #[test]
+    fn a_load_report_reads_back_and_missing_fields_read_as_zero() {
+        let report = Load {
+            running: 3,
+            busy_seconds_total: 1.5,
+            ..Load::default()
+        };
+        let text = serde_json::to_string(&report).unwrap();
+        assert_eq!(serde_json::from_str::<Load>(&text).unwrap(), report);
+        let partial: Load = serde_json::from_str(r#"{"waiting":2}"#).unwrap();
+        assert_eq!((partial.waiting, partial.running), (2, 0));
+    }
+}
