@@ -16,6 +16,7 @@ async fn admin_api_is_off_without_a_token() {
     let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let gateway = ringmaster_gateway::Gateway::start(config).unwrap();
+    ringmaster_admin::mount(&gateway);
     tokio::spawn(ringmaster_gateway::serve(
         gateway,
         listener,

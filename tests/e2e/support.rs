@@ -32,6 +32,7 @@ impl TestGateway {
         let listener = TcpListener::bind(config.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let gateway = Gateway::start(config).expect("gateway starts");
+        ringmaster_admin::mount(&gateway);
         let (tx, rx) = oneshot::channel();
         tokio::spawn(ringmaster_gateway::serve(gateway, listener, async {
             let _ = rx.await;

@@ -28,10 +28,8 @@ use crate::slot::PolicySlot;
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Pool, PoolSnapshot};
 
-/// Requests that may wait in the gateway's queue at once, unless configured.
-pub const DEFAULT_QUEUE_CAPACITY: u32 = 256;
-/// How long a request may wait in the queue, unless configured.
-pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+pub use ringmaster_config::policies::DEFAULT_QUEUE_CAPACITY;
+pub use ringmaster_config::policies::DEFAULT_QUEUE_TIMEOUT;
 /// A queued request re-asks the policy at least this often, even without a wake-up (a server
 /// added to the pool frees capacity without releasing a slot).
 const QUEUE_POLL: Duration = Duration::from_millis(100);

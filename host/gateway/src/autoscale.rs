@@ -14,29 +14,7 @@ use serde::Serialize;
 /// Tokens per KV block.
 const BLOCK_TOKENS: u64 = ringmaster_gpu_runtime::block::BLOCK_SIZE as u64;
 
-/// `[autoscale]`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AutoscaleSettings {
-    /// Above this utilisation, scale up (0.7).
-    pub scale_up: f64,
-    /// Below this utilisation, scale down (0.2).
-    pub scale_down: f64,
-    /// Capacity of a server that reports no KV cache, in tokens (32768).
-    pub server_capacity_tokens: u64,
-    /// Work of one in-flight request on such a server, in tokens (1024).
-    pub tokens_per_request: u64,
-}
-
-impl Default for AutoscaleSettings {
-    fn default() -> Self {
-        Self {
-            scale_up: 0.7,
-            scale_down: 0.2,
-            server_capacity_tokens: 32_768,
-            tokens_per_request: 1024,
-        }
-    }
-}
+pub use ringmaster_config::AutoscaleSettings;
 
 /// What one server contributes.
 #[derive(Clone, Copy, Debug, Default)]

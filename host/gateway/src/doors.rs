@@ -28,7 +28,7 @@ pub(crate) async fn answer(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = gateway.auth.check(req.headers())?;
+    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
@@ -92,11 +92,13 @@ pub(crate) async fn count_tokens(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = gateway.auth.check(req.headers())?;
+    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = ringmaster_api::messages::parse_count_tokens(&body, gateway.limits(&fleet))?;
-    caller.may_use(&request.model)?;
+    caller
+        .may_use(&request.model)
+        .map_err(crate::auth::refused)?;
     let (_, pool) = resolve_model(&fleet, &request.model)?;
     let scheme = pool.servers.iter().find_map(|s| s.cache_scheme());
     // Only Ringmaster's own engines report a tokenizer, and they serve neither tools nor
@@ -136,7 +138,7 @@ pub(crate) fn resume_stream(
     req: &Request<Incoming>,
     id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = gateway.auth.check(req.headers())?;
+    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
     if !gateway.streams.enabled() {
         return Err(ApiError::not_found(
             "streams are not resumable on this gateway ([limits] resume_window_ms is 0)",
@@ -170,7 +172,7 @@ pub(crate) fn resume_stream(
 
 /// The configured headers a request carries, for policies (lower-case names, visible ASCII
 /// values only).
-pub(crate) fn passed_headers(headers: &http::HeaderMap, names: &[String]) -> Vec<(String, String)> {
+pub fn passed_headers(headers: &http::HeaderMap, names: &[String]) -> Vec<(String, String)> {
     names
         .iter()
         .filter_map(|name| {
@@ -200,7 +202,7 @@ pub(crate) fn queue_timeout_header(
 }
 
 /// The session id from the first of `names` the request carries.
-pub(crate) fn session_header(
+pub fn session_header(
     headers: &http::HeaderMap,
     names: &[http::HeaderName],
 ) -> Result<Option<String>, ApiError> {

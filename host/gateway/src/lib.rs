@@ -11,23 +11,19 @@
 
 #![deny(missing_docs)]
 
-mod admin;
 pub mod admission;
 pub mod auth;
 pub mod autoscale;
 mod body;
-pub mod builtin;
 pub mod call;
 mod collectors;
-pub mod config;
-mod doors;
-pub mod experiment_stats;
+pub mod doors;
 pub mod metrics;
 pub mod policy;
 pub mod queue;
 pub mod record;
 mod reply;
-mod respond;
+pub mod respond;
 pub mod routing;
 pub mod safety;
 mod send_timeout;
@@ -44,18 +40,21 @@ pub use ringmaster_pool as pool;
 pub use ringmaster_pool::{kv_view, prefix_index, remote};
 
 pub use body::ResponseBody;
-pub use config::{Config, RawConfig};
+/// The configuration (its own crate), re-exported under the gateway's old paths.
+pub use ringmaster_config as config;
+pub use ringmaster_config::{Config, RawConfig};
 pub use service::serve;
 
 use ringmaster_policy_engine::PolicyEngine;
 
 use crate::admission::AdmissionGate;
 use crate::auth::Authenticator;
-use crate::config::{PolicySource, SlotPolicySpec};
 use crate::metrics::Metrics;
 use crate::policy::{RouterSlot, SlotError};
 use crate::safety::SafetyGate;
 use crate::slot::{PolicySlot, SlotPolicy};
+use ringmaster_config::{PolicySource, SlotPolicySpec};
+use ringmaster_policy_engine::builtin;
 use ringmaster_pool::{Pool, PoolError};
 
 /// Why the gateway could not start.
@@ -104,6 +103,8 @@ pub struct Gateway {
     metrics: Metrics,
     recorder: Option<record::TraceRecorder>,
     streams: Arc<reply::resume::Streams>,
+    /// The `/admin/` routes, once mounted ([`Gateway::mount_admin`]).
+    admin: std::sync::OnceLock<Arc<dyn AdminRoutes>>,
 }
 
 impl Gateway {
@@ -112,7 +113,6 @@ impl Gateway {
     pub fn start(config: Config) -> Result<Arc<Self>, StartError> {
         let pool = Arc::new(Pool::start(
             &config.servers,
-            config.strategy,
             config.ring.clone(),
             pool::ServerTemplates {
                 simulator: config.simulator.clone(),
@@ -170,6 +170,7 @@ impl Gateway {
         Ok(Arc::new(Self {
             recorder,
             streams: reply::resume::Streams::new(config.resume_window),
+            admin: std::sync::OnceLock::new(),
             auth: Authenticator::new(&config.api_keys, &config.tenants),
             metrics: {
                 let mut metrics = Metrics::new();
@@ -264,6 +265,17 @@ impl Gateway {
             .collect()
     }
 
+    /// Mounts the `/admin/` routes (the `ringmaster-admin` crate's); a second mount is
+    /// ignored. Without one, `/admin/` paths answer 404.
+    pub fn mount_admin(&self, routes: Arc<dyn AdminRoutes>) {
+        let _ = self.admin.set(routes);
+    }
+
+    /// The mounted `/admin/` routes.
+    pub fn admin_routes(&self) -> Option<&Arc<dyn AdminRoutes>> {
+        self.admin.get()
+    }
+
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.config
@@ -290,6 +302,26 @@ impl Gateway {
             max_output_tokens: self.config.max_output_tokens,
         }
     }
+}
+
+/// What an admin route answers.
+pub type AdminFuture<'a> = std::pin::Pin<
+    Box<
+        dyn std::future::Future<Output = Result<http::Response<ResponseBody>, error::ApiError>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// The `/admin/` routes, plugged in at start: the admin API is a crate of its own
+/// (`ringmaster-admin`), which depends on the gateway, not the reverse.
+pub trait AdminRoutes: Send + Sync + std::fmt::Debug {
+    /// Answers an `/admin/…` request.
+    fn handle<'a>(
+        &'a self,
+        gateway: &'a Arc<Gateway>,
+        req: http::Request<hyper::body::Incoming>,
+    ) -> AdminFuture<'a>;
 }
 
 /// The component bytes of a policy source.

@@ -23,8 +23,7 @@ use tokio::sync::Notify;
 pub const INPUT_WEIGHT: f64 = 1.0;
 /// The weight of an output (generated) token: decoding costs about twice as much per token.
 pub const OUTPUT_WEIGHT: f64 = 2.0;
-/// Waiting this long raises a waiter one priority level, unless configured.
-pub const DEFAULT_AGING: Duration = Duration::from_secs(10);
+pub use ringmaster_config::policies::DEFAULT_QUEUE_AGING as DEFAULT_AGING;
 
 /// One waiter in the queue.
 #[derive(Debug)]

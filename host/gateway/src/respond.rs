@@ -36,10 +36,7 @@ pub(crate) mod header_names {
 }
 
 /// A JSON response with `status`.
-pub(crate) fn json_response(
-    status: StatusCode,
-    value: &impl serde::Serialize,
-) -> Response<ResponseBody> {
+pub fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<ResponseBody> {
     let mut response = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
     *response.status_mut() = status;
     response
@@ -77,10 +74,7 @@ fn stamp_retry(mut response: Response<ResponseBody>, error: &ApiError) -> Respon
 }
 
 /// Reads a JSON request body under the configured size limit.
-pub(crate) async fn read_json_body(
-    gateway: &Gateway,
-    req: Request<Incoming>,
-) -> Result<Bytes, ApiError> {
+pub async fn read_json_body(gateway: &Gateway, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let content_type = req
         .headers()
         .get(CONTENT_TYPE)

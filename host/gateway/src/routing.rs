@@ -19,16 +19,8 @@ use ringmaster_gpu_runtime::Role;
 use ringmaster_ring::key_hash;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+pub use ringmaster_config::routing::{DEFAULT_SESSION_HEADERS, PrefixHashing};
 pub use ringmaster_pool::{KeySource, RoutingInput};
-
-/// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
-pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
-/// Default cap on prefix hashes per request (128 KiB of prompt at the default chunk size);
-/// the prompt past it is not hashed, which only makes cache estimates conservative.
-pub const DEFAULT_MAX_PREFIX_HASHES: usize = 512;
-/// The headers read for a session id unless `[routing] session_headers` says otherwise, in
-/// order: the generic one, then the one Claude Code sends on every request of a session.
-pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
 
 /// Longest session id accepted from `x-session-id`.
 pub const MAX_SESSION_ID_BYTES: usize = 256;
@@ -39,24 +31,6 @@ const PREFIX_CHAIN_SEED: u64 = 0x5249_4e47_4d41_5354; // "RINGMAST"
 const FIELD_SEPARATOR: u8 = 0x1f;
 /// Ends one message in the canonical prompt.
 const RECORD_SEPARATOR: u8 = 0x1e;
-
-/// How prefix hashes are computed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrefixHashing {
-    /// Bytes per chunk.
-    pub chunk_bytes: usize,
-    /// Most hashes per request.
-    pub max_hashes: usize,
-}
-
-impl Default for PrefixHashing {
-    fn default() -> Self {
-        Self {
-            chunk_bytes: DEFAULT_PREFIX_CHUNK_BYTES,
-            max_hashes: DEFAULT_MAX_PREFIX_HASHES,
-        }
-    }
-}
 
 /// Computes the routing key and prefix hashes of `request`.
 pub fn routing_input(

@@ -17,8 +17,7 @@ use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{FaultLabels, Metrics, SafetyLabels};
 use crate::slot::{Installed, PolicySlot};
 
-/// Output bytes per safety check, unless configured.
-pub const DEFAULT_OUTPUT_WINDOW_BYTES: usize = 256;
+pub use ringmaster_config::policies::DEFAULT_OUTPUT_WINDOW_BYTES;
 /// Bytes of already-allowed text sent again at the start of each output window.
 pub const OUTPUT_OVERLAP_BYTES: usize = 64;
 
@@ -251,7 +250,7 @@ mod tests {
     async fn repeated_faults_roll_the_slot_back_and_a_success_ends_the_streak() {
         let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
         let slot = PolicySlot::<SafetyPolicy>::new(engine.clone());
-        let good = crate::builtin::builtin("blocklist").unwrap();
+        let good = ringmaster_policy_engine::builtin::builtin("blocklist").unwrap();
         slot.install("filter", good, None).unwrap();
         slot.install("filter", &fixture("filter-faults-on-demand"), None)
             .unwrap();
@@ -282,7 +281,7 @@ mod tests {
     fn blocklist(patterns: &str, window_bytes: usize) -> (Arc<SafetyGate>, Metrics) {
         let engine = PolicyEngine::new(EngineConfig::default()).unwrap();
         let slot = PolicySlot::new(engine.clone());
-        let bytes = crate::builtin::builtin("blocklist").unwrap();
+        let bytes = ringmaster_policy_engine::builtin::builtin("blocklist").unwrap();
         let config = BTreeMap::from([("patterns".to_owned(), patterns.to_owned())]);
         slot.install("words", bytes, Some(config)).unwrap();
         let metrics = metrics(&engine);

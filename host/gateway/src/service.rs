@@ -121,32 +121,14 @@ async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {
 /// gets weight 0, so its traffic goes back to the others; it stays loaded for a look at what
 /// happened. Returns the variants stopped, with why.
 pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
-    use std::sync::atomic::Ordering::Relaxed;
     let mut stopped = Vec::new();
     let set = gateway.router.current();
     let Some(control) = set.variants.first() else {
         return stopped;
     };
-    let control_samples = control.stats.ttft_samples();
-    let control_ttft = crate::experiment_stats::summarize(&control_samples);
-    let control_errors = crate::experiment_stats::proportion(
-        control.stats.errors.load(Relaxed),
-        control.stats.requests.load(Relaxed),
-    );
     for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
-        let errors = crate::experiment_stats::proportion(
-            candidate.stats.errors.load(Relaxed),
-            candidate.stats.requests.load(Relaxed),
-        );
-        let samples = candidate.stats.ttft_samples();
-        let ttft = crate::experiment_stats::summarize(&samples);
-        let Some(why) = crate::experiment_stats::guardrail_breach(
-            control_ttft.as_ref(),
-            ttft.as_ref(),
-            &control_errors,
-            &errors,
-        )
-        .or_else(|| crate::experiment_stats::tail_breach(&control_samples, &samples)) else {
+        let Some(why) = ringmaster_experiments::guardrails::check(&control.stats, &candidate.stats)
+        else {
             continue;
         };
         if gateway
@@ -294,12 +276,12 @@ async fn dispatch(
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
-            gateway.auth.check(req.headers())?;
+            crate::auth::authenticate(&gateway.auth, req.headers())?;
             Ok(crate::call::json_body(models_json(gateway)))
         }
         p if p.starts_with("/v1/models/") => {
             allow(&[Method::GET])?;
-            gateway.auth.check(req.headers())?;
+            crate::auth::authenticate(&gateway.auth, req.headers())?;
             let id = &p["/v1/models/".len()..];
             if gateway.pool.snapshot().accepted.iter().any(|m| m == id) {
                 Ok(json_response(StatusCode::OK, &Model::new(id, OWNER)))
@@ -337,7 +319,12 @@ async fn dispatch(
             );
             Ok(response)
         }
-        p if p.starts_with("/admin/") => crate::admin::handle(gateway, req).await,
+        p if p.starts_with("/admin/") => match gateway.admin_routes() {
+            Some(admin) => admin.handle(gateway, req).await,
+            None => Err(ApiError::not_found(
+                "the admin API is not mounted in this gateway",
+            )),
+        },
         _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
     }
 }

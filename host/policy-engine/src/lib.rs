@@ -53,6 +53,7 @@
 
 #![deny(missing_docs)]
 
+pub mod builtin;
 mod engine;
 mod error;
 mod host;

@@ -1,7 +1,6 @@
 //! Ringmaster's server pool: which servers exist and which models each serves, how loaded and
 //! how healthy they are, which one gets a request, and how a request reaches it.
 //!
-//! - [`spec`]: servers as the configuration names them;
 //! - [`server`]: one server, its backend and its requests in flight;
 //! - [`snapshot`]: the pool at one instant, with one ring per served model;
 //! - [`Pool`] (membership: add, remove, drain) and [`selection`] (the bounded-load walk,
@@ -25,14 +24,14 @@ pub mod remote;
 pub mod selection;
 pub mod server;
 pub mod snapshot;
-pub mod spec;
 
 pub use input::{KeySource, RoutingInput};
 pub use pool::Pool;
-pub use selection::{CapGuard, Decision, DecisionReason};
+pub use ringmaster_config::CapGuard;
+pub use ringmaster_config::servers::{GpuPlacement, ServerAddress, ServerSpec};
+pub use selection::{Decision, DecisionReason};
 pub use server::{
     Backend, BackendError, InFlight, MODEL_MAX_RUNNING, MODEL_STEP_TOKEN_BUDGET,
     ModelCatalogueSpec, PoolError, Server, ServerTemplates,
 };
 pub use snapshot::{ModelCatalogue, PoolSnapshot};
-pub use spec::{GpuPlacement, ServerAddress, ServerSpec, Strategy};

@@ -22,7 +22,7 @@ use ringmaster_ring::RingConfig;
 use crate::prefix_index::{DEFAULT_PREFIX_INDEX_CAPACITY, PrefixIndex};
 use crate::server::{PoolError, Server, ServerTemplates, start_server};
 use crate::snapshot::{ModelCatalogue, PoolSnapshot, build_snapshot};
-use crate::spec::{ServerSpec, Strategy};
+use ringmaster_config::servers::ServerSpec;
 
 /// The live pool.
 #[derive(Debug)]
@@ -32,8 +32,6 @@ pub struct Pool {
     pub(crate) route_lock: Mutex<Vec<u64>>,
     /// Serialises snapshot rebuilds.
     pub(crate) update_lock: Mutex<()>,
-    pub(crate) round_robin: AtomicU64,
-    pub(crate) strategy: Strategy,
     pub(crate) ring_config: RingConfig,
     pub(crate) templates: ServerTemplates,
     pub(crate) prefixes: PrefixIndex,
@@ -45,7 +43,6 @@ impl Pool {
     /// Starts every server in `specs` and builds the first snapshot. Needs a tokio runtime.
     pub fn start(
         specs: &[ServerSpec],
-        strategy: Strategy,
         ring_config: RingConfig,
         templates: impl Into<ServerTemplates>,
     ) -> Result<Self, PoolError> {
@@ -75,8 +72,6 @@ impl Pool {
             snapshot: ArcSwap::from_pointee(snapshot),
             route_lock: Mutex::new(Vec::new()),
             update_lock: Mutex::new(()),
-            round_robin: AtomicU64::new(0),
-            strategy,
             ring_config,
             templates,
             prefixes: PrefixIndex::new(DEFAULT_PREFIX_INDEX_CAPACITY),
@@ -128,11 +123,6 @@ impl Pool {
                 current
             }
         }
-    }
-
-    /// The routing strategy.
-    pub fn strategy(&self) -> Strategy {
-        self.strategy
     }
 
     /// Starts a server and publishes a snapshot with it on the ring.
@@ -236,7 +226,7 @@ mod tests {
     use super::*;
     use crate::input::{KeySource, RoutingInput};
     use crate::selection::DecisionReason;
-    use crate::spec::ServerAddress;
+    use ringmaster_config::servers::ServerAddress;
     use ringmaster_gpu_runtime::EngineConfig;
 
     fn specs(n: usize) -> Vec<ServerSpec> {
@@ -270,14 +260,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_cap_guard_spills_at_its_own_factor_or_lets_the_policy_decide() {
-        use crate::selection::CapGuard;
-        let pool = Pool::start(
-            &specs(2),
-            Strategy::ConsistentHash,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
+        use ringmaster_config::CapGuard;
+        let pool = Pool::start(&specs(2), RingConfig::default(), sim()).unwrap();
         let snapshot = pool.snapshot();
         let host = CapGuard::default();
         let wide = CapGuard::Host {
@@ -312,13 +296,7 @@ mod tests {
 
     #[tokio::test]
     async fn in_flight_prompts_count_as_pending_until_they_finish() {
-        let pool = Pool::start(
-            &specs(2),
-            Strategy::ConsistentHash,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
+        let pool = Pool::start(&specs(2), RingConfig::default(), sim()).unwrap();
         let with = |hashes: Vec<u64>| RoutingInput {
             prefix_hashes: hashes,
             ..input(9)
@@ -347,13 +325,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_prefill_backlog_counts_until_the_server_begins_or_the_request_ends() {
-        let pool = Pool::start(
-            &specs(1),
-            Strategy::ConsistentHash,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
+        let pool = Pool::start(&specs(1), RingConfig::default(), sim()).unwrap();
         let (first, mut first_guard) = pool.route(&input(1)).unwrap();
         let (_, mut second_guard) = pool.route(&input(2)).unwrap();
         let server = first.server.clone();
@@ -374,13 +346,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_key_spills_once_its_owner_is_at_cap() {
-        let pool = Pool::start(
-            &specs(4),
-            Strategy::ConsistentHash,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
+        let pool = Pool::start(&specs(4), RingConfig::default(), sim()).unwrap();
         let mut guards = Vec::new();
         let mut spilled = 0;
         for _ in 0..40 {
@@ -402,13 +368,7 @@ mod tests {
 
     #[tokio::test]
     async fn removed_servers_drain_then_disappear() {
-        let pool = Pool::start(
-            &specs(3),
-            Strategy::ConsistentHash,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
+        let pool = Pool::start(&specs(3), RingConfig::default(), sim()).unwrap();
         let (decision, guard) = pool.route(&input(7)).unwrap();
         let id = decision.server.id().to_owned();
         pool.remove(&id).unwrap();
@@ -428,21 +388,5 @@ mod tests {
         // The key now maps to a remaining server.
         let (again, _g) = pool.route(&input(7)).unwrap();
         assert_ne!(again.server.id(), id);
-    }
-
-    #[tokio::test]
-    async fn round_robin_cycles() {
-        let pool = Pool::start(
-            &specs(3),
-            Strategy::RoundRobin,
-            RingConfig::default(),
-            sim(),
-        )
-        .unwrap();
-        let ids: Vec<_> = (0..6)
-            .map(|_| pool.route(&input(1)).unwrap().0.server.id().to_owned())
-            .collect();
-        assert_eq!(ids[0..3], ids[3..6]);
-        assert_ne!(ids[0], ids[1]);
     }
 }

@@ -1,4 +1,4 @@
-//! Which server gets a request: the bounded-load walk on the ring (or round-robin), the
+//! Which server gets a request: the bounded-load walk on the ring, the
 //! carrying-out of a router policy's choice under the host's cap, failover past servers that
 //! are unreachable or ejected, and the retry's next candidate. One short lock around "read
 //! loads, pick, count the request in flight", so the cap holds exactly at every assignment.
@@ -9,37 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::input::RoutingInput;
 use crate::server::{InFlight, Server};
 use crate::snapshot::PoolSnapshot;
-use crate::spec::Strategy;
-
-/// How the host guards a router policy's choices with the bounded-load cap: an explicit part
-/// of the router slot's contract (`[policies] router_bounded_load`, `router_load_factor`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum CapGuard {
-    /// A choice at its cap `ceil(c × (total + 1) × weight / total-weight)` is spilled onward
-    /// on the ring, with `c` the slot's factor (`None`: the ring's `load_factor`).
-    Host {
-        /// The slot's own factor.
-        load_factor: Option<f64>,
-    },
-    /// The policy decides alone: any routable server it names gets the request.
-    Policy,
-}
-
-impl Default for CapGuard {
-    fn default() -> Self {
-        Self::Host { load_factor: None }
-    }
-}
-
-impl CapGuard {
-    /// A stable name for config, logs and the explain endpoint.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Host { .. } => "host",
-            Self::Policy => "policy",
-        }
-    }
-}
+use ringmaster_config::CapGuard;
 
 /// Why a server was chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,8 +18,6 @@ pub enum DecisionReason {
     Affinity,
     /// The owner was at its bounded-load cap; the next server clockwise under cap took it.
     BoundedLoadSpill,
-    /// Round-robin strategy.
-    RoundRobin,
     /// A router policy chose this server.
     Policy,
     /// A router policy chose a server at its bounded-load cap; the ring spilled it onward.
@@ -65,7 +33,6 @@ impl DecisionReason {
         match self {
             Self::Affinity => "affinity",
             Self::BoundedLoadSpill => "bounded-load-spill",
-            Self::RoundRobin => "round-robin",
             Self::Policy => "policy",
             Self::PolicyOverCap => "policy-over-cap",
             Self::Failover => "failover",
@@ -324,49 +291,24 @@ impl crate::Pool {
         loads: &mut Vec<u64>,
     ) -> Option<Decision> {
         let servers = &snapshot.servers;
-        match self.strategy {
-            Strategy::RoundRobin => {
-                let n = servers.len() as u64;
-                if n == 0 {
-                    return None;
-                }
-                let start = self.round_robin.fetch_add(1, Ordering::Relaxed);
-                let i = (0..n)
-                    .map(|k| ((start + k) % n) as usize)
-                    .find(|&i| servers[i].is_routable())
-                    .unwrap_or((start % n) as usize);
-                let server = servers[i].clone();
-                let load_after = server.in_flight() + 1;
-                Some(Decision {
-                    server,
-                    reason: DecisionReason::RoundRobin,
-                    preferred: None,
-                    skipped: Vec::new(),
-                    capacity: None,
-                    load_after,
-                })
-            }
-            Strategy::ConsistentHash if !servers.iter().all(|s| s.is_routable()) => {
-                self.walk(snapshot, input, loads, &[])
-            }
-            Strategy::ConsistentHash => {
-                loads.clear();
-                loads.extend(servers.iter().map(|s| s.in_flight()));
-                let choice = snapshot.ring.lookup_bounded(input.key, loads).ok()??;
-                let server = servers[choice.member].clone();
-                Some(Decision {
-                    reason: if choice.spilled() {
-                        DecisionReason::BoundedLoadSpill
-                    } else {
-                        DecisionReason::Affinity
-                    },
-                    preferred: Some(servers[choice.preferred].clone()),
-                    skipped: choice.skipped.iter().map(|&i| servers[i].clone()).collect(),
-                    capacity: Some(choice.capacity),
-                    load_after: loads[choice.member] + 1,
-                    server,
-                })
-            }
+        if !servers.iter().all(|s| s.is_routable()) {
+            return self.walk(snapshot, input, loads, &[]);
         }
+        loads.clear();
+        loads.extend(servers.iter().map(|s| s.in_flight()));
+        let choice = snapshot.ring.lookup_bounded(input.key, loads).ok()??;
+        let server = servers[choice.member].clone();
+        Some(Decision {
+            reason: if choice.spilled() {
+                DecisionReason::BoundedLoadSpill
+            } else {
+                DecisionReason::Affinity
+            },
+            preferred: Some(servers[choice.preferred].clone()),
+            skipped: choice.skipped.iter().map(|&i| servers[i].clone()).collect(),
+            capacity: Some(choice.capacity),
+            load_after: loads[choice.member] + 1,
+            server,
+        })
     }
 }

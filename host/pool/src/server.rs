@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use ringmaster_gpu_runtime::{EngineConfig, EngineError, EngineHandle};
 use ringmaster_ring::RingError;
 
-use crate::spec::{ServerAddress, ServerSpec};
+use ringmaster_config::servers::{GpuPlacement, ServerAddress, ServerSpec};
 
 /// A pool change that could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -50,7 +50,7 @@ pub struct ServerTemplates {
     /// Model (`gguf:`) servers.
     pub model: ringmaster_gpu_runtime::model::ModelOptions,
     /// The GPU model servers run on; `None` for the CPU.
-    pub model_gpu: Option<crate::spec::GpuPlacement>,
+    pub model_gpu: Option<GpuPlacement>,
     /// How remote servers' clients behave.
     pub upstream: crate::remote::UpstreamSettings,
     /// The model names and aliases the pools per model are built from.
@@ -424,7 +424,7 @@ pub(crate) fn start_server(
 fn start_gpu_model(
     spec: &ServerSpec,
     path: &std::path::Path,
-    gpu: crate::spec::GpuPlacement,
+    gpu: GpuPlacement,
     mut config: EngineConfig,
 ) -> Result<EngineHandle, PoolError> {
     let started = std::time::Instant::now();
@@ -454,7 +454,7 @@ fn start_gpu_model(
 fn start_gpu_model(
     spec: &ServerSpec,
     path: &std::path::Path,
-    gpu: crate::spec::GpuPlacement,
+    gpu: GpuPlacement,
     _config: EngineConfig,
 ) -> Result<EngineHandle, PoolError> {
     Err(PoolError::Model {

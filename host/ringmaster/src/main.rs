@@ -15,7 +15,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use ringmaster_gateway::{Gateway, RawConfig, config::DEFAULT_CONFIG_TOML};
+use ringmaster_config::{DEFAULT_CONFIG_TOML, RawConfig};
+use ringmaster_gateway::Gateway;
 use tokio::net::TcpListener;
 use tracing::info;
 
@@ -123,9 +124,10 @@ struct ServeArgs {
     /// Address to listen on (overrides the file).
     #[arg(long)]
     listen: Option<String>,
-    /// Routing strategy: consistent-hash or round-robin (overrides the file).
+    /// The router policy: `builtin:NAME` (prefix-affinity, consistent-hash, cache-aware,
+    /// round-robin, …) or a component file (overrides the file's routers).
     #[arg(long)]
-    strategy: Option<String>,
+    router: Option<String>,
     /// Simulated servers' time scale: 1.0 real time, 0.01 a hundred times faster.
     #[arg(long)]
     sim_time_scale: Option<f64>,
@@ -156,7 +158,17 @@ fn main() -> anyhow::Result<()> {
                 println!("{} is valid:", config.display());
                 println!("  listen     {}", resolved.listen);
                 println!("  models     {}", resolved.models.join(", "));
-                println!("  strategy   {}", resolved.strategy.as_str());
+                for variant in &resolved.policies.router {
+                    println!(
+                        "  router     {} = {}{}",
+                        variant.name,
+                        variant.source,
+                        if variant.shadow { " (shadow)" } else { "" }
+                    );
+                }
+                for warning in &resolved.warnings {
+                    println!("  warning    {warning}");
+                }
                 println!(
                     "  servers    {}",
                     resolved
@@ -185,7 +197,7 @@ fn main() -> anyhow::Result<()> {
             std::io::stdin().read_line(&mut key)?;
             let key = key.trim();
             anyhow::ensure!(!key.is_empty(), "no key on standard input");
-            let hex = hex::encode(ringmaster_gateway::auth::key_digest(key));
+            let hex = hex::encode(ringmaster_config::key_digest(key));
             #[allow(clippy::print_stdout)]
             {
                 println!("{hex}");
@@ -211,8 +223,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(listen) = args.listen {
         raw.listen = Some(listen);
     }
-    if let Some(strategy) = args.strategy {
-        raw.routing.get_or_insert_with(Default::default).strategy = Some(strategy);
+    if let Some(router) = args.router {
+        // The one router: it replaces the file's variants (and its deprecated strategy).
+        let routing = raw.routing.get_or_insert_with(Default::default);
+        routing.router = Some(router);
+        routing.strategy = None;
+        if let Some(policies) = raw.policies.as_mut() {
+            policies.router = None;
+        }
     }
     let model = match (&args.model, &args.config, args.simulated) {
         (Some(path), _, _) => Some(path.clone()),
@@ -232,12 +250,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     if let Some(path) = model {
         let address = format!("gguf:{}", path.display());
-        let name = ringmaster_gateway::config::ServerAddress::parse(&address)
+        let name = ringmaster_config::ServerAddress::parse(&address)
             .map_err(anyhow::Error::msg)?
             .default_id()
             .to_lowercase();
         info!(model = %path.display(), served_as = %name, "serving a model on the CPU");
-        raw.servers = Some(vec![ringmaster_gateway::config::RawServer {
+        raw.servers = Some(vec![ringmaster_config::RawServer {
             address,
             id: Some(name.clone()),
             weight: None,
@@ -254,6 +272,9 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .time_scale = Some(scale);
     }
     let config = raw.validate()?;
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "config.deprecated");
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ringmaster")
@@ -265,6 +286,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
         let gateway = Gateway::start(config).context("starting the GPU server pool")?;
+        ringmaster_admin::mount(&gateway);
         let cold_start = process_started.elapsed();
         gateway
             .metrics()
@@ -274,7 +296,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cold_start_ms = cold_start.as_millis() as u64,
             address = %listener.local_addr()?,
             servers = gateway.pool().snapshot().servers.len(),
-            strategy = gateway.pool().strategy().as_str(),
+            router = %gateway
+                .config()
+                .policies
+                .router
+                .iter()
+                .map(|v| format!("{}={}", v.name, v.source))
+                .collect::<Vec<_>>()
+                .join(","),
             admin_api = gateway.config().admin_token.is_some(),
             "gateway.listening"
         );
@@ -292,12 +321,10 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     let path = args.model.unwrap_or_else(default_model_path);
     let name = match args.name {
         Some(name) => name,
-        None => {
-            ringmaster_gateway::config::ServerAddress::parse(&format!("gguf:{}", path.display()))
-                .map_err(anyhow::Error::msg)?
-                .default_id()
-                .to_lowercase()
-        }
+        None => ringmaster_config::ServerAddress::parse(&format!("gguf:{}", path.display()))
+            .map_err(anyhow::Error::msg)?
+            .default_id()
+            .to_lowercase(),
     };
     let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
     config.max_running = args.max_running;

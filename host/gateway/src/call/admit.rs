@@ -13,7 +13,8 @@ impl Call {
     pub(crate) async fn admit(&mut self) -> Result<(), ApiError> {
         let gateway = self.gateway.clone();
         self.caller
-            .admit(&self.request.model, self.request.estimated_tokens)?;
+            .admit(&self.request.model, self.request.estimated_tokens)
+            .map_err(crate::auth::refused)?;
         let asked_tokens =
             u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);
         let chat = super::chat(&self.request);

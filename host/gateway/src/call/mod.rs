@@ -62,27 +62,32 @@ pub struct CallInput {
 
 /// One request between its phases.
 #[derive(Debug)]
-pub(crate) struct Call {
-    pub(crate) gateway: Arc<Gateway>,
+pub struct Call {
+    /// The gateway it runs in.
+    pub gateway: Arc<Gateway>,
     /// `req_…`.
-    pub(crate) id: String,
+    pub id: String,
     /// When it arrived.
-    pub(crate) started: Instant,
-    pub(crate) caller: Caller,
-    pub(crate) request: Request,
+    pub started: Instant,
+    /// Who sent it.
+    pub caller: Caller,
+    /// The validated request.
+    pub request: Request,
     /// The name its model's servers serve it under (an alias's target).
-    pub(crate) served_model: String,
+    pub served_model: String,
     /// The request's one view of its model's pool (a new one after a wait in the queue).
-    pub(crate) pool: Arc<PoolSnapshot>,
-    pub(crate) input: RoutingInput,
+    pub pool: Arc<PoolSnapshot>,
+    /// The routing key and prefix hashes.
+    pub input: RoutingInput,
     /// The request as policies see it.
-    pub(crate) policy: PolicyRequest,
-    pub(crate) queue_timeout: Option<Duration>,
+    pub policy: PolicyRequest,
+    /// Its own limit on its wait in the admission queue.
+    pub queue_timeout: Option<Duration>,
 }
 
 impl Call {
     /// The prompt, as the pool matches it against the caches servers report.
-    pub(crate) fn chat(&self) -> ChatPrompt<'_> {
+    pub fn chat(&self) -> ChatPrompt<'_> {
         chat(&self.request)
     }
 }
@@ -138,7 +143,7 @@ pub async fn handle(
     if let Ok(value) = HeaderValue::from_str(&variant) {
         headers.insert(&header_names::VARIANT, value);
     }
-    caller.rate_limit_headers(headers, door.is_openai());
+    crate::auth::rate_limit_headers(&caller, headers, door);
     // The router version that decided (absent when the native ring decided alone).
     if let Some(value) = version.and_then(|h| HeaderValue::from_str(&h).ok()) {
         headers.insert(&header_names::POLICY_VERSION, value);

@@ -16,8 +16,10 @@ use crate::Gateway;
 use crate::routing::routing_input;
 
 impl Call {
-    /// Phase 1: see the module's documentation.
-    pub(crate) fn prepare(
+    /// Phase 1, prepare: the body parsed by its door, the model's pool resolved, what the
+    /// pool cannot serve refused, the safety filter's input check, the routing key and prefix
+    /// hashes, and the request as policies see it, all on one pool snapshot.
+    pub fn prepare(
         gateway: &Arc<Gateway>,
         input: CallInput,
         started: Instant,

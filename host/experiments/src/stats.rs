@@ -16,13 +16,11 @@
 //!   to.
 //! - **Bootstrap intervals** (percentile, deterministic resampling) for the difference of
 //!   p50 and of p99, where no formula is trustworthy.
-//! - **Guardrails** ([`guardrail_breach`], [`tail_breach`]): the always-valid interval applied
-//!   to error rates, to mean TTFT, and to the share of requests slower than the control's
-//!   p99, so a candidate with a heavy tail and an ordinary mean is stopped too.
 //!
-//! The guarantees assume independent samples that accumulate; the gateway keeps the last
-//! [`crate::policy::TTFT_SAMPLES_PER_VARIANT`] per variant, so they hold until that window
-//! fills. Nothing here reads the clock or the gateway: plain numbers in, plain numbers out.
+//! The guardrails ([`crate::guardrails`]) apply the always-valid interval to error rates, to
+//! mean TTFT and to the TTFT tail. The guarantees assume independent samples that
+//! accumulate; each variant keeps the last [`crate::TTFT_SAMPLES_PER_VARIANT`], so they hold
+//! until that window fills. Nothing here reads the clock: plain numbers in, plain numbers out.
 
 use serde::Serialize;
 
@@ -186,99 +184,6 @@ pub fn verdict(control: &Summary, candidate: &Summary) -> Verdict {
     }
 }
 
-/// The mixing prior's scale for error rates: tuned to differences of five percentage points
-/// (a guardrail is for a candidate that breaks things; a scale much smaller than the
-/// difference's standard error makes the interval very wide at small samples).
-pub const ERROR_RATE_TAU: f64 = 0.05;
-
-/// `errors` of `requests` as a [`Summary`] of 0/1 outcomes (its quantiles are meaningless).
-pub fn proportion(errors: u64, requests: u64) -> Summary {
-    let n = requests as usize;
-    let p = if requests == 0 {
-        0.0
-    } else {
-        errors as f64 / requests as f64
-    };
-    let variance = if n > 1 {
-        p * (1.0 - p) * n as f64 / (n - 1) as f64
-    } else {
-        0.0
-    };
-    Summary {
-        n,
-        mean: p,
-        variance,
-        p50: 0.0,
-        p99: 0.0,
-    }
-}
-
-/// Why a candidate should stop, if it is worse than the control beyond doubt (both always-
-/// valid, so a guardrail may check as often as it likes): its error rate is higher, or its
-/// mean TTFT is. `None` while it is not, or before [`MIN_SAMPLES`] in each arm.
-pub fn guardrail_breach(
-    control_ttft: Option<&Summary>,
-    candidate_ttft: Option<&Summary>,
-    control_errors: &Summary,
-    candidate_errors: &Summary,
-) -> Option<String> {
-    if control_errors.n >= MIN_SAMPLES
-        && candidate_errors.n >= MIN_SAMPLES
-        && let Some([lo, _]) = always_valid_with(control_errors, candidate_errors, ERROR_RATE_TAU)
-        && lo > 0.0
-    {
-        return Some(format!(
-            "error rate {:.1} % against the control's {:.1} % (always-valid 95 % interval of \
-             the difference starts at +{:.1} points)",
-            candidate_errors.mean * 100.0,
-            control_errors.mean * 100.0,
-            lo * 100.0
-        ));
-    }
-    if let (Some(a), Some(b)) = (control_ttft, candidate_ttft)
-        && verdict(a, b) == Verdict::CandidateSlower
-    {
-        return Some(format!(
-            "mean TTFT {:.3} s against the control's {:.3} s, slower beyond doubt",
-            b.mean, a.mean
-        ));
-    }
-    None
-}
-
-/// Samples per arm before the tail guardrail looks: with fewer, a 99th percentile is a
-/// handful of requests.
-pub const MIN_TAIL_SAMPLES: usize = 200;
-
-/// Why a candidate should stop for its TTFT tail, if that is heavier than the control's
-/// beyond doubt: more of its requests are slower than the control's p99 than the control's
-/// own 1 %. The two exceedance rates are compared like error rates, with the same
-/// always-valid interval (so it may be checked as often as the others); the threshold is the
-/// control's current p99. `None` while it is not heavier, or before [`MIN_TAIL_SAMPLES`] in
-/// each arm.
-pub fn tail_breach(control: &[f64], candidate: &[f64]) -> Option<String> {
-    if control.len() < MIN_TAIL_SAMPLES || candidate.len() < MIN_TAIL_SAMPLES {
-        return None;
-    }
-    let threshold = summarize(control)?.p99;
-    let over = |xs: &[f64]| xs.iter().filter(|&&x| x > threshold).count() as u64;
-    let (control_over, candidate_over) = (over(control), over(candidate));
-    let control_rate = proportion(control_over, control.len() as u64);
-    let candidate_rate = proportion(candidate_over, candidate.len() as u64);
-    let [lo, _] = always_valid_with(&control_rate, &candidate_rate, ERROR_RATE_TAU)?;
-    (lo > 0.0).then(|| {
-        format!(
-            "TTFT tail: {:.1} % of its requests slower than the control's p99 of {:.3} s, \
-             against the control's {:.1} % (always-valid 95 % interval of the difference starts \
-             at +{:.1} points)",
-            candidate_rate.mean * 100.0,
-            threshold,
-            control_rate.mean * 100.0,
-            lo * 100.0
-        )
-    })
-}
-
 /// The mixing prior's scale for hit-ratio differences: five percentage points, the size of
 /// difference a routing change is tried for.
 pub const HIT_RATIO_TAU: f64 = 0.05;
@@ -399,9 +304,32 @@ impl SplitMix64 {
     }
 }
 
+/// `errors` of `requests` as a [`Summary`] of 0/1 outcomes (its quantiles are meaningless).
+pub fn proportion(errors: u64, requests: u64) -> Summary {
+    let n = requests as usize;
+    let p = if requests == 0 {
+        0.0
+    } else {
+        errors as f64 / requests as f64
+    };
+    let variance = if n > 1 {
+        p * (1.0 - p) * n as f64 / (n - 1) as f64
+    } else {
+        0.0
+    };
+    Summary {
+        n,
+        mean: p,
+        variance,
+        p50: 0.0,
+        p99: 0.0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::guardrails::{guardrail_breach, tail_breach};
 
     /// Log-normal TTFTs (heavy-tailed, like real ones) with median `median` seconds.
     fn ttfts(rng: &mut SplitMix64, n: usize, median: f64) -> Vec<f64> {

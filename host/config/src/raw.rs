@@ -231,7 +231,11 @@ pub struct RawLimits {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRouting {
-    /// `"consistent-hash"` or `"round-robin"`.
+    /// The router policy when `[[policies.router]]` names none: `builtin:NAME` or a
+    /// component file (default `builtin:prefix-affinity`).
+    pub router: Option<String>,
+    /// Deprecated: `"consistent-hash"` (the default router) or `"round-robin"` (the
+    /// `builtin:round-robin` router).
     pub strategy: Option<String>,
     /// Virtual nodes per unit of weight.
     pub vnodes_per_weight: Option<u32>,

@@ -1,6 +1,6 @@
-//! What a pool server is, as the configuration names it: its address (simulated, a model
-//! on this machine, or a remote server), ring id, weight and models; the routing strategy;
-//! where model servers run. Plain validated values, no I/O.
+//! `[[servers]]` (and `POST /admin/servers`): what a pool server is, as the configuration
+//! names it: its address (simulated, a model on this machine, or a remote server), ring id,
+//! weight and models; where model servers run. Plain validated values, no I/O.
 
 /// Where model (`gguf:`) servers run when not on the CPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -9,25 +9,6 @@ pub struct GpuPlacement {
     pub ordinal: usize,
     /// KV blocks per server; `None` sizes the pool from the GPU's free memory.
     pub kv_blocks: Option<u32>,
-}
-
-/// How requests are spread over servers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// The bounded-load consistent-hash ring on the routing key.
-    ConsistentHash,
-    /// Each request to the next server in turn (a baseline; ignores caches).
-    RoundRobin,
-}
-
-impl Strategy {
-    /// The config spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::ConsistentHash => "consistent-hash",
-            Self::RoundRobin => "round-robin",
-        }
-    }
 }
 
 /// Where a GPU server is.
@@ -208,6 +189,16 @@ impl ServerSpec {
             models,
         })
     }
+}
+
+/// Validates one `[[servers]]` entry (the config file's and `POST /admin/servers`').
+pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
+    ServerSpec::new(
+        &raw.address,
+        raw.id.as_deref(),
+        raw.weight,
+        raw.models.as_deref(),
+    )
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The built-in policies, embedded in the binary so `ringmaster serve` needs no policy files
-//! and a plain `cargo build` needs no Wasm toolchain.
+//! The built-in policies (`builtin:NAME` in a config), embedded in the binary so
+//! `ringmaster serve` needs no policy files and a plain `cargo build` needs no Wasm toolchain.
 //!
 //! The bytes are the committed components in `policies/dist/`, built from `policies/*` by
 //! `cargo xtask policies`; `cargo xtask policies --check` (run by `tests/run`) proves that

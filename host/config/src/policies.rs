@@ -3,9 +3,49 @@
 
 use std::time::Duration;
 
-use super::error::{ConfigError, invalid};
-use super::raw::RawPolicies;
-use ringmaster_pool::Strategy;
+use ringmaster_policy_engine::builtin;
+
+use crate::error::{ConfigError, invalid};
+use crate::raw::RawPolicies;
+
+/// Requests that may wait in the admission queue, unless configured.
+pub const DEFAULT_QUEUE_CAPACITY: u32 = 256;
+/// How long a request may wait in the admission queue, unless configured.
+pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Waiting this long raises a waiter one queue-priority level, unless configured.
+pub const DEFAULT_QUEUE_AGING: Duration = Duration::from_secs(10);
+/// Output bytes the safety filter checks at a time (and holds back), unless configured.
+pub const DEFAULT_OUTPUT_WINDOW_BYTES: usize = 256;
+
+/// How the host guards a router policy's choices with the bounded-load cap: an explicit part
+/// of the router slot's contract (`[policies] router_bounded_load`, `router_load_factor`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CapGuard {
+    /// A choice at its cap `ceil(c × (total + 1) × weight / total-weight)` is spilled onward
+    /// on the ring, with `c` the slot's factor (`None`: the ring's `load_factor`).
+    Host {
+        /// The slot's own factor.
+        load_factor: Option<f64>,
+    },
+    /// The policy decides alone: any routable server it names gets the request.
+    Policy,
+}
+
+impl Default for CapGuard {
+    fn default() -> Self {
+        Self::Host { load_factor: None }
+    }
+}
+
+impl CapGuard {
+    /// A stable name for config, logs and the explain endpoint.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Host { .. } => "host",
+            Self::Policy => "policy",
+        }
+    }
+}
 
 /// Where a policy's component comes from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -14,6 +54,31 @@ pub enum PolicySource {
     Builtin(String),
     /// A file, reloaded when it changes.
     File(std::path::PathBuf),
+}
+
+impl PolicySource {
+    /// `builtin:NAME` (one that exists) or a file path; `key` names the setting in errors.
+    pub fn parse(source: &str, key: &str) -> Result<Self, ConfigError> {
+        match source.strip_prefix("builtin:") {
+            Some(name) => {
+                if builtin::builtin(name).is_none() {
+                    return Err(invalid(
+                        key,
+                        format!(
+                            "no built-in policy {name:?}; built-ins: {}",
+                            builtin::builtin_names()
+                        ),
+                    ));
+                }
+                Ok(Self::Builtin(name.to_owned()))
+            }
+            None if source.is_empty() => Err(invalid(
+                key,
+                "must be builtin:NAME or a path to a .wasm component",
+            )),
+            None => Ok(Self::File(std::path::PathBuf::from(source))),
+        }
+    }
 }
 
 impl std::fmt::Display for PolicySource {
@@ -56,12 +121,13 @@ pub struct SlotPolicySpec {
 pub struct PoliciesConfig {
     /// Engine limits.
     pub engine: ringmaster_policy_engine::EngineConfig,
-    /// Router variants (empty: the native strategy routes).
+    /// Router variants (never empty: `[routing] router` when `[[policies.router]]` names
+    /// none).
     pub router: Vec<RouterVariantSpec>,
-    /// Whether candidates are stopped when worse beyond doubt ([`crate::experiment_stats`]).
+    /// Whether candidates are stopped when worse beyond doubt (the experiments' guardrails).
     pub guardrails: bool,
     /// How the host guards the router's choices with the bounded-load cap.
-    pub router_guard: ringmaster_pool::CapGuard,
+    pub router_guard: CapGuard,
     /// The admission policy (none: every request is admitted).
     pub admission: Option<SlotPolicySpec>,
     /// Requests that may wait in the gateway's queue.
@@ -105,13 +171,12 @@ impl PoliciesConfig {
     }
 }
 
-/// The built-in router that routes when the config names none (and the strategy is the
-/// ring): README, "Which default, and why".
-pub const DEFAULT_ROUTER: &str = "prefix-affinity";
-
+/// Validates `[policies]`; `default_router` (from `[routing]`) routes when no variant is
+/// named here, and `router_named` says whether `[routing]` named it explicitly (which with
+/// `[[policies.router]]` variants is a contradiction).
 pub(crate) fn policies_config(
     raw: RawPolicies,
-    strategy: Strategy,
+    (default_router, router_named): (crate::policies::PolicySource, bool),
 ) -> Result<PoliciesConfig, ConfigError> {
     let mut engine = ringmaster_policy_engine::EngineConfig::default();
     if let Some(ms) = raw.call_deadline_ms {
@@ -187,7 +252,7 @@ pub(crate) fn policies_config(
     }
     let router_guard = match (raw.router_bounded_load.as_deref(), raw.router_load_factor) {
         // A factor alone asks for the host's guard; nothing at all lets the policy decide.
-        (None, None) | (Some("policy"), None) => ringmaster_pool::CapGuard::Policy,
+        (None, None) | (Some("policy"), None) => CapGuard::Policy,
         (None, factor @ Some(_)) | (Some("host"), factor) => {
             if let Some(f) = factor
                 && !(f.is_finite() && f >= 1.0)
@@ -197,7 +262,7 @@ pub(crate) fn policies_config(
                     "must be a number of at least 1.0",
                 ));
             }
-            ringmaster_pool::CapGuard::Host {
+            CapGuard::Host {
                 load_factor: factor,
             }
         }
@@ -214,10 +279,10 @@ pub(crate) fn policies_config(
             ));
         }
     };
-    let mut queue_capacity = crate::admission::DEFAULT_QUEUE_CAPACITY;
-    let mut queue_timeout = crate::admission::DEFAULT_QUEUE_TIMEOUT;
+    let mut queue_capacity = DEFAULT_QUEUE_CAPACITY;
+    let mut queue_timeout = DEFAULT_QUEUE_TIMEOUT;
     let mut queue_priority = std::collections::HashMap::new();
-    let mut queue_aging = crate::queue::DEFAULT_AGING;
+    let mut queue_aging = DEFAULT_QUEUE_AGING;
     let admission = match raw.admission {
         None => None,
         Some(a) => {
@@ -264,7 +329,7 @@ pub(crate) fn policies_config(
             })
         }
     };
-    let mut safety_window_bytes = crate::safety::DEFAULT_OUTPUT_WINDOW_BYTES;
+    let mut safety_window_bytes = DEFAULT_OUTPUT_WINDOW_BYTES;
     let mut safety_fail_closed = false;
     let safety = match raw.safety {
         None => None,
@@ -296,14 +361,19 @@ pub(crate) fn policies_config(
         }
         pass_headers.push(name.to_ascii_lowercase());
     }
-    if router.is_empty() && strategy == Strategy::ConsistentHash {
+    if router.is_empty() {
         router.push(RouterVariantSpec {
             name: "default".to_owned(),
-            source: PolicySource::Builtin(DEFAULT_ROUTER.to_owned()),
+            source: default_router,
             weight: 100,
             shadow: false,
             config: Default::default(),
         });
+    } else if router_named {
+        return Err(invalid(
+            "routing.router",
+            "names the router, and so do the [[policies.router]] variants: give one of them",
+        ));
     }
     Ok(PoliciesConfig {
         engine,
@@ -324,25 +394,7 @@ pub(crate) fn policies_config(
 
 /// `builtin:NAME` or a file path, checked.
 fn policy_source(key: &str, source: &str) -> Result<PolicySource, ConfigError> {
-    match source.strip_prefix("builtin:") {
-        Some(name) => {
-            if crate::builtin::builtin(name).is_none() {
-                return Err(invalid(
-                    format!("{key}.source"),
-                    format!(
-                        "no built-in policy {name:?}; built-ins: {}",
-                        crate::builtin::builtin_names()
-                    ),
-                ));
-            }
-            Ok(PolicySource::Builtin(name.to_owned()))
-        }
-        None if source.is_empty() => Err(invalid(
-            format!("{key}.source"),
-            "must be builtin:NAME or a path to a .wasm component",
-        )),
-        None => Ok(PolicySource::File(std::path::PathBuf::from(source))),
-    }
+    PolicySource::parse(source, &format!("{key}.source"))
 }
 
 /// A policy's configuration as the strings the `config` import hands out.

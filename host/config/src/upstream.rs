@@ -1,13 +1,65 @@
 //! `[upstream]` and `[retry]`: how the gateway talks to remote servers and when it tries
 //! another one. The raw sections as written, and their conversion into the validated
-//! [`UpstreamSettings`] (owned by the remote client) and [`RetryPolicy`].
+//! [`UpstreamSettings`] (how the pool's client of remote servers behaves) and [`RetryPolicy`].
 
 use std::time::Duration;
 
 use serde::Deserialize;
 
+/// How one server's client behaves: timeouts, limits, connection pooling and ejection.
+/// `[upstream]` in the config; every value has a default fit for loopback and LAN fleets.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UpstreamSettings {
+    /// Connecting (TCP) to a server (`connect_timeout_ms`, default 2 s).
+    pub connect_timeout: Duration,
+    /// From sending a request to the reply's headers (`first_byte_timeout_ms`, default 10 s).
+    /// A server answers a streamed request at once, so this only catches a hung server.
+    pub first_byte_timeout: Duration,
+    /// From the headers to the reply's first event (`first_token_timeout_ms`, default 60 s):
+    /// the prefill of a long prompt, behind the server's queue.
+    pub first_token_timeout: Duration,
+    /// A whole (non-streamed) answer's longest wait for its headers, which come only once the
+    /// whole reply is generated (`whole_answer_timeout_ms`, 10 min).
+    pub whole_answer_timeout: Duration,
+    /// Longest silence between two reads of a reply's body (`chunk_gap_timeout_ms`, 60 s).
+    pub chunk_gap_timeout: Duration,
+    /// Largest SSE line or event, and largest whole JSON answer (`max_event_bytes`, 4 MiB).
+    pub max_event_bytes: usize,
+    /// Idle connections kept per server (`pool_max_idle_per_server`, 1024).
+    pub pool_max_idle: usize,
+    /// How long an idle connection is kept (`pool_idle_timeout_ms`, 90 s).
+    pub pool_idle_timeout: Duration,
+    /// Speak HTTP/2 without negotiation (`http2 = true`), for servers known to serve h2c;
+    /// otherwise HTTP/1.1 (cleartext has no negotiation).
+    pub http2_prior_knowledge: bool,
+    /// Consecutive failed requests that eject a server (`eject_after_failures`, 5; 0 = never).
+    pub eject_after_failures: u32,
+    /// The first ejection's length; each one after doubles it (`eject_base_ms`, 5 s).
+    pub eject_base: Duration,
+    /// The longest ejection (`eject_max_ms`, 5 min).
+    pub eject_max: Duration,
+}
+
+impl Default for UpstreamSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            first_byte_timeout: Duration::from_secs(10),
+            first_token_timeout: Duration::from_secs(60),
+            whole_answer_timeout: Duration::from_secs(600),
+            chunk_gap_timeout: Duration::from_secs(60),
+            max_event_bytes: 4 * 1024 * 1024,
+            pool_max_idle: 1024,
+            pool_idle_timeout: Duration::from_secs(90),
+            http2_prior_knowledge: false,
+            eject_after_failures: 5,
+            eject_base: Duration::from_secs(5),
+            eject_max: Duration::from_secs(300),
+        }
+    }
+}
+
 use super::error::{ConfigError, duration_ms, invalid};
-use ringmaster_pool::remote::UpstreamSettings;
 
 /// Most attempts a request may get, the first included (`[retry] attempts`).
 pub const MAX_ATTEMPTS: u32 = 10;

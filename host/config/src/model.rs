@@ -3,9 +3,9 @@
 
 use super::error::{ConfigError, duration_ms, invalid};
 use super::raw::{RawModel, RawSimulator};
+use crate::servers::GpuPlacement;
 use ringmaster_gpu_runtime::model::{Isa, ModelOptions};
 use ringmaster_gpu_runtime::{EngineConfig, SimCostModel};
-use ringmaster_pool::GpuPlacement;
 
 pub(crate) fn gpu_placement(raw: &RawModel) -> Result<Option<GpuPlacement>, ConfigError> {
     let ordinal = match raw.device.as_deref() {

@@ -1,0 +1,119 @@
+//! The pool's membership (`GET|POST /admin/servers`, `DELETE /admin/servers/{id}`: added
+//! servers start at once, removed ones drain), and the traffic recording (`/admin/record`).
+
+use std::sync::Arc;
+
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use ringmaster_api::read_json as parse_json;
+use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_config::RawServer;
+use ringmaster_gateway::respond::{json_response, read_json_body};
+use ringmaster_gateway::{Gateway, ResponseBody};
+use ringmaster_pool::{PoolError, Server};
+use serde_json::json;
+use tracing::info;
+
+pub(crate) fn record_json(
+    gateway: &Gateway,
+    switch: Option<bool>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let Some(recorder) = gateway.recorder() else {
+        return Err(ApiError::new(
+            ErrorKind::Conflict,
+            "no trace file is configured: set [record] path (and enabled = false to start \
+             switched off) in the config",
+        ));
+    };
+    if let Some(on) = switch {
+        recorder.set_enabled(on);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({
+            "recording": recorder.is_recording(),
+            "path": recorder.path().display().to_string(),
+        }),
+    ))
+}
+
+pub(crate) fn servers_json(gateway: &Gateway) -> serde_json::Value {
+    let snapshot = gateway.pool().snapshot();
+    let servers: Vec<_> = snapshot
+        .servers
+        .iter()
+        .chain(snapshot.draining.iter())
+        .map(|s| server_json(s))
+        .collect();
+    json!({
+        "ring_version": snapshot.version,
+        "servers": servers,
+    })
+}
+
+fn server_json(server: &Server) -> serde_json::Value {
+    let load = server.engine().load();
+    let hit_ratio = if load.prompt_tokens_total == 0 {
+        0.0
+    } else {
+        load.cached_prompt_tokens_total as f64 / load.prompt_tokens_total as f64
+    };
+    json!({
+        "id": server.id(),
+        "address": server.address().to_string(),
+        "weight": server.weight(),
+        "state": if server.is_draining() { "draining" } else { "active" },
+        "in_flight": server.in_flight(),
+        "peak_in_flight": server.peak_in_flight(),
+        "requests_total": server.requests_total(),
+        "engine": {
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_blocks_used": load.kv_blocks_used,
+            "kv_blocks_cached": load.kv_blocks_cached,
+            "kv_blocks_total": load.kv_blocks_total,
+            "prompt_tokens_total": load.prompt_tokens_total,
+            "cached_prompt_tokens_total": load.cached_prompt_tokens_total,
+            "prefix_cache_hit_ratio": hit_ratio,
+            "generated_tokens_total": load.generated_tokens_total,
+            "requests_finished": load.requests_finished,
+            "requests_cancelled": load.requests_cancelled,
+            "preemptions": load.preemptions,
+        },
+    })
+}
+
+pub(crate) async fn add_server(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let body = read_json_body(gateway, req).await?;
+    let raw: RawServer = parse_json(&body)?;
+    let spec = ringmaster_config::server_spec(&raw).map_err(ApiError::invalid)?;
+    let server = gateway.pool().add(&spec).map_err(pool_error)?;
+    info!(server = server.id(), address = %server.address(), weight = server.weight(), "pool.server_added");
+    Ok(json_response(StatusCode::CREATED, &server_json(&server)))
+}
+
+pub(crate) fn remove_server(
+    gateway: &Arc<Gateway>,
+    id: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let server = gateway.pool().remove(id).map_err(pool_error)?;
+    info!(
+        server = server.id(),
+        in_flight = server.in_flight(),
+        "pool.server_draining"
+    );
+    Ok(json_response(StatusCode::OK, &server_json(&server)))
+}
+
+fn pool_error(error: PoolError) -> ApiError {
+    match error {
+        PoolError::Duplicate(_) => ApiError::new(ErrorKind::Conflict, error.to_string()),
+        PoolError::Unknown(_) => ApiError::not_found(error.to_string()),
+        PoolError::Ring(_) => ApiError::invalid(error.to_string()),
+        PoolError::Engine { .. } => ApiError::internal(error.to_string()),
+        PoolError::Model { .. } => ApiError::invalid(error.to_string()),
+    }
+}

@@ -1,0 +1,291 @@
+//! Ringmaster's configuration: the TOML file as written ([`RawConfig`]) → the validated
+//! [`Config`], the only form the rest of the gateway sees.
+//!
+//! [`RawConfig`] mirrors the file (every key optional, unknown keys refused); the binary lays
+//! CLI flags over it, then [`RawConfig::validate`] checks every invariant and produces a
+//! [`Config`]. The embedded default (four simulated servers on loopback, the prefix-affinity
+//! router) is `default-config.toml`, compiled in. Each section is validated in its own file
+//! ([`keys`], [`limits`], [`routing`], [`servers`], [`policies`], `model` for `[model]` and
+//! `[simulator]`, [`upstream`] for `[upstream]` and `[retry]`, [`autoscale`]), which owns its
+//! defaults as named constants.
+//!
+//! This crate reads the file it is given and does nothing else: it starts nothing, and it
+//! depends on no crate it configures in `host/` (the pool, the tenancy, the gateway depend
+//! on it); it uses the settings types of the engines below them (the ring, the inference
+//! engine, the policy engine), which know nothing of it.
+
+#![deny(missing_docs)]
+
+pub mod autoscale;
+mod error;
+pub mod keys;
+pub mod limits;
+mod model;
+pub mod policies;
+mod raw;
+pub mod routing;
+pub mod servers;
+pub mod upstream;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ringmaster_gpu_runtime::EngineConfig;
+use ringmaster_gpu_runtime::model::ModelOptions;
+use ringmaster_ring::RingConfig;
+
+pub use autoscale::AutoscaleSettings;
+pub use error::ConfigError;
+pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
+pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
+pub use raw::{
+    RawAdmission, RawApiKey, RawAutoscale, RawConfig, RawLimits, RawModel, RawPolicies, RawRecord,
+    RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
+};
+pub use routing::PrefixHashing;
+pub use servers::{GpuPlacement, ServerAddress, ServerSpec, server_spec};
+pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
+
+use error::invalid;
+use model::{gpu_placement, model_config, simulator_config};
+
+/// The embedded default configuration.
+pub const DEFAULT_CONFIG_TOML: &str = include_str!("../default-config.toml");
+/// Default listen address: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default model name served by the simulated servers.
+pub const DEFAULT_MODEL: &str = "sim-llama-3-8b";
+/// Environment variable that supplies the admin token when the file does not.
+pub const ADMIN_TOKEN_ENV: &str = "RINGMASTER_ADMIN_TOKEN";
+/// Shortest admin token accepted: a guessable token is worse than none.
+pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// The validated configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Address to bind.
+    pub listen: SocketAddr,
+    /// Models accepted.
+    pub models: Vec<String>,
+    /// Admin token; `None` turns the admin API off.
+    pub admin_token: Option<String>,
+    /// One INFO line per request (`access_log = true`); off, they are DEBUG lines.
+    pub access_log: bool,
+    /// Public model names and the served names they stand for.
+    pub aliases: std::collections::BTreeMap<String, String>,
+    /// API keys; empty means no authentication (loopback only).
+    pub api_keys: Vec<ApiKey>,
+    /// Tenants the keys belong to.
+    pub tenants: Vec<Tenant>,
+    /// The autoscaling signal's settings.
+    pub autoscale: AutoscaleSettings,
+    /// Largest request body, bytes.
+    pub max_body_bytes: usize,
+    /// Largest `max_tokens`.
+    pub max_output_tokens: u32,
+    /// Waiting requests per server before it counts as full.
+    pub max_waiting_per_server: u32,
+    /// A streamed reply idle this long sends a `ping` (`None`: never).
+    pub stream_ping: Option<Duration>,
+    /// How long a stream outlives its last reader for a resume (`None`: not resumable).
+    pub resume_window: Option<Duration>,
+    /// How long a 429 is held before it goes out (`None`: at once).
+    pub rate_limit_delay: Option<Duration>,
+    /// A client that takes nothing of a reply for this long is cut off (`None`: never).
+    pub client_send_timeout: Option<Duration>,
+    /// Time in-flight requests get at shutdown.
+    pub shutdown_grace: Duration,
+    /// Ring parameters.
+    pub ring: RingConfig,
+    /// Prefix hashing.
+    pub prefix_hashing: PrefixHashing,
+    /// Headers that carry a session id, in order (lower case).
+    pub session_headers: Vec<http::HeaderName>,
+    /// Servers at start.
+    pub servers: Vec<ServerSpec>,
+    /// Template for simulated servers (name filled in per server).
+    pub simulator: EngineConfig,
+    /// How model (`gguf:`) servers run.
+    pub model: ModelOptions,
+    /// The GPU model servers run on; `None` for the CPU.
+    pub model_gpu: Option<GpuPlacement>,
+    /// Policies.
+    pub policies: PoliciesConfig,
+    /// How remote servers' clients behave.
+    pub upstream: UpstreamSettings,
+    /// When a failed request is tried on another server.
+    pub retry: RetryPolicy,
+    /// Where the gateway records its traffic as a trace (`[record] path`), if anywhere, and
+    /// whether it records from the start (`[record] enabled`).
+    pub record: Option<(std::path::PathBuf, bool)>,
+    /// Settings the file uses that are deprecated, each with its replacement (the binary
+    /// logs them at start).
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// The embedded default, validated.
+    pub fn embedded_default() -> Self {
+        RawConfig::embedded_default()
+            .validate()
+            .expect("the embedded default configuration is valid")
+    }
+}
+
+impl RawConfig {
+    /// Parses TOML text.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        Ok(toml::from_str(text)?)
+    }
+
+    /// Reads and parses a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::from_toml(&text)
+    }
+
+    /// The embedded default.
+    pub fn embedded_default() -> Self {
+        Self::from_toml(DEFAULT_CONFIG_TOML).expect("the embedded default configuration parses")
+    }
+
+    /// Checks every invariant and builds the [`Config`]. The admin token falls back to
+    /// `RINGMASTER_ADMIN_TOKEN` when the file sets none.
+    pub fn validate(self) -> Result<Config, ConfigError> {
+        self.validate_with_env(|name| std::env::var(name).ok())
+    }
+
+    /// [`Self::validate`] with an explicit environment, for tests.
+    pub fn validate_with_env(
+        self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let listen_text = self.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+        let listen: SocketAddr = listen_text.parse().map_err(|e| {
+            invalid(
+                "listen",
+                format!("{listen_text:?} is not an IP:port address ({e})"),
+            )
+        })?;
+
+        let models = self
+            .models
+            .unwrap_or_else(|| vec![DEFAULT_MODEL.to_owned()]);
+        if models.is_empty() || models.iter().any(|m| m.trim().is_empty()) {
+            return Err(invalid("models", "list at least one non-empty model name"));
+        }
+
+        let aliases = self.aliases.unwrap_or_default();
+        for (alias, target) in &aliases {
+            if alias.trim().is_empty() || target.trim().is_empty() {
+                return Err(invalid("aliases", "names must not be empty"));
+            }
+            if alias == target {
+                return Err(invalid(
+                    format!("aliases.{alias}"),
+                    "an alias must name another model",
+                ));
+            }
+        }
+
+        let admin_token = self
+            .admin_token
+            .or_else(|| env(ADMIN_TOKEN_ENV))
+            .filter(|t| !t.is_empty());
+        if let Some(token) = &admin_token
+            && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
+        {
+            return Err(invalid(
+                "admin_token",
+                format!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
+            ));
+        }
+
+        let autoscale = autoscale::autoscale_settings(self.autoscale.unwrap_or_default())?;
+        let (api_keys, tenants) = keys::keys_and_tenants(
+            self.tenants.unwrap_or_default(),
+            self.api_keys.unwrap_or_default(),
+        )?;
+        if api_keys.is_empty() && !listen.ip().is_loopback() {
+            return Err(invalid(
+                "listen",
+                format!(
+                    "refusing to listen on non-loopback address {listen} without API keys; add [[api_keys]] or listen on 127.0.0.1"
+                ),
+            ));
+        }
+        let limits = limits::limits(self.limits.unwrap_or_default())?;
+        let routing = routing::routing(self.routing.unwrap_or_default())?;
+
+        let mut servers: Vec<ServerSpec> = Vec::new();
+        for (i, raw) in self.servers.unwrap_or_default().iter().enumerate() {
+            let spec = server_spec(raw).map_err(|p| invalid(format!("servers[{i}]"), p))?;
+            if servers.iter().any(|s| s.id == spec.id) {
+                return Err(invalid(
+                    format!("servers[{i}]"),
+                    format!("duplicate id {:?}", spec.id),
+                ));
+            }
+            servers.push(spec);
+        }
+
+        let simulator = simulator_config(self.simulator.unwrap_or_default())?;
+        let raw_model = self.model.unwrap_or_default();
+        let model_gpu = gpu_placement(&raw_model)?;
+        let model = model_config(raw_model)?;
+        let policies = policies::policies_config(
+            self.policies.unwrap_or_default(),
+            (routing.router, routing.router_named),
+        )?;
+        let upstream = upstream::upstream_settings(self.upstream.unwrap_or_default())?;
+        let retry = upstream::retry_policy(self.retry.unwrap_or_default())?;
+        let record = match self.record {
+            None => None,
+            Some(record) if record.path.trim().is_empty() => {
+                return Err(invalid("record.path", "must name a file"));
+            }
+            Some(record) => Some((
+                std::path::PathBuf::from(record.path),
+                record.enabled.unwrap_or(true),
+            )),
+        };
+
+        Ok(Config {
+            listen,
+            models,
+            admin_token,
+            access_log: self.access_log.unwrap_or(false),
+            aliases,
+            api_keys,
+            tenants,
+            autoscale,
+            max_body_bytes: limits.max_body_bytes,
+            max_output_tokens: limits.max_output_tokens,
+            max_waiting_per_server: limits.max_waiting_per_server,
+            stream_ping: limits.stream_ping,
+            resume_window: limits.resume_window,
+            client_send_timeout: limits.client_send_timeout,
+            rate_limit_delay: limits.rate_limit_delay,
+            shutdown_grace: limits.shutdown_grace,
+            ring: routing.ring,
+            prefix_hashing: routing.prefix_hashing,
+            session_headers: routing.session_headers,
+            servers,
+            simulator,
+            model,
+            model_gpu,
+            policies,
+            upstream,
+            retry,
+            record,
+            warnings: routing.warnings,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,155 @@
+//! `[routing]`: the ring (virtual nodes, the bounded-load factor), the prefix hashes, the
+//! session headers, and which router policy routes when `[[policies.router]]` names none.
+
+use ringmaster_ring::{MAX_VNODES_PER_WEIGHT, RingConfig};
+
+use crate::error::{ConfigError, invalid};
+use crate::policies::PolicySource;
+use crate::raw::RawRouting;
+
+/// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
+pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
+/// Default cap on prefix hashes per request (128 KiB of prompt at the default chunk size);
+/// the prompt past it is not hashed, which only makes cache estimates conservative.
+pub const DEFAULT_MAX_PREFIX_HASHES: usize = 512;
+/// The headers read for a session id unless `[routing] session_headers` says otherwise, in
+/// order: the generic one, then the one Claude Code sends on every request of a session.
+pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
+/// The router that routes when the config names none: README, "Which default, and why".
+pub const DEFAULT_ROUTER: &str = "builtin:prefix-affinity";
+
+/// How prefix hashes are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefixHashing {
+    /// Bytes per chunk.
+    pub chunk_bytes: usize,
+    /// Most hashes per request.
+    pub max_hashes: usize,
+}
+
+impl Default for PrefixHashing {
+    fn default() -> Self {
+        Self {
+            chunk_bytes: DEFAULT_PREFIX_CHUNK_BYTES,
+            max_hashes: DEFAULT_MAX_PREFIX_HASHES,
+        }
+    }
+}
+
+/// `[routing]`, validated.
+#[derive(Clone, Debug)]
+pub(crate) struct Routing {
+    pub(crate) ring: RingConfig,
+    pub(crate) prefix_hashing: PrefixHashing,
+    pub(crate) session_headers: Vec<http::HeaderName>,
+    /// The router when `[[policies.router]]` names none.
+    pub(crate) router: PolicySource,
+    /// Whether the router was named here (else it is the default).
+    pub(crate) router_named: bool,
+    /// What the section says that is deprecated, for the log.
+    pub(crate) warnings: Vec<String>,
+}
+
+/// Validates `[routing]`.
+pub(crate) fn routing(routing: RawRouting) -> Result<Routing, ConfigError> {
+    let mut warnings = Vec::new();
+    // `strategy` was the routing choice before routers were policies: it names one now.
+    let from_strategy = match routing.strategy.as_deref() {
+        None => None,
+        Some(strategy @ ("consistent-hash" | "round-robin")) => {
+            let router = if strategy == "round-robin" {
+                "builtin:round-robin"
+            } else {
+                DEFAULT_ROUTER
+            };
+            warnings.push(format!(
+                "routing.strategy = {strategy:?} is deprecated: the router is a policy; write \
+                 routing.router = {router:?} instead"
+            ));
+            Some(router)
+        }
+        Some(other) => {
+            return Err(invalid(
+                "routing.strategy",
+                format!(
+                    "{other:?}: the strategy setting is deprecated; name a router policy \
+                     instead (routing.router = \"builtin:NAME\" or a component file)"
+                ),
+            ));
+        }
+    };
+    if from_strategy.is_some() && routing.router.is_some() {
+        return Err(invalid(
+            "routing",
+            "give routing.router only (routing.strategy is its deprecated spelling)",
+        ));
+    }
+    // The deprecated strategy never contradicted router variants: they route, it is ignored.
+    let router_named = routing.router.is_some();
+    let router_text = routing
+        .router
+        .as_deref()
+        .or(from_strategy)
+        .unwrap_or(DEFAULT_ROUTER);
+    let router = PolicySource::parse(router_text, "routing.router")?;
+    let defaults = RingConfig::default();
+    let ring = RingConfig::new(
+        routing
+            .vnodes_per_weight
+            .unwrap_or(defaults.vnodes_per_weight),
+        routing.load_factor.unwrap_or(defaults.load_factor),
+    )
+    .map_err(|e| {
+        invalid(
+            "routing",
+            format!("{e} (vnodes_per_weight 1..={MAX_VNODES_PER_WEIGHT}, load_factor >= 1.0)"),
+        )
+    })?;
+    let prefix_hashing = PrefixHashing {
+        chunk_bytes: routing
+            .prefix_chunk_bytes
+            .unwrap_or(DEFAULT_PREFIX_CHUNK_BYTES),
+        max_hashes: routing
+            .max_prefix_hashes
+            .unwrap_or(DEFAULT_MAX_PREFIX_HASHES),
+    };
+    if !(16..=65536).contains(&prefix_hashing.chunk_bytes) {
+        return Err(invalid(
+            "routing.prefix_chunk_bytes",
+            "must be between 16 and 65536",
+        ));
+    }
+    if prefix_hashing.max_hashes > 65536 {
+        return Err(invalid(
+            "routing.max_prefix_hashes",
+            "must be at most 65536",
+        ));
+    }
+    let session_headers = match &routing.session_headers {
+        None => DEFAULT_SESSION_HEADERS
+            .iter()
+            .map(|h| http::HeaderName::from_static(h))
+            .collect(),
+        Some(names) => names
+            .iter()
+            .map(|name| {
+                http::HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes()).map_err(
+                    |_| {
+                        invalid(
+                            "routing.session_headers",
+                            format!("{name:?} is not a valid header name"),
+                        )
+                    },
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    Ok(Routing {
+        ring,
+        prefix_hashing,
+        session_headers,
+        router,
+        router_named,
+        warnings,
+    })
+}

@@ -1,0 +1,307 @@
+//! The configuration's validation: what each section accepts, refuses, and says.
+
+use std::num::NonZeroU32;
+
+use super::*;
+use crate::model::gpu_placement;
+
+#[test]
+fn the_model_device_is_the_cpu_or_a_cuda_ordinal() {
+    let parse = |device: &str| {
+        gpu_placement(&RawModel {
+            device: Some(device.to_owned()),
+            kv_blocks: Some(100),
+            ..RawModel::default()
+        })
+    };
+    assert_eq!(parse("cpu").unwrap(), None);
+    assert_eq!(gpu_placement(&RawModel::default()).unwrap(), None);
+    if cfg!(feature = "cuda") {
+        assert_eq!(
+            parse("cuda:1").unwrap(),
+            Some(GpuPlacement {
+                ordinal: 1,
+                kv_blocks: Some(100)
+            })
+        );
+        assert_eq!(parse("cuda").unwrap().map(|g| g.ordinal), Some(0));
+    } else {
+        let err = parse("cuda:1").unwrap_err().to_string();
+        assert!(err.contains("--features cuda"), "{err}");
+    }
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[test]
+fn embedded_default_is_four_simulated_servers_on_loopback() {
+    let config = RawConfig::embedded_default()
+        .validate_with_env(no_env)
+        .unwrap();
+    assert_eq!(config.servers.len(), 4);
+    assert!(config.listen.ip().is_loopback());
+    assert_eq!(config.listen.port(), 8080);
+    assert!(config.admin_token.is_none());
+    assert_eq!(config.policies.router.len(), 1);
+    assert_eq!(
+        config.policies.router[0].source,
+        PolicySource::Builtin("prefix-affinity".into())
+    );
+    assert!(config.warnings.is_empty());
+}
+
+#[test]
+fn the_router_slots_bounded_load_guard_is_explicit() {
+    let guard = |policies: &str| {
+        RawConfig::from_toml(&format!("[policies]\n{policies}"))
+            .unwrap()
+            .validate_with_env(no_env)
+            .map(|c| c.policies.router_guard)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        guard(""),
+        Ok(CapGuard::Policy),
+        "the policy decides by default"
+    );
+    assert_eq!(
+        guard("router_bounded_load = \"host\""),
+        Ok(CapGuard::Host { load_factor: None })
+    );
+    assert_eq!(
+        guard("router_load_factor = 2.0"),
+        Ok(CapGuard::Host {
+            load_factor: Some(2.0)
+        })
+    );
+    assert_eq!(
+        guard("router_bounded_load = \"policy\""),
+        Ok(CapGuard::Policy)
+    );
+    let err = guard("router_bounded_load = \"nobody\"").unwrap_err();
+    assert!(err.contains("router_bounded_load"), "{err}");
+    let err = guard("router_load_factor = 0.5").unwrap_err();
+    assert!(err.contains("at least 1.0"), "{err}");
+    let err = guard("router_bounded_load = \"policy\"\nrouter_load_factor = 2.0").unwrap_err();
+    assert!(err.contains("no effect"), "{err}");
+}
+
+#[test]
+fn refuses_public_listen_without_keys() {
+    let raw = RawConfig::from_toml("listen = \"0.0.0.0:8080\"").unwrap();
+    let err = raw.validate_with_env(no_env).unwrap_err().to_string();
+    assert!(err.contains("without API keys"), "{err}");
+    let raw =
+        RawConfig::from_toml("listen = \"0.0.0.0:8080\"\n[[api_keys]]\nkey = \"sk-test-123456\"")
+            .unwrap();
+    assert!(raw.validate_with_env(no_env).is_ok());
+}
+
+#[test]
+fn keys_are_kept_as_digests_and_tenants_must_exist() {
+    let digest = key_digest("sk-test-123456");
+    let hex_digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let config = RawConfig::from_toml(&format!(
+        "[[tenants]]\nname = \"acme\"\ninput_tokens_per_minute = 1000\n\
+         [[api_keys]]\nkey_sha256 = \"{hex_digest}\"\ntenant = \"acme\"\nmodels = [\"m\"]"
+    ))
+    .unwrap()
+    .validate_with_env(no_env)
+    .unwrap();
+    assert_eq!(config.api_keys[0].digest, digest);
+    assert_eq!(config.api_keys[0].tenant.as_deref(), Some("acme"));
+    assert_eq!(
+        config.tenants[0].limits.input_tokens_per_minute,
+        NonZeroU32::new(1000)
+    );
+    for (toml, field) in [
+        (
+            "[[api_keys]]\nkey = \"sk-test-123456\"\ntenant = \"nobody\"",
+            "api_keys[0].tenant",
+        ),
+        (
+            "[[api_keys]]\nkey_sha256 = \"abc\"",
+            "api_keys[0].key_sha256",
+        ),
+        (
+            "[[api_keys]]\nkey = \"sk-test-123456\"\nkey_sha256 = \"00\"",
+            "not both",
+        ),
+        ("[[api_keys]]\ntier = \"gold\"", "api_keys[0].key"),
+        (
+            "[[api_keys]]\nkey = \"sk-test-123456\"\noutput_tokens_per_minute = 0",
+            "output_tokens_per_minute",
+        ),
+        (
+            "[[tenants]]\nname = \"a\"\n[[tenants]]\nname = \"a\"",
+            "duplicate tenant",
+        ),
+        (
+            "[autoscale]\nscale_up = 0.1\nscale_down = 0.5",
+            "scale_down",
+        ),
+        ("[limits]\nstream_ping_ms = 9999999", "stream_ping_ms"),
+    ] {
+        let err = RawConfig::from_toml(toml)
+            .unwrap()
+            .validate_with_env(no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(field), "{toml}: {err}");
+    }
+}
+
+#[test]
+fn admin_token_comes_from_env_when_file_has_none() {
+    let config = RawConfig::default()
+        .validate_with_env(|n| (n == ADMIN_TOKEN_ENV).then(|| "a".repeat(20)))
+        .unwrap();
+    assert_eq!(config.admin_token.as_deref(), Some("a".repeat(20).as_str()));
+    let err = RawConfig::default()
+        .validate_with_env(|_| Some("short".into()))
+        .unwrap_err();
+    assert!(err.to_string().contains("admin_token"));
+}
+
+#[test]
+fn errors_name_the_key() {
+    let cases = [
+        ("listen = \"nowhere\"", "listen"),
+        ("bogus = 1", "unknown field"),
+        ("[routing]\nstrategy = \"random\"", "routing.strategy"),
+        ("[routing]\nrouter = \"builtin:nope\"", "routing.router"),
+        (
+            "[routing]\nrouter = \"builtin:round-robin\"\n[[policies.router]]\nname = \"a\"\nsource = \"builtin:least-loaded\"",
+            "give one of them",
+        ),
+        ("[routing]\nload_factor = 0.5", "routing"),
+        (
+            "[[servers]]\naddress = \"http://10.0.0.1\"",
+            "http://HOST:PORT",
+        ),
+        (
+            "[[servers]]\naddress = \"https://10.0.0.1:9000\"",
+            "plain http://",
+        ),
+        (
+            "[[servers]]\naddress = \"sim://a\"\n[[servers]]\naddress = \"sim://a\"",
+            "duplicate id",
+        ),
+        ("[[servers]]\naddress = \"sim://a\"\nweight = 0", "weight"),
+        (
+            "[simulator]\ndecode_step_base_ms = -1",
+            "decode_step_base_ms",
+        ),
+        ("models = []", "models"),
+        ("[model]\nthreads = 0", "model.threads"),
+        ("[model]\nkernels = \"neon\"", "model.kernels"),
+        ("[model]\nkv_blocks = 0", "model.kv_blocks"),
+        ("[model]\ndevice = \"tpu:0\"", "model.device"),
+        ("[model]\ndevice = \"cuda:x\"", "model.device"),
+        (
+            "[policies.admission]\nsource = \"builtin:nope\"",
+            "policies.admission.source",
+        ),
+        (
+            "[policies.admission]\nsource = \"builtin:tiered\"\nqueue_timeout_ms = 0",
+            "policies.admission.queue_timeout_ms",
+        ),
+        (
+            "[policies.safety]\nsource = \"builtin:blocklist\"\nwindow_bytes = 1",
+            "policies.safety.window_bytes",
+        ),
+        ("[policies.safety]\nsource = \"\"", "policies.safety.source"),
+        (
+            "[policies]\npass_headers = [\"bad header\"]",
+            "pass_headers[0]",
+        ),
+    ];
+    for (toml, needle) in cases {
+        let err = RawConfig::from_toml(toml)
+            .and_then(|raw| raw.validate_with_env(no_env))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{toml}: {err}");
+    }
+}
+
+#[test]
+fn slots_and_their_settings_are_read() {
+    let config = RawConfig::from_toml(
+        "[policies]\npass_headers = [\"X-Team\"]\n\
+         [policies.admission]\nsource = \"builtin:tiered\"\nqueue_capacity = 8\n\
+         queue_timeout_ms = 250\nconfig = { \"priority.gold\" = 200 }\n\
+         [policies.safety]\nsource = \"/etc/ringmaster/filter.wasm\"\nwindow_bytes = 64\n\
+         fail_closed = true",
+    )
+    .unwrap()
+    .validate_with_env(no_env)
+    .unwrap();
+    let policies = &config.policies;
+    let admission = policies.admission.as_ref().unwrap();
+    assert_eq!(admission.name, "admission");
+    assert_eq!(admission.source, PolicySource::Builtin("tiered".into()));
+    assert_eq!(admission.config["priority.gold"], "200");
+    assert_eq!(policies.queue_capacity, 8);
+    assert_eq!(policies.queue_timeout, Duration::from_millis(250));
+    assert_eq!(policies.safety_window_bytes, 64);
+    assert!(policies.safety_fail_closed);
+    assert_eq!(policies.pass_headers, ["x-team"]);
+    let files = policies.files();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].0, "safety-filter");
+}
+
+/// Every example configuration and the README's annotated one validate.
+#[test]
+fn example_configurations_are_valid() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root.join("examples/configs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            RawConfig::from_toml(&text)
+                .and_then(|raw| raw.validate_with_env(no_env))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2);
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has a TOML block");
+    // The README's listen address is public, which needs API keys: it has one.
+    RawConfig::from_toml(block)
+        .and_then(|raw| raw.validate_with_env(no_env))
+        .unwrap_or_else(|e| panic!("README configuration: {e}"));
+}
+
+/// `[routing] strategy` named the routing choice before routers were policies: it still
+/// reads, as the router policy it always was, and says so.
+#[test]
+fn the_deprecated_strategy_names_a_router() {
+    let config = |toml: &str| {
+        RawConfig::from_toml(toml)
+            .unwrap()
+            .validate_with_env(no_env)
+            .unwrap()
+    };
+    let round_robin = config("[routing]\nstrategy = \"round-robin\"");
+    assert_eq!(
+        round_robin.policies.router[0].source,
+        PolicySource::Builtin("round-robin".into())
+    );
+    assert!(round_robin.warnings[0].contains("routing.router"));
+    let ring = config("[routing]\nrouter = \"builtin:consistent-hash\"");
+    assert_eq!(
+        ring.policies.router[0].source,
+        PolicySource::Builtin("consistent-hash".into())
+    );
+    assert!(ring.warnings.is_empty());
+}

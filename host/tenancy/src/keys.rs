@@ -1,0 +1,114 @@
+//! [`Authenticator`]: the configured keys and tenants. A presented key is hashed, and its
+//! digest compared in constant time (`subtle`) with the ones stored under the same 8-byte
+//! prefix; with no keys configured every caller is anonymous.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ringmaster_config::{ApiKey, Tenant, key_digest};
+use subtle::ConstantTimeEq;
+
+use crate::Refusal;
+use crate::caller::{Account, Buckets, Caller, TenantEntry, limited};
+
+/// The configured keys and tenants.
+#[derive(Debug)]
+pub struct Authenticator {
+    /// Keys by the first 8 bytes of their digest (the rest is compared in constant time).
+    keys: HashMap<u64, Vec<(Arc<Account>, Caller)>>,
+}
+
+impl Authenticator {
+    /// Builds the key table (the config has checked that every key's tenant exists).
+    pub fn new(keys: &[ApiKey], tenants: &[Tenant]) -> Self {
+        let tenant_entries: HashMap<&str, Arc<TenantEntry>> = tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.as_str(),
+                    Arc::new(TenantEntry {
+                        name: t.name.clone(),
+                        buckets: Buckets::new(&t.limits),
+                        models: t.models.clone(),
+                    }),
+                )
+            })
+            .collect();
+        let mut table: HashMap<u64, Vec<(Arc<Account>, Caller)>> = HashMap::new();
+        for (i, key) in keys.iter().enumerate() {
+            let label = format!("key#{i}");
+            let tenant = key
+                .tenant
+                .as_deref()
+                .and_then(|t| tenant_entries.get(t).cloned())
+                .unwrap_or_else(|| {
+                    // A key without a tenant is its own.
+                    Arc::new(TenantEntry {
+                        name: label.clone(),
+                        buckets: Buckets::default(),
+                        models: None,
+                    })
+                });
+            let account = Arc::new(Account {
+                digest: key.digest,
+                buckets: Buckets::new(&key.limits),
+                tenant: tenant.clone(),
+                models: key.models.clone(),
+            });
+            let caller = Caller {
+                tier: key.tier.clone(),
+                key_label: label,
+                tenant: tenant.name.clone(),
+                account: Some(account.clone()),
+            };
+            table
+                .entry(prefix(&key.digest))
+                .or_default()
+                .push((account, caller));
+        }
+        Self { keys: table }
+    }
+
+    /// Whether any key is configured.
+    pub fn is_enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+
+    /// Authenticates the key a request presented and charges one request to its key's and
+    /// tenant's buckets.
+    pub fn check(&self, presented: Option<&str>) -> Result<Caller, Refusal> {
+        if self.keys.is_empty() {
+            return Ok(Caller::unlimited("anonymous", "anonymous"));
+        }
+        let presented = presented.ok_or(Refusal::MissingKey)?;
+        let digest = key_digest(presented);
+        let (account, caller) = self
+            .keys
+            .get(&prefix(&digest))
+            .and_then(|candidates| {
+                candidates
+                    .iter()
+                    .find(|(account, _)| bool::from(account.digest.ct_eq(&digest)))
+            })
+            .ok_or(Refusal::InvalidKey)?;
+        let [(key, key_whose), (tenant, tenant_whose)] = account.all();
+        if let Some(bucket) = &key.requests {
+            bucket
+                .try_take(1.0)
+                .map_err(|wait| limited(key_whose, "requests", wait))?;
+        }
+        if let Some(bucket) = &tenant.requests
+            && let Err(wait) = bucket.try_take(1.0)
+        {
+            if let Some(bucket) = &key.requests {
+                bucket.refund(1.0);
+            }
+            return Err(limited(tenant_whose, "requests", wait));
+        }
+        Ok(caller.clone())
+    }
+}
+
+fn prefix(digest: &[u8; 32]) -> u64 {
+    u64::from_le_bytes(digest[..8].try_into().expect("8 bytes"))
+}
