@@ -6,7 +6,11 @@
 # install itself. Not part of tests/run: `.ci/run` in it took 2,090 s (35 min) on 2 cores
 # (2026-12-02, stop 21), 36 min with the debootstrap.
 #
-#   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--keep]
+#   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
+#
+# The Debian mirror debootstrap fetches from is the one this machine's apt uses (its
+# bookworm entry in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list), unless
+# --mirror names another.
 #
 # Copied in from this machine, because no script should install them: rustup's toolchain
 # (~/.rustup, ~/.cargo/bin; rustup's own downloads may be unreachable) and the machine's
@@ -18,14 +22,33 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 root=/var/cache/ringmaster-fresh-root
 keep=0
+mirror=
 while [ $# -gt 0 ]; do
   case $1 in
     --root) root=$2; shift 2 ;;
+    --mirror) mirror=$2; shift 2 ;;
     --keep) keep=1; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
 [ "$(id -u)" = 0 ] || { echo "run as root (debootstrap and chroot)" >&2; exit 1; }
+
+# The mirror of this machine's apt sources for Debian 12 (bookworm): a deb822 stanza whose
+# Suites name bookworm itself, else a one-line `deb URL bookworm …` entry.
+debian_mirror() {
+  local uri=
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    uri=$(awk '/^$/ {u=""} /^URIs:/ {u=$2} /^Suites:/ && u {for (i = 2; i <= NF; i++) if ($i == "bookworm") {print u; exit}}' "$f")
+    [ -n "$uri" ] && break
+  done
+  if [ -z "$uri" ] && [ -f /etc/apt/sources.list ]; then
+    uri=$(awk '$1 == "deb" && $3 == "bookworm" {print $2; exit}' /etc/apt/sources.list)
+  fi
+  echo "$uri"
+}
+[ -n "$mirror" ] || mirror=$(debian_mirror)
+[ -n "$mirror" ] || { echo "no Debian bookworm mirror in this machine's apt sources: pass --mirror URL" >&2; exit 1; }
 command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
 
 umount_all() {
@@ -37,7 +60,7 @@ trap umount_all EXIT
 
 if [ ! -x "$root/bin/bash" ]; then
   mkdir -p "$root"
-  debootstrap --variant=minbase --include=ca-certificates bookworm "$root" http://deb.debian.org/debian
+  debootstrap --variant=minbase --include=ca-certificates bookworm "$root" "$mirror"
 fi
 # The toolchain: rustup's active one, under the same paths.
 toolchain=$(rustup toolchain list | awk '/default/ {print $1; exit}')

@@ -388,10 +388,51 @@ async fn a_servers_models_are_discovered_from_its_model_list() {
     let mut request = body(false, "s");
     request["model"] = json!("fake");
     assert_eq!(gw_other.post_messages(&request).await.status(), 200);
-    // "other" is still a name the config accepts, but no server serves it any more.
+    // "other" is named by the config, but no server takes it once the server's list is
+    // known: it is neither listed nor accepted (a 404, not a 503 that never ends).
     let mut request = body(false, "s");
     request["model"] = json!("other");
     let response = gw_other.post_messages(&request).await;
-    assert_eq!(response.status(), 503);
-    assert!(response.headers().contains_key("retry-after"));
+    assert_eq!(response.status(), 404);
+    let listed = gw_other.get_json("/v1/models").await;
+    assert!(
+        listed["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["id"] != "other"),
+        "{listed}"
+    );
+}
+
+/// Regression (issue 23): with only remote servers and no `models`, the built-in default
+/// model was listed though nothing serves it, and a request for it got 503 "retry shortly"
+/// for ever. Only what some server takes (or an alias names) is listed and accepted.
+#[tokio::test]
+async fn only_models_a_server_takes_are_listed_and_accepted() {
+    let server = FakeUpstream::start(Behavior::Vllm, 2).await;
+    let gw = TestGateway::start(&format!("[[servers]]\naddress = \"{}\"\n", server.url())).await;
+    let listed = crate::support::eventually(Duration::from_secs(10), async || {
+        gw.get_json("/v1/models").await["data"]
+            .as_array()
+            .is_some_and(|data| data.len() == 1 && data[0]["id"] == "fake")
+    })
+    .await;
+    assert!(listed, "{}", gw.get_json("/v1/models").await);
+    let unserved = gw
+        .post_messages(&json!({
+            "model": "sim-llama-3-8b", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}],
+        }))
+        .await;
+    assert_eq!(unserved.status(), 404);
+    let error: Value = unserved.json().await.unwrap();
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("available models: fake"),
+        "{error}"
+    );
+    assert_eq!(gw.post_messages(&body(false, "s")).await.status(), 200);
 }

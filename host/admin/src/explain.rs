@@ -52,7 +52,6 @@ pub(crate) async fn explain(
         caller: Caller::unlimited(&tier, "admin-explain"),
         passed_headers,
         queue_timeout: None,
-        streamed: None,
     };
     let call = Call::prepare(gateway, input, std::time::Instant::now(), "explain")?;
     let snapshot = &call.pool;

@@ -1,24 +1,18 @@
 //! Reading a request body: JSON into the door's wire type in one pass, with every problem
-//! named for the client: bytes that are not UTF-8 or not JSON, a value of the wrong type (with
-//! its path: `messages[2].content`), and fields the door does not know.
+//! named for the client: bytes that are not UTF-8 or not JSON, a field the door does not
+//! know, a value of the wrong type (with its path: `messages[2].content`).
 //!
-//! The wire types read leniently (the worker and the pool's client read the same types and
-//! ignore what they do not know); a door is strict where Anthropic and OpenAI are: an unknown
-//! field at the top level, in a message or in the door's other fixed objects is refused,
-//! found in the same pass (`serde_ignored`), while loose objects (content blocks, tools) keep
-//! fields this gateway has no use for.
+//! The wire types refuse unknown fields where Anthropic and OpenAI do, so a good body is read
+//! by serde alone, borrowing its strings. Only a body that fails is read a second time, to
+//! find the path of what failed (`serde_path_to_error`): the cost of naming it falls on the
+//! bad request, not on every request.
 
 use serde::Deserialize;
 
 use crate::error::ApiError;
 
-/// Where a door refuses unknown fields: the top level, and the objects named here (each by
-/// its path with list indices dropped, `messages` for any message).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Strict(pub &'static [&'static str]);
-
-/// Parses `body` into `T`; unknown fields where `strict` says so are refused.
-pub(crate) fn read<'a, T: Deserialize<'a>>(body: &'a [u8], strict: Strict) -> Result<T, ApiError> {
+/// Parses `body` into `T`.
+pub(crate) fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(
             "request body is empty; expected a JSON object",
@@ -30,70 +24,32 @@ pub(crate) fn read<'a, T: Deserialize<'a>>(body: &'a [u8], strict: Strict) -> Re
             e.valid_up_to()
         ))
     })?;
-    let mut unknown: Option<String> = None;
-    let mut json = serde_json::Deserializer::from_str(text);
-    let mut track = serde_path_to_error::Track::new();
-    let value = {
-        let tracked = serde_path_to_error::Deserializer::new(&mut json, &mut track);
-        serde_ignored::deserialize(tracked, |path| {
-            if unknown.is_none() {
-                let path = path.to_string();
-                if is_strict(&path, strict) {
-                    unknown = Some(path);
-                }
-            }
-        })
-    };
-    let value = value.and_then(|value| json.end().map(|()| value));
-    let value: T = value.map_err(|e| {
+    serde_json::from_str(text).map_err(|e| {
         let what = match e.classify() {
             serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
                 "request body is not valid JSON"
             }
             _ => "request body does not match the expected schema",
         };
-        let path = track.path().to_string();
-        if path.is_empty() || path == "." {
-            ApiError::invalid(format!("{what}: {e}"))
-        } else {
-            ApiError::invalid(format!("{what}: {path}: {e}"))
+        match failing_path::<T>(text) {
+            Some(path) => ApiError::invalid(format!("{what}: {path}: {e}")),
+            None => ApiError::invalid(format!("{what}: {e}")),
         }
-    })?;
-    if let Some(path) = unknown {
-        let (at, field) = match path.rsplit_once('.') {
-            Some((at, field)) => (Some(at), field),
-            None => (None, path.as_str()),
-        };
-        return Err(ApiError::invalid(match at {
-            Some(at) => format!(
-                "request body does not match the expected schema: {at}: unknown field `{field}`"
-            ),
-            None => {
-                format!("request body does not match the expected schema: unknown field `{field}`")
-            }
-        }));
-    }
-    Ok(value)
+    })
+}
+
+/// Where in `text` reading a `T` fails, when it is inside the top-level object.
+fn failing_path<'a, T: Deserialize<'a>>(text: &'a str) -> Option<String> {
+    let mut json = serde_json::Deserializer::from_str(text);
+    let error = serde_path_to_error::deserialize::<_, T>(&mut json).err()?;
+    let path = error.path().to_string();
+    (!path.is_empty() && path != ".").then_some(path)
 }
 
 /// Parses a JSON body into `T`, naming every problem for the client (for bodies that are no
-/// door's: the admin API's). Unknown fields are refused at the top level.
+/// door's: the admin API's).
 pub fn read_json<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
-    read(body, Strict(&[]))
-}
-
-/// Whether an unknown field at `path` (`serde_ignored`'s form: `messages.?.0.name`) is in a
-/// strict object.
-fn is_strict(path: &str, strict: Strict) -> bool {
-    // The object's path: the field's parents, without `?` (an Option) and list indices.
-    let parents: Vec<&str> = path
-        .split('.')
-        .filter(|segment| *segment != "?" && segment.parse::<usize>().is_err())
-        .collect();
-    match parents.split_last() {
-        None | Some((_, [])) => true,
-        Some((_, parents)) => strict.0.contains(&parents.join(".").as_str()),
-    }
+    read(body)
 }
 
 /// Whether a JSON value says nothing: absent, `null`, `false`, `0`, `""`, `[]` or `{}`.
@@ -114,12 +70,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn strictness_follows_the_object_path() {
-        let strict = Strict(&["messages", "metadata"]);
-        assert!(is_strict("colour", strict));
-        assert!(is_strict("messages.?.0.colour", strict));
-        assert!(is_strict("metadata.?.colour", strict));
-        assert!(!is_strict("messages.?.0.content.?.1.colour", strict));
-        assert!(!is_strict("tools.?.0.colour", strict));
+    fn a_failure_names_its_path_and_an_unknown_field_is_refused() {
+        let err = read::<ringmaster_wire::anthropic::Request<'_>>(
+            br#"{"model":"m","messages":[{"role":"user","content":"x","colour":1}]}"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.message()
+                .contains("messages[0].colour: unknown field `colour`"),
+            "{}",
+            err.message()
+        );
+        let err =
+            read::<ringmaster_wire::anthropic::Request<'_>>(br#"{"model":"m","max_tokens":"ten"}"#)
+                .unwrap_err();
+        assert!(
+            err.message().contains("max_tokens: invalid type"),
+            "{}",
+            err.message()
+        );
+        // Loose objects keep what they do not know.
+        assert!(
+            read::<ringmaster_wire::anthropic::Request<'_>>(
+                br#"{"messages":[{"role":"user","content":[{"type":"text","text":"x","citations":[]}]}]}"#
+            )
+            .is_ok()
+        );
     }
 }

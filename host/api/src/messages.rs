@@ -11,23 +11,20 @@ use ringmaster_gpu_runtime::{ChatMessage, Image, Role, ToolCall, ToolChoice, Too
 use ringmaster_wire::anthropic::{self, Block, Content};
 
 use crate::error::ApiError;
-use crate::json::{Strict, read};
+use crate::json::read;
 use crate::request::{Limits, Request};
 use crate::{Door, rules};
 
-/// Objects whose unknown fields are refused, besides the top level.
-const STRICT: Strict = Strict(&["messages", "metadata"]);
-
 /// Parses and validates a `POST /v1/messages` body.
 pub fn parse(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let raw: anthropic::Request<'_> = read(body, STRICT)?;
+    let raw: anthropic::Request<'_> = read(body)?;
     validate(raw, limits)
 }
 
 /// Parses and validates a `POST /v1/messages/count_tokens` body: a Messages request whose
 /// `max_tokens` may be left out (nothing is generated).
 pub fn parse_count_tokens(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: anthropic::Request<'_> = read(body, STRICT)?;
+    let mut raw: anthropic::Request<'_> = read(body)?;
     raw.max_tokens.get_or_insert(1);
     validate(raw, limits)
 }

@@ -13,7 +13,7 @@ use ringmaster_wire::openai::{self, Content, Prompt, Stop};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::json::{Strict, is_empty, read};
+use crate::json::{is_empty, read};
 use crate::request::{Limits, Request};
 use crate::{Door, rules};
 
@@ -23,12 +23,9 @@ pub const DEFAULT_COMPLETION_MAX_TOKENS: u32 = 16;
 /// The schema of a function offered without one.
 const EMPTY_PARAMETERS: &str = r#"{"type":"object","properties":{}}"#;
 
-/// Objects whose unknown fields are refused, besides the top level.
-const STRICT: Strict = Strict(&["messages", "stream_options"]);
-
 /// Parses and validates a `/v1/chat/completions` body.
 pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: openai::Request<'_> = read(body, STRICT)?;
+    let mut raw: openai::Request<'_> = read(body)?;
     foreign_fields(&raw, &openai::COMPLETIONS_ONLY_FIELDS, Door::Chat)?;
     if !is_empty(raw.functions.as_ref()) || !is_empty(raw.function_call.as_ref()) {
         return Err(rules::refused(
@@ -103,7 +100,7 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
 
 /// Parses and validates a `/v1/completions` body.
 pub fn parse_completion(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: openai::Request<'_> = read(body, STRICT)?;
+    let mut raw: openai::Request<'_> = read(body)?;
     foreign_fields(&raw, &openai::CHAT_ONLY_FIELDS, Door::Completions)?;
     let prompt = match raw.prompt.take() {
         Some(Prompt::Text(text)) => text.into_owned(),

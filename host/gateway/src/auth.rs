@@ -123,7 +123,7 @@ mod tests {
             ErrorKind::Authentication
         );
         let caller = authenticate(&auth, &with("x-api-key", "sk-good-key")).unwrap();
-        assert_eq!(caller.tier, "gold");
+        assert_eq!(&*caller.tier, "gold");
         assert!(authenticate(&auth, &with("authorization", "Bearer sk-good-key")).is_ok());
         let limited = authenticate(&auth, &with("x-api-key", "sk-good-key")).unwrap_err();
         assert_eq!(limited.kind(), ErrorKind::RateLimit);

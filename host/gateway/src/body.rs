@@ -1,6 +1,6 @@
 //! Response bodies: the one body type every handler answers with, and whole buffers.
 //!
-//! A streamed reply is its own body type ([`crate::messages`]), polled by hyper in the
+//! A streamed reply is its own body type (`crate::reply`), polled by hyper in the
 //! connection's task; when the client disconnects hyper drops it, and with it the engine's
 //! stream: that is how a disconnect reaches the engine and frees its KV blocks.
 

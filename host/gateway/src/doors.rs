@@ -15,7 +15,7 @@ use tracing::debug;
 use crate::Gateway;
 use crate::body::ResponseBody;
 use crate::call::prepare::{resolve_model, unserved_in_process};
-use crate::call::{CallInput, handle};
+use crate::call::{Call, CallInput};
 use crate::reply::early;
 use crate::respond::{json_response, read_json_body};
 use crate::routing::MAX_SESSION_ID_BYTES;
@@ -33,32 +33,27 @@ pub(crate) async fn answer(
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
     let body = read_json_body(gateway, req).await?;
-    let mut call = CallInput {
+    let input = CallInput {
         door,
         queue_timeout,
         body,
         session,
         caller,
         passed_headers,
-        streamed: None,
     };
-    let Some(every) = gateway.config.stream_ping else {
-        return handle(gateway, call, started, request_id).await;
+    let call = Call::prepare(gateway, input, started, request_id)?;
+    let every = match gateway.config.stream_ping {
+        Some(every) if call.request.stream => every,
+        // Only a stream starts early: everything else runs here, unboxed.
+        _ => return call.run().await,
     };
     // A streamed reply that is not ready within a ping interval starts early ([`early`]).
-    let streamed = Arc::new(std::sync::OnceLock::new());
-    call.streamed = Some(streamed.clone());
-    let (owned_gateway, owned_id) = (gateway.clone(), request_id.to_owned());
-    let mut pending: early::Pending =
-        Box::pin(async move { handle(&owned_gateway, call, started, &owned_id).await });
-    // The first poll parses the request and runs until its first wait: only a stream that
-    // then waits needs the timer.
+    let mut pending: early::Pending = Box::pin(call.run());
+    // The first poll runs until the reply's first wait: only a stream that then waits needs
+    // the timer.
     let first = std::future::poll_fn(|cx| std::task::Poll::Ready(pending.as_mut().poll(cx))).await;
     if let std::task::Poll::Ready(reply) = first {
         return reply;
-    }
-    if streamed.get().is_none() {
-        return pending.await;
     }
     let interval = tokio::time::sleep(every);
     tokio::pin!(interval);
@@ -67,20 +62,15 @@ pub(crate) async fn answer(
         reply = &mut pending => return reply,
         () = &mut interval => {}
     }
-    match streamed.get() {
-        Some(&door) => {
-            debug!("stream.started_early");
-            let stream_id = gateway.streams.enabled().then_some(request_id);
-            Ok(early::response(
-                pending,
-                door,
-                every,
-                stream_id,
-                tracing::Span::current(),
-            ))
-        }
-        None => pending.await,
-    }
+    debug!("stream.started_early");
+    let stream_id = gateway.streams.enabled().then_some(request_id);
+    Ok(early::response(
+        pending,
+        door,
+        every,
+        stream_id,
+        tracing::Span::current(),
+    ))
 }
 
 /// `POST /v1/messages/count_tokens`: the prompt rendered with the chat template and counted

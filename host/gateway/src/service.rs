@@ -1,5 +1,5 @@
 //! The HTTP front: accepting connections, dispatching paths to their handlers (the Messages
-//! handler is [`crate::messages`]), and stamping every response.
+//! doors are [`crate::doors`]), and stamping every response.
 //!
 //! Every response, success or error, carries a `request-id` header, and every log line of a
 //! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and

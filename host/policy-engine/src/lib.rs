@@ -54,10 +54,12 @@
 #![deny(missing_docs)]
 
 pub mod builtin;
+mod contract;
 mod engine;
 mod error;
 mod host;
 mod imports;
+mod instance;
 mod policy;
 mod probe;
 mod state;

@@ -12,10 +12,12 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::{ComponentExportIndex, Instance, Resource, TypedFunc};
 
-use crate::engine::{Core, PolicyEngine, Version, World};
+use crate::contract::{Version, World};
+use crate::engine::PolicyEngine;
 use crate::error::{FaultCounts, PolicyError, PolicyFault};
 use crate::host::{CallCx, StoreData};
 use crate::imports::{RequestRep, request_borrow};
+use crate::instance::Core;
 use crate::probe::{self, PROBE_SERVERS, ProbeCluster};
 use crate::state::{StateMode, StateUsage};
 use crate::types::{

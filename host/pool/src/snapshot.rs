@@ -25,7 +25,8 @@ pub struct PoolSnapshot {
     pub models: BTreeMap<String, Arc<PoolSnapshot>>,
     /// Public names and the served names they stand for.
     pub aliases: Arc<BTreeMap<String, String>>,
-    /// Every name a request may ask for (served names and aliases), sorted.
+    /// Every name a request may ask for (names some server takes, and the aliases of those),
+    /// sorted.
     pub accepted: Vec<String>,
     /// The servers' model sets this was built from (see [`Pool::snapshot`]).
     pub(crate) models_epoch: u64,
@@ -83,8 +84,19 @@ pub(crate) fn build_snapshot(
             }),
         );
     }
-    let mut accepted: Vec<String> = names.into_iter().collect();
-    accepted.extend(catalogue.aliases.keys().cloned());
+    // A name is accepted when a server can take it (it serves the model, or serves whatever
+    // it is asked); with no server at all the fleet is down, not the model unserved. A name
+    // no server takes (the default model in front of remote servers that list others) is
+    // neither listed nor accepted: asking for it is a 404, not a 503 for ever.
+    let servable = |name: &str| servers.is_empty() || !models[name].servers.is_empty();
+    let mut accepted: Vec<String> = names.iter().filter(|n| servable(n)).cloned().collect();
+    accepted.extend(
+        catalogue
+            .aliases
+            .iter()
+            .filter(|(_, target)| servable(target))
+            .map(|(alias, _)| alias.clone()),
+    );
     accepted.sort();
     accepted.dedup();
     Ok(PoolSnapshot {

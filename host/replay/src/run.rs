@@ -347,7 +347,6 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         session: None,
         caller: Caller::unlimited("replay", "replay"),
         passed_headers: Vec::new(),
-        streamed: None,
     };
     let request_id = format!("replay-{index}");
     let response = match handle(&gateway, call, std::time::Instant::now(), &request_id).await {

@@ -56,7 +56,7 @@ enum Command {
     /// Benchmarks that run in process.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Write, build, check, test and push policies (routers in Rust, Python or JavaScript).
+    /// Write, build, check, test and push policies (in Rust, Python, JavaScript or C).
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCommand),
 }
@@ -502,8 +502,13 @@ async fn reload_on_sighup(gateway: std::sync::Weak<Gateway>) {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour codes only for a person at a terminal: a log file or a collector reads them as
+    // noise (and `NO_COLOR` turns them off anyway).
+    use std::io::IsTerminal;
+    let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

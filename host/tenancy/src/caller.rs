@@ -104,11 +104,11 @@ impl Account {
 #[derive(Clone, Debug)]
 pub struct Caller {
     /// The key's tier (`"anonymous"` when authentication is off).
-    pub tier: String,
+    pub tier: Arc<str>,
     /// A short, non-secret label of the key for logs (`key#3`).
-    pub key_label: String,
+    pub key_label: Arc<str>,
     /// The key's tenant (`"anonymous"` when authentication is off): fair sharing and limits.
-    pub tenant: String,
+    pub tenant: Arc<str>,
     /// The key's buckets and permissions (`None`: authentication off, or an in-process caller).
     pub(crate) account: Option<Arc<Account>>,
 }
@@ -122,10 +122,11 @@ impl PartialEq for Caller {
 impl Caller {
     /// A caller with no key, limits or model restrictions (in-process callers: the replay).
     pub fn unlimited(tier: &str, label: &str) -> Self {
+        let label: Arc<str> = label.into();
         Self {
-            tier: tier.to_owned(),
-            key_label: label.to_owned(),
-            tenant: label.to_owned(),
+            tier: tier.into(),
+            key_label: label.clone(),
+            tenant: label,
             account: None,
         }
     }

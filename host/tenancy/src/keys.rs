@@ -16,6 +16,8 @@ use crate::caller::{Account, Buckets, Caller, TenantEntry, limited};
 pub struct Authenticator {
     /// Keys by the first 8 bytes of their digest (the rest is compared in constant time).
     keys: HashMap<u64, Vec<(Arc<Account>, Caller)>>,
+    /// Every caller when no key is configured (cloned per request: no allocation).
+    anonymous: Caller,
 }
 
 impl Authenticator {
@@ -56,9 +58,9 @@ impl Authenticator {
                 models: key.models.clone(),
             });
             let caller = Caller {
-                tier: key.tier.clone(),
-                key_label: label,
-                tenant: tenant.name.clone(),
+                tier: key.tier.as_str().into(),
+                key_label: label.into(),
+                tenant: tenant.name.as_str().into(),
                 account: Some(account.clone()),
             };
             table
@@ -66,7 +68,10 @@ impl Authenticator {
                 .or_default()
                 .push((account, caller));
         }
-        Self { keys: table }
+        Self {
+            keys: table,
+            anonymous: Caller::unlimited("anonymous", "anonymous"),
+        }
     }
 
     /// Whether any key is configured.
@@ -78,7 +83,7 @@ impl Authenticator {
     /// tenant's buckets.
     pub fn check(&self, presented: Option<&str>) -> Result<Caller, Refusal> {
         if self.keys.is_empty() {
-            return Ok(Caller::unlimited("anonymous", "anonymous"));
+            return Ok(self.anonymous.clone());
         }
         let presented = presented.ok_or(Refusal::MissingKey)?;
         let digest = key_digest(presented);

@@ -88,7 +88,7 @@ mod tests {
     fn open_without_keys() {
         let auth = Authenticator::new(&[], &[]);
         assert!(!auth.is_enabled());
-        assert_eq!(auth.check(None).unwrap().tier, "anonymous");
+        assert_eq!(&*auth.check(None).unwrap().tier, "anonymous");
     }
 
     #[test]
@@ -107,8 +107,8 @@ mod tests {
         assert_eq!(auth.check(None).unwrap_err(), Refusal::MissingKey);
         assert_eq!(auth.check(Some("sk-bad")).unwrap_err(), Refusal::InvalidKey);
         let caller = auth.check(Some("sk-good-key")).unwrap();
-        assert_eq!(caller.tier, "gold");
-        assert_eq!(caller.tenant, "key#0");
+        assert_eq!(&*caller.tier, "gold");
+        assert_eq!(&*caller.tenant, "key#0");
         assert!(auth.check(Some("sk-good-key")).is_ok());
         let limited = auth.check(Some("sk-good-key")).unwrap_err();
         assert!(
@@ -136,7 +136,7 @@ mod tests {
         let auth = Authenticator::new(&[a, b], &[tenant]);
         let one = auth.check(Some("sk-acme-one")).unwrap();
         let two = auth.check(Some("sk-acme-two")).unwrap();
-        assert_eq!((one.tenant.as_str(), two.tenant.as_str()), ("acme", "acme"));
+        assert_eq!((&*one.tenant, &*two.tenant), ("acme", "acme"));
         assert!(matches!(
             one.admit("m2", 10).unwrap_err(),
             Refusal::ModelNotAllowed { .. }

@@ -2,7 +2,8 @@
 //! message, the stream's events, usage and the error body.
 //!
 //! The request's fields are all optional so that the door, not serde, says what is missing;
-//! reading ignores what it does not know (the door finds it with `serde_ignored`). The reply
+//! a field nobody knows is refused, as Anthropic refuses it (the request, its messages and
+//! `metadata`; content blocks and tools keep what they do not know). The reply
 //! types borrow what they write (a token's text is written straight from the buffer it
 //! arrived in), and a tool call's input is written as the JSON text it was collected as.
 
@@ -12,8 +13,10 @@ use serde_json::value::RawValue;
 
 use crate::Str;
 
-/// `POST /v1/messages` (and `POST /v1/messages/count_tokens`).
+/// `POST /v1/messages` (and `POST /v1/messages/count_tokens`). Unknown fields are refused,
+/// as Anthropic refuses them.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Request<'a> {
     /// The model.
     #[serde(default, borrow)]
@@ -73,6 +76,7 @@ pub struct Request<'a> {
 
 /// `metadata`.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Metadata<'a> {
     /// The end user: a session key for routing.
     #[serde(default, borrow)]
@@ -92,6 +96,7 @@ pub enum Role {
 
 /// One message.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Message<'a> {
     /// Who wrote it.
     pub role: Role,
@@ -369,6 +374,19 @@ impl StreamEvent<'_> {
     }
 }
 
+/// Appends the `content_block_delta` of `text` for block `index`: the same frame as
+/// [`StreamEvent::ContentBlockDelta`] with a text delta writes, without building the event
+/// (a reply's most frequent frame, one per token).
+pub fn write_text_delta(out: &mut Vec<u8>, index: u32, text: &str) {
+    out.extend_from_slice(
+        b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":",
+    );
+    out.extend_from_slice(index.to_string().as_bytes());
+    out.extend_from_slice(b",\"delta\":{\"type\":\"text_delta\",\"text\":");
+    crate::sse::json_string(out, text);
+    out.extend_from_slice(b"}}\n\n");
+}
+
 /// An error: its type and message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct ErrorObject<'a> {
@@ -441,6 +459,23 @@ mod tests {
             r#"{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Paris"}}"#
         );
         assert_eq!(empty_input().get(), "{}");
+    }
+
+    #[test]
+    fn the_text_delta_fast_path_writes_the_events_own_frame() {
+        for text in ["hi", "a \"quoted\" line\nand é \u{1}"] {
+            let (mut fast, mut slow) = (Vec::new(), Vec::new());
+            write_text_delta(&mut fast, 12, text);
+            StreamEvent::ContentBlockDelta {
+                index: 12,
+                delta: BlockDelta::TextDelta { text },
+            }
+            .write_sse(&mut slow);
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(slow).unwrap()
+            );
+        }
     }
 
     #[test]

@@ -4,8 +4,9 @@
 //! One [`Request`] type serves both endpoints and both directions: the gateway's OpenAI door
 //! reads it from clients, the pool's client writes it to servers, the worker and the tests'
 //! fake servers read it again. It lists every field any of them knows, each optional, so that
-//! a door can refuse what it does not serve by name; reading ignores fields it does not know
-//! (a strict reader finds them with `serde_ignored`). [`Chunk`] is one streamed chunk or one
+//! a door can refuse what it does not serve by name; a field nobody knows is refused, as
+//! OpenAI refuses it (the request, its messages and `stream_options`; content parts and tools
+//! keep what they do not know). [`Chunk`] is one streamed chunk or one
 //! whole answer, in every server's dialect (where the usage comes, llama.cpp's `timings`,
 //! vLLM's `stop_reason`, SGLang's `matched_stop`, error objects of three shapes). Strings
 //! borrow from the buffer they were read from ([`Str`]).
@@ -17,7 +18,9 @@ use serde_json::value::RawValue;
 use crate::Str;
 
 /// `POST /v1/chat/completions` (with `messages`) or `POST /v1/completions` (with `prompt`).
+/// Unknown fields are refused, as OpenAI refuses them.
 #[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Request<'a> {
     /// The model.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
@@ -169,6 +172,7 @@ pub const COMPLETIONS_ONLY_FIELDS: [&str; 5] =
 
 /// `stream_options`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// A last chunk with the usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -206,6 +210,7 @@ crate::str::string_or_list!(Prompt, "a string or a list");
 
 /// One message of a chat.
 #[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Message<'a> {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     #[serde(borrow)]
@@ -761,6 +766,48 @@ impl<'a> ErrorResponse<'a> {
     }
 }
 
+/// The frame of a streamed text piece, its fixed parts written once per reply: the same frame
+/// a [`Chunk`] with the text (a chat's `delta.content`, a completion's `text`) writes, without
+/// building the chunk (a reply's most frequent frame, one per token).
+#[derive(Clone, Debug)]
+pub struct TextFrame {
+    prefix: Vec<u8>,
+    suffix: &'static [u8],
+}
+
+impl TextFrame {
+    /// The text frames of reply `id` from `model`, made at `created`, a chat's (else a
+    /// completion's).
+    pub fn new(id: &str, model: &str, created: u64, chat: bool) -> Self {
+        let mut prefix = b"data: {\"id\":".to_vec();
+        crate::sse::json_string(&mut prefix, id);
+        prefix.extend_from_slice(b",\"object\":");
+        crate::sse::json_string(&mut prefix, if chat { CHAT_CHUNK } else { TEXT_COMPLETION });
+        prefix.extend_from_slice(b",\"created\":");
+        prefix.extend_from_slice(created.to_string().as_bytes());
+        prefix.extend_from_slice(b",\"model\":");
+        crate::sse::json_string(&mut prefix, model);
+        if chat {
+            prefix.extend_from_slice(b",\"choices\":[{\"index\":0,\"delta\":{\"content\":");
+        } else {
+            prefix.extend_from_slice(b",\"choices\":[{\"index\":0,\"text\":");
+        }
+        let suffix: &'static [u8] = if chat {
+            b"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+        } else {
+            b",\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+        };
+        Self { prefix, suffix }
+    }
+
+    /// Appends the frame of `text`.
+    pub fn write(&self, out: &mut Vec<u8>, text: &str) {
+        out.extend_from_slice(&self.prefix);
+        crate::sse::json_string(out, text);
+        out.extend_from_slice(self.suffix);
+    }
+}
+
 /// `object` of a streamed chat chunk.
 pub const CHAT_CHUNK: &str = "chat.completion.chunk";
 /// `object` of a whole chat answer.
@@ -841,6 +888,44 @@ mod tests {
         ] {
             let chunk: Chunk<'_> = serde_json::from_str(body).unwrap();
             assert_eq!(chunk.error().as_deref(), Some(message));
+        }
+    }
+
+    #[test]
+    fn the_text_frame_fast_path_writes_the_chunks_own_frame() {
+        for chat in [true, false] {
+            let frame = TextFrame::new("chatcmpl-1", "m\"x", 7, chat);
+            let text = "tok \"é\"\n";
+            let mut fast = Vec::new();
+            frame.write(&mut fast, text);
+            let choice = if chat {
+                Choice {
+                    delta: Some(Delta {
+                        content: Some(text.into()),
+                        ..Delta::default()
+                    }),
+                    ..Choice::default()
+                }
+            } else {
+                Choice {
+                    text: Some(text.into()),
+                    ..Choice::default()
+                }
+            };
+            let chunk = Chunk {
+                id: Some("chatcmpl-1".into()),
+                object: Some(if chat { CHAT_CHUNK } else { TEXT_COMPLETION }.into()),
+                created: Some(7),
+                model: Some("m\"x".into()),
+                choices: vec![choice],
+                ..Chunk::default()
+            };
+            let mut slow = Vec::new();
+            crate::sse::data(&mut slow, &chunk);
+            assert_eq!(
+                String::from_utf8(fast).unwrap(),
+                String::from_utf8(slow).unwrap()
+            );
         }
     }
 

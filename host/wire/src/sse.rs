@@ -22,6 +22,11 @@ pub fn event(out: &mut Vec<u8>, name: &str, value: &impl Serialize) {
 /// A comment line: ignored by every SSE client, and traffic for every proxy between.
 pub const KEEP_ALIVE: &[u8] = b": ping\n\n";
 
+/// Appends `text` as a JSON string (quoted, escaped).
+pub fn json_string(out: &mut Vec<u8>, text: &str) {
+    json(out, &text);
+}
+
 fn json(out: &mut Vec<u8>, value: &impl Serialize) {
     // The wire types serialize infallibly (no maps with non-string keys); an empty object
     // keeps the frame well-formed should one ever fail.

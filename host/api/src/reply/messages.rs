@@ -103,11 +103,7 @@ impl StreamWriter {
                     Some(Open::Text(index)) => index,
                     _ => self.open(ContentBlock::Text { text: "" }, false, out),
                 };
-                StreamEvent::ContentBlockDelta {
-                    index,
-                    delta: BlockDelta::TextDelta { text },
-                }
-                .write_sse(out);
+                anthropic::write_text_delta(out, index, text);
             }
             ReplyEvent::ToolCallStart { id, name } => {
                 let block = ContentBlock::ToolUse {

@@ -40,6 +40,8 @@ pub struct StreamWriter {
     include_usage: bool,
     /// Tool calls so far: the next one's `index`.
     calls: u32,
+    /// The frame of a text piece, its fixed parts written once.
+    text: openai::TextFrame,
     /// Relaying a server's own chunks: only what they lack is written (the role, text and
     /// tool chunks never; the finish unless the server's came). `None`: everything.
     relay: Option<Relayed>,
@@ -55,10 +57,12 @@ struct Relayed {
 impl StreamWriter {
     /// A writer of reply `id` from `model`, a chat's (else a completion's).
     pub fn new(id: String, model: String, chat: bool, include_usage: bool) -> Self {
+        let created = unix_now();
         Self {
+            text: openai::TextFrame::new(&id, &model, created, chat),
             id,
             model,
-            created: unix_now(),
+            created,
             chat,
             include_usage,
             calls: 0,
@@ -141,13 +145,7 @@ impl StreamWriter {
                     self.content(delta, None, None, out);
                 }
             }
-            ReplyEvent::Text(text) => {
-                let delta = Delta {
-                    content: Some(text.into()),
-                    ..Delta::default()
-                };
-                self.content(delta, Some(text), None, out);
-            }
+            ReplyEvent::Text(text) => self.text.write(out, text),
             ReplyEvent::ToolCallStart { id, name } => {
                 if self.chat {
                     let call = ToolCall {

@@ -22,7 +22,7 @@ pub(crate) mod prepare;
 mod route;
 pub(crate) mod track;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -55,9 +55,6 @@ pub struct CallInput {
     /// The request's own limit on its wait in the admission queue
     /// (`x-ringmaster-queue-timeout-ms`), when it sets one.
     pub queue_timeout: Option<Duration>,
-    /// Set to the door once the body is known to ask for a stream (`None`: nobody asks), so
-    /// that a reply still waiting can start early.
-    pub streamed: Option<Arc<OnceLock<Door>>>,
 }
 
 /// One request between its phases.
@@ -108,47 +105,55 @@ pub async fn handle(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let mut call = Call::prepare(gateway, input, started, request_id)?;
-    call.admit().await?;
-    let (routed, mut tracker) = call.route()?;
-    let started = match call.attempt(routed).await {
-        Ok(started) => started,
-        Err(e) => {
-            tracker.failed(e.message());
-            return Err(e);
+    Call::prepare(gateway, input, started, request_id)?
+        .run()
+        .await
+}
+
+impl Call {
+    /// Every phase after prepare, in order, to the answer with the gateway's headers.
+    pub async fn run(mut self) -> Result<Response<ResponseBody>, ApiError> {
+        self.admit().await?;
+        let (routed, mut tracker) = self.route()?;
+        let started = match self.attempt(routed).await {
+            Ok(started) => started,
+            Err(e) => {
+                tracker.failed(e.message());
+                return Err(e);
+            }
+        };
+        if let Some(observation) = tracker.observation.as_mut() {
+            started
+                .decision
+                .server
+                .id()
+                .clone_into(&mut observation.server);
         }
-    };
-    if let Some(observation) = tracker.observation.as_mut() {
-        started
-            .decision
-            .server
-            .id()
-            .clone_into(&mut observation.server);
+        let attempts = started.attempts;
+        let server = HeaderValue::from_str(started.decision.server.id()).ok();
+        let variant = HeaderValue::from_str(&tracker.label.variant).ok();
+        // The router version that decided (absent when the native ring decided alone).
+        let version = tracker
+            .variant
+            .as_ref()
+            .and_then(|v| HeaderValue::from_str(&v.policy.info().hash).ok());
+        let door = self.request.door;
+        let caller = self.caller.clone();
+        let mut response = crate::reply::answer(self, tracker, started).await?;
+        let headers = response.headers_mut();
+        if let Some(value) = server {
+            headers.insert(&header_names::SERVER, value);
+        }
+        headers.insert(&header_names::ATTEMPTS, HeaderValue::from(attempts));
+        if let Some(value) = variant {
+            headers.insert(&header_names::VARIANT, value);
+        }
+        if let Some(value) = version {
+            headers.insert(&header_names::POLICY_VERSION, value);
+        }
+        crate::auth::rate_limit_headers(&caller, headers, door);
+        Ok(response)
     }
-    let attempts = started.attempts;
-    let server = started.decision.server.id().to_owned();
-    let variant = tracker.label.variant.clone();
-    let version = tracker
-        .variant
-        .as_ref()
-        .map(|v| v.policy.info().hash.clone());
-    let door = call.request.door;
-    let caller = call.caller.clone();
-    let mut response = crate::reply::answer(call, tracker, started).await?;
-    let headers = response.headers_mut();
-    if let Ok(value) = HeaderValue::from_str(&server) {
-        headers.insert(&header_names::SERVER, value);
-    }
-    headers.insert(&header_names::ATTEMPTS, HeaderValue::from(attempts));
-    if let Ok(value) = HeaderValue::from_str(&variant) {
-        headers.insert(&header_names::VARIANT, value);
-    }
-    crate::auth::rate_limit_headers(&caller, headers, door);
-    // The router version that decided (absent when the native ring decided alone).
-    if let Some(value) = version.and_then(|h| HeaderValue::from_str(&h).ok()) {
-        headers.insert(&header_names::POLICY_VERSION, value);
-    }
-    Ok(response)
 }
 
 /// A JSON body answer.

@@ -32,18 +32,12 @@ impl Call {
             caller,
             passed_headers,
             queue_timeout,
-            streamed,
         } = input;
         // The request's one view of the pool: admission, the router, assignment and the
         // metrics all decide on it.
         let fleet = gateway.pool.snapshot();
         let request = door.parse(&body, gateway.limits(&fleet))?;
         drop(body);
-        if request.stream
-            && let Some(streamed) = &streamed
-        {
-            let _ = streamed.set(door);
-        }
         let (served_model, pool) = resolve_model(&fleet, &request.model)?;
         let served_model = served_model.to_owned();
         if pool
@@ -64,7 +58,7 @@ impl Call {
         let policy = PolicyRequest {
             id: request_id.to_owned(),
             model: request.model.clone(),
-            tier: caller.tier.clone(),
+            tier: caller.tier.to_string(),
             session_id: session.or_else(|| request.session.clone()),
             routing_key: input.key,
             prefix_hashes: input.prefix_hashes.clone(),

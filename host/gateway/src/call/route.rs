@@ -96,7 +96,7 @@ impl Call {
             fair_share: gateway
                 .admission
                 .is_active()
-                .then(|| self.caller.tenant.clone()),
+                .then(|| self.caller.tenant.to_string()),
             observation,
             label: VariantLabel {
                 variant: variant

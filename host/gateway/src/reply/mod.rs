@@ -46,7 +46,11 @@ pub(crate) async fn answer(
     let id = match relay.as_ref().and_then(|r| r.reply_id.clone()) {
         // A relayed reply keeps the server's id, which its relayed chunks carry.
         Some(id) if door.is_openai() => id,
-        _ => door.reply_id(&uuid::Uuid::new_v4().simple().to_string()),
+        _ => door.reply_id(
+            uuid::Uuid::new_v4()
+                .simple()
+                .encode_lower(&mut uuid::Uuid::encode_buffer()),
+        ),
     };
     if !call.request.stream {
         let mut in_flight = in_flight;

@@ -33,22 +33,27 @@
 mod chunks;
 mod conn;
 mod follow;
+mod health;
+mod reader;
 mod reply;
+mod request;
 mod sse;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hyper::body::Incoming;
-use ringmaster_gpu_runtime::{
-    GenerateEvent, GenerateRequest, GenerationStream, LoadReport, RelayState, ToolChoice,
-};
-use ringmaster_wire::openai;
+use ringmaster_gpu_runtime::{GenerateEvent, GenerationStream, LoadReport};
 use tracing::warn;
 
 pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
+pub use health::{Health, RemoteError};
+pub use reader::ReplyReader;
+pub use request::UpstreamRequest;
 pub use sse::{SseDecoder, SseError};
+
+use request::Endpoint;
 
 use conn::{ConnError, Http1Pool, Lease};
 use reply::RemoteReply;
@@ -83,131 +88,6 @@ pub enum ReplyMode {
     /// A stream, read into events, with the server's own content chunks kept for a client
     /// that speaks the server's API ([`GenerationStream::take_relayed`]).
     Relayed,
-}
-
-/// Why a request could not be started on a server.
-#[derive(Debug, thiserror::Error)]
-pub enum RemoteError {
-    /// The server could not be reached, reset the connection or did not answer in time.
-    #[error("the server at {url} cannot be reached: {why}")]
-    Unreachable {
-        /// The server.
-        url: String,
-        /// What failed.
-        why: String,
-        /// Whether it was a timeout (for the attempt metric).
-        timeout: bool,
-    },
-    /// The server refused the request as invalid (400: the client's to fix).
-    #[error("{message}")]
-    Refused {
-        /// The server's message.
-        message: String,
-    },
-    /// The server answered with an error status.
-    #[error("the server at {url} answered {status}: {message}")]
-    Failed {
-        /// The server.
-        url: String,
-        /// Its status.
-        status: u16,
-        /// Its message.
-        message: String,
-    },
-    /// The reply broke or reported an error before its first event.
-    #[error("the server at {url} broke off the reply before it began: {why}")]
-    Broken {
-        /// The server.
-        url: String,
-        /// What happened.
-        why: String,
-    },
-}
-
-impl RemoteError {
-    /// Whether another server (or a later try) can help: everything but a refusal and a
-    /// 4xx other than 408 and 429.
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            Self::Unreachable { .. } | Self::Broken { .. } => true,
-            Self::Refused { .. } => false,
-            Self::Failed { status, .. } => *status >= 500 || matches!(status, 408 | 429),
-        }
-    }
-
-    /// A stable name for the attempt metric.
-    pub fn outcome(&self) -> &'static str {
-        match self {
-            Self::Unreachable { timeout: true, .. } => "timeout",
-            Self::Unreachable { .. } => "unreachable",
-            Self::Refused { .. } => "refused",
-            Self::Failed { status: 429, .. } => "status-429",
-            Self::Failed { status: 503, .. } => "status-503",
-            Self::Failed { status, .. } if *status >= 500 => "status-5xx",
-            Self::Failed { .. } => "status-4xx",
-            Self::Broken { .. } => "broken",
-        }
-    }
-}
-
-/// Passive outlier detection: consecutive failures eject a server for a while.
-#[derive(Debug, Default)]
-pub struct Health {
-    consecutive_failures: AtomicU32,
-    /// Ejections since the last success, which set the next backoff.
-    ejections_in_a_row: AtomicU32,
-    ejected_until: Mutex<Option<Instant>>,
-    ejections_total: AtomicU64,
-}
-
-impl Health {
-    /// Counts a request that reached the server and began.
-    pub fn success(&self) {
-        self.consecutive_failures.store(0, Ordering::Relaxed);
-        self.ejections_in_a_row.store(0, Ordering::Relaxed);
-    }
-
-    /// Counts a failed request; ejects the server when it is the `settings`' n-th in a row.
-    /// Returns the ejection's length when this failure ejected it.
-    pub fn failure(&self, settings: &UpstreamSettings) -> Option<Duration> {
-        let failures = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if settings.eject_after_failures == 0 || failures < settings.eject_after_failures {
-            return None;
-        }
-        self.consecutive_failures.store(0, Ordering::Relaxed);
-        let n = self.ejections_in_a_row.fetch_add(1, Ordering::Relaxed);
-        let backoff = settings
-            .eject_base
-            .saturating_mul(1u32 << n.min(16))
-            .min(settings.eject_max);
-        *self
-            .ejected_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now() + backoff);
-        self.ejections_total.fetch_add(1, Ordering::Relaxed);
-        Some(backoff)
-    }
-
-    /// Whether the server is ejected now.
-    pub fn is_ejected(&self) -> bool {
-        let mut until = self
-            .ejected_until
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        match *until {
-            Some(t) if Instant::now() < t => true,
-            Some(_) => {
-                *until = None;
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// Ejections so far.
-    pub fn ejections_total(&self) -> u64 {
-        self.ejections_total.load(Ordering::Relaxed)
-    }
 }
 
 /// A client of one server.
@@ -589,282 +469,12 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// A server's streamed reply, bytes in, engine events out: the SSE split ([`SseDecoder`]) and
-/// the chunk decoding ([`ReplyDecoder`]) as one step, with no I/O (the relay, the proptests and
-/// the fuzz target all read replies through it). With a relay, the server's own content chunks
-/// are also kept, as the SSE frames it sent, for a client that speaks the server's API.
-#[derive(Debug)]
-pub struct ReplyReader {
-    sse: SseDecoder,
-    decoder: ReplyDecoder,
-    /// `None`: no relay.
-    relay: Option<Relay>,
-}
-
-/// What a relay keeps of the server's chunks.
-#[derive(Debug, Default)]
-struct Relay {
-    /// The content chunks read and not yet taken, as `data: …` frames.
-    frames: Vec<u8>,
-    /// A content chunk carried the finish.
-    finish: bool,
-}
-
-/// Decodes one event's data, keeping it for the relay when it was content.
-fn read_event(
-    decoder: &mut ReplyDecoder,
-    relay: &mut Option<Relay>,
-    data: &[u8],
-    out: &mut Vec<GenerateEvent>,
-) {
-    let kind = decoder.data(data, out);
-    if let (ChunkKind::Content { finish }, Some(relay)) = (kind, relay.as_mut()) {
-        relay.frames.extend_from_slice(b"data: ");
-        relay.frames.extend_from_slice(data);
-        relay.frames.extend_from_slice(b"\n\n");
-        relay.finish |= finish;
-    }
-}
-
-impl ReplyReader {
-    /// A reader that cuts off any line or event longer than `limit` bytes.
-    pub fn new(limit: usize) -> Self {
-        Self {
-            sse: SseDecoder::new(limit),
-            decoder: ReplyDecoder::default(),
-            relay: None,
-        }
-    }
-
-    /// A reader that also keeps the server's content chunks for [`Self::take_relayed`].
-    pub fn relaying(limit: usize) -> Self {
-        Self {
-            relay: Some(Relay::default()),
-            ..Self::new(limit)
-        }
-    }
-
-    /// Bytes read from the body; the events they complete go to `out`.
-    pub fn feed(&mut self, bytes: &[u8], out: &mut Vec<GenerateEvent>) {
-        if self.decoder.is_done() {
-            return;
-        }
-        self.sse.push(bytes);
-        while let Some(event) = self.sse.next_event() {
-            match event {
-                Ok(data) => read_event(&mut self.decoder, &mut self.relay, data, out),
-                Err(e) => self.decoder.fail(e.to_string(), out),
-            }
-            if self.decoder.is_done() {
-                break;
-            }
-        }
-    }
-
-    /// The body ended: the last event, then the finish (or the failure) if none came.
-    pub fn end(&mut self, out: &mut Vec<GenerateEvent>) {
-        if !self.decoder.is_done()
-            && let Some(event) = self.sse.finish()
-        {
-            match event {
-                Ok(data) => read_event(&mut self.decoder, &mut self.relay, data, out),
-                Err(e) => self.decoder.fail(e.to_string(), out),
-            }
-        }
-        self.decoder.end_of_body(out);
-    }
-
-    /// The reply broke off.
-    pub fn fail(&mut self, message: String, out: &mut Vec<GenerateEvent>) {
-        self.decoder.fail(message, out);
-    }
-
-    /// Whether the last event was produced.
-    pub fn is_done(&self) -> bool {
-        self.decoder.is_done()
-    }
-
-    /// Whether the output count is this reader's own (the server reported none).
-    pub fn counted_output(&self) -> bool {
-        self.decoder.counted_output()
-    }
-
-    /// The content chunks kept since the last call, as the SSE frames the server sent them
-    /// (`None` without a relay or with nothing new).
-    pub fn take_relayed(&mut self) -> Option<Vec<u8>> {
-        let relay = self.relay.as_mut().filter(|r| !r.frames.is_empty())?;
-        Some(std::mem::take(&mut relay.frames))
-    }
-
-    /// What a relay has passed on so far (`None` without a relay): the server's reply id,
-    /// and whether a chunk with the finish was among the chunks.
-    pub fn relay_state(&self) -> Option<RelayState> {
-        let relay = self.relay.as_ref()?;
-        Some(RelayState {
-            reply_id: self.decoder.reply_id().map(str::to_owned),
-            finish_relayed: relay.finish,
-        })
-    }
-}
-
-/// Which OpenAI endpoint a request goes to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Endpoint {
-    /// `/v1/chat/completions`.
-    Chat,
-    /// `/v1/completions` (a raw prompt).
-    Completions,
-}
-
-/// A request as a server gets it, encoded once: every attempt (a retry on another server of
-/// the same pool) sends these bytes again.
-#[derive(Clone, Debug)]
-pub struct UpstreamRequest {
-    endpoint: Endpoint,
-    body: bytes::Bytes,
-    mode: ReplyMode,
-    request_id: String,
-}
-
-impl UpstreamRequest {
-    /// `request` for servers that serve it as `model`, its reply asked for as `mode` says.
-    pub fn encode(request: &GenerateRequest, model: &str, mode: ReplyMode) -> Self {
-        let (endpoint, body) = wire_request(request, model, mode == ReplyMode::Whole);
-        // The wire types serialize infallibly (strings, numbers, raw JSON text).
-        let body = serde_json::to_vec(&body).unwrap_or_default();
-        Self {
-            endpoint,
-            body: bytes::Bytes::from(body),
-            mode,
-            request_id: request.request_id.clone(),
-        }
-    }
-
-    /// The encoded body.
-    pub fn body(&self) -> &[u8] {
-        &self.body
-    }
-}
-
-/// A sampling value as the client wrote it (`0.7`, not `0.699999988079071`).
-fn widen(value: f32) -> f64 {
-    value.to_string().parse().unwrap_or(f64::from(value))
-}
-
-/// The server endpoint and OpenAI body for `request`, borrowing from it. A `whole` answer is
-/// asked for without a stream.
-fn wire_request<'a>(
-    request: &'a GenerateRequest,
-    model: &'a str,
-    whole: bool,
-) -> (Endpoint, openai::Request<'a>) {
-    let sampling = &request.sampling;
-    let mut body = openai::Request {
-        model: Some(model.into()),
-        max_tokens: Some(i64::from(request.max_tokens)),
-        stream: Some(!whole),
-        stream_options: (!whole).then_some(openai::StreamOptions {
-            include_usage: Some(true),
-            continuous_usage_stats: Some(true),
-            include_obfuscation: None,
-        }),
-        temperature: sampling.temperature.map(widen),
-        top_p: sampling.top_p.map(widen),
-        top_k: sampling.top_k.map(i64::from),
-        seed: sampling.seed.and_then(|s| i64::try_from(s).ok()),
-        stop: (!request.stop_sequences.is_empty())
-            .then(|| openai::Stop::List(request.stop_sequences.iter().map(Into::into).collect())),
-        // vLLM's and SGLang's extension (and `ringmaster worker`'s): run to `max_tokens`.
-        ignore_eos: sampling.ignore_eos.then_some(true),
-        // `ringmaster worker`'s scheduling priority (other servers ignore unknown fields).
-        ringmaster_priority: Some(request.priority),
-        ..openai::Request::default()
-    };
-    if let Some(offer) = &request.tools {
-        body.tools = Some(
-            offer
-                .tools
-                .iter()
-                .map(|tool| openai::Tool {
-                    kind: Some("function".into()),
-                    function: Some(openai::Function {
-                        name: Some(tool.name.as_str().into()),
-                        description: tool.description.as_deref().map(Into::into),
-                        parameters: Some(tool.parameters.as_ref()),
-                    }),
-                })
-                .collect(),
-        );
-        body.tool_choice = Some(match &offer.choice {
-            ToolChoice::Auto => openai::ToolChoice::Mode("auto".into()),
-            ToolChoice::None => openai::ToolChoice::Mode("none".into()),
-            ToolChoice::Required => openai::ToolChoice::Mode("required".into()),
-            ToolChoice::Named(name) => openai::ToolChoice::named(name.as_str()),
-        });
-        body.parallel_tool_calls = offer.parallel;
-    }
-    if let Some(prompt) = &request.prompt {
-        body.prompt = Some(openai::Prompt::Text(prompt.into()));
-        return (Endpoint::Completions, body);
-    }
-    let mut messages = Vec::with_capacity(request.messages.len() + 1);
-    if let Some(system) = &request.system {
-        messages.push(openai::Message {
-            role: "system".into(),
-            content: Some(openai::Content::Text(system.into())),
-            ..openai::Message::default()
-        });
-    }
-    for m in &request.messages {
-        let content = if m.images.is_empty() {
-            openai::Content::Text(m.text.as_str().into())
-        } else {
-            let mut parts: Vec<openai::Part<'_>> = m
-                .images
-                .iter()
-                .map(|image| openai::Part::image(image.url.as_str()))
-                .collect();
-            if !m.text.is_empty() {
-                parts.push(openai::Part::text(m.text.as_str()));
-            }
-            openai::Content::List(parts)
-        };
-        messages.push(openai::Message {
-            role: match (m.role, &m.tool_call_id) {
-                (_, Some(_)) => "tool",
-                (ringmaster_gpu_runtime::Role::User, None) => "user",
-                (ringmaster_gpu_runtime::Role::Assistant, None) => "assistant",
-            }
-            .into(),
-            content: Some(content),
-            tool_calls: (!m.tool_calls.is_empty()).then(|| {
-                m.tool_calls
-                    .iter()
-                    .map(|call| openai::ToolCall {
-                        index: None,
-                        id: Some(call.id.as_str().into()),
-                        kind: Some("function".into()),
-                        function: Some(openai::FunctionCall {
-                            name: Some(call.name.as_str().into()),
-                            arguments: Some(openai::Arguments::Text(
-                                call.arguments.as_str().into(),
-                            )),
-                        }),
-                    })
-                    .collect()
-            }),
-            tool_call_id: m.tool_call_id.as_deref().map(Into::into),
-            ..openai::Message::default()
-        });
-    }
-    body.messages = Some(messages);
-    (Endpoint::Chat, body)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use request::wire_request;
+    use ringmaster_gpu_runtime::{GenerateRequest, RelayState};
 
     /// What the relay does with a reply's bytes, read `split` bytes at a time.
     fn read_reply(bytes: &[u8], split: usize, limit: usize) -> Vec<GenerateEvent> {

@@ -1,0 +1,165 @@
+//! The router slot at work: one request routed (the variant's policy decides, the pool
+//! carries it out under the cap, a fault falls back to the ring and is counted, the shadow
+//! decides alongside), and the same decision explained with nothing counted.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ringmaster_policy_engine::{PolicyFault, PolicyRequest, RouteDecision};
+use ringmaster_pool::kv_view::ChatPrompt;
+use ringmaster_pool::{Decision, Pool, PoolSnapshot};
+use tracing::warn;
+
+use super::view::PoolView;
+use super::{RouteOutcome, Routed, RouterSlot, Variant};
+use crate::routing::RoutingInput;
+
+impl RouterSlot {
+    /// Routes one request: the variant's policy decides (or the ring, when there is none or it
+    /// faults) and the pool carries it out.
+    ///
+    /// Everything is decided on `snapshot`, the request's one view of the pool.
+    pub fn route(
+        &self,
+        pool: &Pool,
+        snapshot: &PoolSnapshot,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
+        request: &PolicyRequest,
+    ) -> RouteOutcome {
+        let set = self.set.load();
+        if snapshot.servers.is_empty() {
+            return RouteOutcome::NoServers;
+        }
+        let view = PoolView::new(snapshot, pool, input, chat);
+        let variant = set.pick(input.key).cloned();
+        let mut fault = None;
+        let routed = match &variant {
+            None => pool.route_on(snapshot, input),
+            Some(variant) => match variant.policy.route(&view, request) {
+                Ok(RouteDecision::Route(id)) => {
+                    variant.consecutive_faults.store(0, Ordering::Relaxed);
+                    pool.assign_on(snapshot, &id, input, self.guard)
+                }
+                Ok(RouteDecision::Reject(reason)) => {
+                    variant.consecutive_faults.store(0, Ordering::Relaxed);
+                    return RouteOutcome::Rejected {
+                        variant: variant.clone(),
+                        reason,
+                    };
+                }
+                Err(policy_fault) => {
+                    self.on_fault(variant, &policy_fault);
+                    fault = Some(policy_fault);
+                    pool.route_on(snapshot, input)
+                }
+            },
+        };
+        let Some((decision, mut in_flight)) = routed else {
+            return RouteOutcome::NoServers;
+        };
+        in_flight.charge_prefill(view.uncached_tokens(decision.server.id(), request.prompt_tokens));
+        if let Some(variant) = &variant {
+            variant.stats.requests.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(shadow) = &set.shadow {
+            self.run_shadow(shadow, &view, request, decision.server.id());
+        }
+        RouteOutcome::Routed(Box::new(Routed {
+            decision,
+            in_flight,
+            variant,
+            fault,
+        }))
+    }
+
+    fn on_fault(&self, variant: &Arc<Variant>, fault: &PolicyFault) {
+        variant.stats.faults.fetch_add(1, Ordering::Relaxed);
+        let in_a_row = variant.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
+        warn!(variant = %variant.name, kind = fault.kind(), in_a_row, "policy.fault");
+        if in_a_row >= self.rollback_after_faults && !variant.history.is_empty() {
+            let hash = variant.policy.info().hash.clone();
+            let _ = self.rollback_if(&variant.name, Some(&hash));
+        }
+    }
+
+    fn run_shadow(
+        &self,
+        shadow: &Arc<Variant>,
+        view: &PoolView<'_>,
+        request: &PolicyRequest,
+        live: &str,
+    ) {
+        shadow
+            .stats
+            .shadow_decisions
+            .fetch_add(1, Ordering::Relaxed);
+        match shadow.policy.route(view, request) {
+            Ok(RouteDecision::Route(id)) => {
+                if id == live {
+                    shadow
+                        .stats
+                        .shadow_agreements
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                shadow.stats.record_shadow_choice(id);
+            }
+            Ok(RouteDecision::Reject(_)) => {}
+            Err(fault) => self.on_fault(shadow, &fault),
+        }
+    }
+}
+
+/// What routing would decide for a request now, with nothing counted: the explain endpoint's
+/// answer, from the same variant pick, policy call and carrying-out the path uses.
+#[derive(Debug)]
+pub struct Explained {
+    /// The variant whose policy decided (`None`: the native ring).
+    pub variant: Option<Arc<Variant>>,
+    /// The server the policy named, if it named one.
+    pub chosen: Option<String>,
+    /// The decision carried out (`None`: no servers, or the policy refused).
+    pub decision: Option<Decision>,
+    /// The policy's refusal, if it refused.
+    pub rejected: Option<String>,
+    /// The fault that made the ring decide instead, if any.
+    pub fault: Option<PolicyFault>,
+}
+
+impl RouterSlot {
+    /// What [`Self::route`] would decide on `snapshot` now, counting nothing and charging
+    /// no fault. The policy runs once, as it would for the request.
+    pub fn explain(
+        &self,
+        pool: &Pool,
+        snapshot: &PoolSnapshot,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
+        request: &PolicyRequest,
+    ) -> Explained {
+        let set = self.set.load();
+        let variant = set.pick(input.key).cloned();
+        let mut explained = Explained {
+            variant: variant.clone(),
+            chosen: None,
+            decision: None,
+            rejected: None,
+            fault: None,
+        };
+        let Some(variant) = variant else {
+            explained.decision = pool.explain_on(snapshot, input);
+            return explained;
+        };
+        let view = PoolView::new(snapshot, pool, input, chat);
+        match variant.policy.route(&view, request) {
+            Ok(RouteDecision::Route(id)) => {
+                explained.decision = pool.explain_assign_on(snapshot, &id, input, self.guard);
+                explained.chosen = Some(id);
+            }
+            Ok(RouteDecision::Reject(reason)) => explained.rejected = Some(reason),
+            Err(fault) => {
+                explained.fault = Some(fault);
+                explained.decision = pool.explain_on(snapshot, input);
+            }
+        }
+        explained
+    }
+}
