@@ -16,7 +16,7 @@
 # rate with 64 connections (non-streaming and streaming), with the CPU seconds and the peak
 # RSS of the router's process tree during it, and the new upstream connections per request.
 #
-#   tests/bench/overhead.sh [--seconds 5] [--out tests/bench/results]
+#   tests/bench/overhead.sh [--seconds 5] [--rounds 3] [--out tests/bench/results]
 #
 # Writes results.json and a Markdown table (overhead.md) under --out; BENCHMARKS.md quotes it.
 set -euo pipefail
@@ -194,12 +194,26 @@ run_target() { # target api -> JSON object
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   fi
-  python3 -c "import json,sys; print(json.dumps({'target': sys.argv[1], 'api': sys.argv[2], 'phases': [json.loads(x) for x in sys.argv[3:]]}))" "$target" "$api" "${results[@]}"
+  python3 -c "import json,sys; print(json.dumps({'target': sys.argv[1], 'api': sys.argv[2], 'round': int(sys.argv[3]), 'phases': [json.loads(x) for x in sys.argv[4:]]}))" "$target" "$api" "$round" "${results[@]}"
 }
 
+# Rounds, alternated: the VM's speed drifts between runs by more than the differences
+# measured, so each round measures every target once, in the reverse order of the round
+# before, and the report takes medians. The peers (sglang-router, vllm-router) are measured
+# in the first round only: the targets are ratios to HAProxy.
 all=()
-for target in direct ringmaster ringmaster-ring haproxy; do all+=("$(run_target $target messages)"); done
-for target in direct ringmaster haproxy sglang vllm; do all+=("$(run_target $target openai)"); done
+for round in $(seq 1 "$rounds"); do
+  step "round $round of $rounds"
+  messages_targets=(direct ringmaster ringmaster-ring haproxy)
+  openai_targets=(direct ringmaster haproxy)
+  [ "$round" = 1 ] && openai_targets+=(sglang vllm)
+  if [ $((round % 2)) = 0 ]; then
+    messages_targets=(direct haproxy ringmaster-ring ringmaster)
+    openai_targets=(direct haproxy ringmaster)
+  fi
+  for target in "${messages_targets[@]}"; do all+=("$(run_target "$target" messages)"); done
+  for target in "${openai_targets[@]}"; do all+=("$(run_target "$target" openai)"); done
+done
 python3 - "$out/results.json" "${all[@]}" <<'PY'
 import json, sys
 json.dump([json.loads(x) for x in sys.argv[2:]], open(sys.argv[1], "w"), indent=1)
