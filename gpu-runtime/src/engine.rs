@@ -39,7 +39,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
@@ -50,6 +49,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::block::{BlockHash, KvEvent, SeqId, blocks_for};
 use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
+use crate::generation::GenerationStream;
 use crate::output::OutputText;
 use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
 use crate::scheduler::{
@@ -67,51 +67,10 @@ const MAX_CLOCK_LAG: Duration = Duration::from_millis(5);
 /// Prefix-cache events kept for slow subscribers (see [`EngineHandle::kv_subscribe`]).
 pub const KV_EVENT_BUFFER: usize = 4096;
 
-/// A snapshot of an engine's load and cumulative counters, published after every step. (A
-/// worker serves it as `ringmaster_wire::worker::Load`.)
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LoadReport {
-    /// Sequences running (holding KV blocks).
-    pub running: u32,
-    /// Requests waiting for admission, including those submitted but not yet taken in.
-    pub waiting: u32,
-    /// Blocks in the KV pool.
-    pub kv_blocks_total: u32,
-    /// Blocks referenced by live sequences.
-    pub kv_blocks_used: u32,
-    /// Blocks unreferenced but still hittable in the prefix cache.
-    pub kv_blocks_cached: u32,
-    /// Prompt tokens of every admitted request (cumulative).
-    pub prompt_tokens_total: u64,
-    /// Of those, tokens reused from the prefix cache (cumulative); divide by
-    /// `prompt_tokens_total` for the hit ratio.
-    pub cached_prompt_tokens_total: u64,
-    /// Tokens generated (cumulative).
-    pub generated_tokens_total: u64,
-    /// Requests that reached `Finished` (cumulative).
-    pub requests_finished: u64,
-    /// Requests whose stream was dropped before `Finished` (cumulative).
-    pub requests_cancelled: u64,
-    /// Sequences preempted for lack of KV blocks (cumulative).
-    pub preemptions: u64,
-    /// Steps run (cumulative).
-    pub steps: u64,
-    /// Sequences in the last step (its batch size).
-    pub last_batch_size: u32,
-    /// Sequences scheduled, summed over steps (cumulative; over `steps`, the mean batch).
-    pub step_sequences_total: u64,
-    /// Tokens computed, summed over steps (cumulative).
-    pub step_tokens_total: u64,
-    /// The step token budget, summed over steps (cumulative; `step_tokens_total` over this is
-    /// the batch utilisation).
-    pub step_budget_tokens_total: u64,
-    /// Prompt tokens computed (prefill, including recompute after preemption; cumulative).
-    pub prefill_tokens_total: u64,
-    /// Decode tokens computed (cumulative).
-    pub decode_tokens_total: u64,
-    /// Time the executor spent computing steps (cumulative); tokens over it are tokens/s.
-    pub busy_seconds_total: f64,
-}
+/// A snapshot of an engine's load and cumulative counters, published after every step: the
+/// worker protocol's `GET /load` shape itself, so that a worker serves it and a gateway reads it
+/// with no copy between the engine's terms and the wire's.
+pub use ringmaster_wire::worker::Load as LoadReport;
 
 /// State shared by the engine task, its handles and its streams.
 #[derive(Debug)]
@@ -121,7 +80,7 @@ struct Shared {
     /// Requests submitted but not yet taken in by the engine.
     inbox: AtomicU32,
     /// Wakes the engine when a stream is dropped.
-    wake: Notify,
+    wake: Arc<Notify>,
     /// Prefix-cache changes, published after each step.
     kv_events: broadcast::Sender<KvEvent>,
     /// The hashes the prefix cache holds, as of the last published event. Events are applied
@@ -145,172 +104,6 @@ struct HandleInner {
 #[derive(Clone, Debug)]
 pub struct EngineHandle {
     inner: Arc<HandleInner>,
-}
-
-/// The events of one request. Dropping it before `Finished` cancels the request.
-#[derive(Debug)]
-pub struct GenerationStream {
-    events: Events,
-    /// An event already taken off the stream and put back ([`GenerationStream::with_front`]),
-    /// handed out first.
-    front: Option<GenerateEvent>,
-    /// The local engine to wake when the stream is dropped early; `None` for a stream fed by
-    /// something else (a remote worker's client).
-    shared: Option<Arc<Shared>>,
-    finished: bool,
-}
-
-/// Something that produces a stream's events when polled, in the consumer's own task: a
-/// remote server's reply read straight from its socket, with no task or channel in between.
-/// Backpressure is natural: nothing is read until the consumer asks.
-pub trait EventSource: Send + Unpin + 'static {
-    /// The next event, `Pending` (with the waker registered) until one is there, `None` once
-    /// the source has nothing more.
-    fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>>;
-
-    /// For a relay: the server's own frames for the content read so far and not yet taken
-    /// (`None`: nothing new, or the source keeps none).
-    fn take_relayed(&mut self) -> Option<Vec<u8>> {
-        None
-    }
-
-    /// For a relay: what it has passed on (`None`: the source keeps no frames).
-    fn relay_state(&self) -> Option<RelayState> {
-        None
-    }
-}
-
-/// What a relay of a server's own frames has passed on so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RelayState {
-    /// The server's id of the reply, once a frame named it.
-    pub reply_id: Option<String>,
-    /// A frame carried the finish (so the client has it already).
-    pub finish_relayed: bool,
-}
-
-impl GenerationStream {
-    /// A stream read from `source` by whoever consumes it.
-    pub fn from_source(source: Box<dyn EventSource>) -> Self {
-        Self {
-            events: Events::Source(source),
-            front: None,
-            shared: None,
-            finished: false,
-        }
-    }
-
-    /// The stream with `event` put back in front (a remote client looks at the first event
-    /// before it commits to a server).
-    pub fn with_front(mut self, event: GenerateEvent) -> Self {
-        self.front = Some(event);
-        self.finished = false;
-        self
-    }
-
-    /// A stream of events that are all here already (a server's whole JSON answer).
-    pub fn from_events(events: Vec<GenerateEvent>) -> Self {
-        Self {
-            events: Events::Ready(events.into()),
-            front: None,
-            shared: None,
-            finished: false,
-        }
-    }
-
-    /// The server's own frames for the content read so far and not yet taken, when the
-    /// stream is a relayed server reply (see [`EventSource::take_relayed`]).
-    pub fn take_relayed(&mut self) -> Option<Vec<u8>> {
-        match &mut self.events {
-            Events::Source(source) => source.take_relayed(),
-            _ => None,
-        }
-    }
-
-    /// What a relayed server reply has passed on (`None`: not a relay).
-    pub fn relay_state(&self) -> Option<RelayState> {
-        match &self.events {
-            Events::Source(source) => source.relay_state(),
-            _ => None,
-        }
-    }
-
-    /// The next event; `None` after `Finished` (or if the engine died).
-    ///
-    /// Cancel safety: this method is cancel-safe; an event is never lost if the future is
-    /// dropped before it completes.
-    pub async fn next(&mut self) -> Option<GenerateEvent> {
-        std::future::poll_fn(|cx| self.poll_next(cx)).await
-    }
-
-    /// The next event, or `Pending` with `cx`'s waker registered; `None` after `Finished` (or
-    /// if the producer went away).
-    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>> {
-        if self.finished {
-            return Poll::Ready(None);
-        }
-        let event = match self.front.take() {
-            Some(event) => Some(event),
-            None => std::task::ready!(self.events.poll_recv(cx)),
-        };
-        if matches!(
-            event,
-            None | Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
-        ) {
-            self.finished = true;
-        }
-        Poll::Ready(event)
-    }
-}
-
-/// Where a stream's events come from.
-enum Events {
-    /// A local engine's thread, which must never block on a send.
-    Unbounded(mpsc::UnboundedReceiver<GenerateEvent>),
-    /// Read on demand by the consumer.
-    Source(Box<dyn EventSource>),
-    /// All here already.
-    Ready(std::collections::VecDeque<GenerateEvent>),
-}
-
-impl std::fmt::Debug for Events {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Unbounded(_) => f.write_str("Events::Unbounded"),
-            Self::Source(_) => f.write_str("Events::Source"),
-            Self::Ready(events) => write!(f, "Events::Ready({} left)", events.len()),
-        }
-    }
-}
-
-impl Events {
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>> {
-        match self {
-            Self::Unbounded(rx) => rx.poll_recv(cx),
-            Self::Source(source) => source.poll_event(cx),
-            Self::Ready(events) => Poll::Ready(events.pop_front()),
-        }
-    }
-
-    fn close(&mut self) {
-        match self {
-            Self::Unbounded(rx) => rx.close(),
-            // Dropping the source (with the stream) is what stops it.
-            Self::Source(_) | Self::Ready(_) => {}
-        }
-    }
-}
-
-impl Drop for GenerationStream {
-    fn drop(&mut self) {
-        if !self.finished {
-            // Close first so that the woken engine already sees the channel closed.
-            self.events.close();
-            if let Some(shared) = &self.shared {
-                shared.wake.notify_one();
-            }
-        }
-    }
 }
 
 #[derive(Debug)]
@@ -351,7 +144,7 @@ impl EngineHandle {
                 ..LoadReport::default()
             }),
             inbox: AtomicU32::new(0),
-            wake: Notify::new(),
+            wake: Arc::new(Notify::new()),
             kv_events: broadcast::channel(KV_EVENT_BUFFER).0,
             kv_cached: Mutex::new(HashSet::new()),
         });
@@ -454,12 +247,7 @@ impl EngineHandle {
             });
         }
         let (tx, rx) = mpsc::unbounded_channel();
-        let stream = GenerationStream {
-            events: Events::Unbounded(rx),
-            front: None,
-            shared: Some(inner.shared.clone()),
-            finished: false,
-        };
+        let stream = GenerationStream::from_engine(rx, inner.shared.wake.clone());
         if request.max_tokens == 0 {
             let _ = tx.send(GenerateEvent::Started {
                 prompt_tokens,

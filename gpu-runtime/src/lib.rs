@@ -50,6 +50,7 @@ pub mod cost;
 mod engine;
 mod error;
 pub mod executor;
+mod generation;
 pub mod model;
 /// The CUDA back end's kernels and device memory (feature `cuda`).
 #[cfg(feature = "cuda")]
@@ -63,13 +64,12 @@ pub use block::BLOCK_SIZE;
 pub use block::KvEvent;
 pub use config::EngineConfig;
 pub use cost::{DEFAULT_KV_BLOCKS, SimCostModel};
-pub use engine::{
-    EngineHandle, EventSource, GenerationStream, KV_EVENT_BUFFER, LoadReport, RelayState,
-};
+pub use engine::{EngineHandle, KV_EVENT_BUFFER, LoadReport};
 pub use error::EngineError;
 pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
+pub use generation::{EventSource, GenerationStream, RelayState};
 pub use request::{
     ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Image, Role, SamplingParams,
     ToolCall, ToolChoice, ToolOffer, ToolSpec,

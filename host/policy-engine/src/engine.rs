@@ -13,11 +13,12 @@ use wasmtime::{Cache, CacheConfig, Engine, InstanceAllocationStrategy, PoolingAl
 
 use crate::contract::{Version, World, check_header, check_world};
 use crate::error::{FaultCounters, PolicyError, PolicyFault};
-use crate::host::{CounterSet, PolicyShared, StoreData};
+use crate::host::{CounterSet, PolicyShared};
 use crate::instance::{Core, InstantiateError};
-use crate::state::{StateMode, StateStore};
+use crate::shared::EngineInner;
+use crate::state::StateMode;
 use crate::types::PolicyInfo;
-use crate::{EngineConfig, INSTANTIATE_FUEL_FACTOR, TABLE_ELEMENTS_LIMIT};
+use crate::{EngineConfig, TABLE_ELEMENTS_LIMIT};
 
 /// Core instances the pooling allocator provides per component instance (a Rust policy has 1–2,
 /// a componentize-py one about a dozen).
@@ -42,19 +43,6 @@ pub struct CacheStats {
 #[derive(Clone)]
 pub struct PolicyEngine {
     inner: Arc<EngineInner>,
-}
-
-pub(crate) struct EngineInner {
-    pub(crate) engine: Engine,
-    linker: Linker<StoreData>,
-    pub(crate) config: EngineConfig,
-    pub(crate) call_ticks: u64,
-    pub(crate) instantiate_ticks: u64,
-    cache: Option<Cache>,
-    counters: Mutex<BTreeMap<String, Arc<CounterSet>>>,
-    /// Each policy's `state` store, by world and name: what the next version loaded under
-    /// that name starts with ([`StateMode::Keep`]).
-    states: Mutex<BTreeMap<(&'static str, String), Arc<StateStore>>>,
 }
 
 impl fmt::Debug for PolicyEngine {
@@ -288,44 +276,6 @@ impl PolicyEngine {
     /// A fault, in words a policy author can act on.
     pub(crate) fn explain(&self, fault: &PolicyFault, instantiating: bool) -> String {
         self.inner.explain(fault, instantiating)
-    }
-}
-
-impl EngineInner {
-    pub(crate) fn new_state(&self) -> StateStore {
-        StateStore::new(self.config.state_max_entries, self.config.state_max_bytes)
-    }
-
-    pub(crate) fn explain(&self, fault: &PolicyFault, instantiating: bool) -> String {
-        let config = &self.config;
-        match fault {
-            PolicyFault::Deadline => match (config.fuel, instantiating) {
-                (Some(fuel), false) => {
-                    format!("it ran out of its {fuel} units of fuel (an endless loop?)")
-                }
-                (Some(fuel), true) => format!(
-                    "its start-up ran out of its {} units of fuel",
-                    fuel.saturating_mul(INSTANTIATE_FUEL_FACTOR)
-                ),
-                (None, false) => format!(
-                    "it ran past its {:?} deadline (an endless loop?)",
-                    config.call_deadline
-                ),
-                (None, true) => format!(
-                    "its start-up ran past the {:?} instantiate deadline",
-                    config.instantiate_deadline
-                ),
-            },
-            PolicyFault::OutOfMemory => format!(
-                "it needed more than its memory cap of {} bytes",
-                config.memory_limit_bytes
-            ),
-            PolicyFault::Trap(trap) => {
-                format!("it trapped ({trap}; a panic or an uncaught exception?)")
-            }
-            PolicyFault::InvalidAnswer(answer) => answer.clone(),
-            PolicyFault::Instantiate(why) => why.clone(),
-        }
     }
 }
 

@@ -11,9 +11,9 @@ use wasmtime::{Store, Trap, UpdateDeadline};
 
 use crate::INSTANTIATE_FUEL_FACTOR;
 use crate::contract::{Version, World};
-use crate::engine::EngineInner;
 use crate::error::{FaultCounters, PolicyFault};
 use crate::host::{self, CallCx, PolicyShared, StoreData};
+use crate::shared::EngineInner;
 use crate::types::PolicyInfo;
 
 /// Which limit a store is armed with before guest code runs.

@@ -62,6 +62,7 @@ mod imports;
 mod instance;
 mod policy;
 mod probe;
+mod shared;
 mod state;
 mod types;
 

@@ -7,48 +7,51 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-/// `GET /load`: an engine's load and cumulative counters. A missing field reads as 0, so a
+/// `GET /load`: an engine's load and cumulative counters (the engine publishes this very
+/// struct after every step). A missing field reads as 0, so a
 /// newer worker's report reads in an older gateway and the reverse.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Load {
     /// Sequences running (holding KV blocks).
     pub running: u32,
-    /// Requests waiting for admission.
+    /// Requests waiting for admission, including those submitted but not yet taken in.
     pub waiting: u32,
     /// Blocks in the KV pool.
     pub kv_blocks_total: u32,
     /// Blocks referenced by live sequences.
     pub kv_blocks_used: u32,
-    /// Blocks unreferenced but still in the prefix cache.
+    /// Blocks unreferenced but still hittable in the prefix cache.
     pub kv_blocks_cached: u32,
     /// Prompt tokens of every admitted request (cumulative).
     pub prompt_tokens_total: u64,
-    /// Of those, tokens reused from the prefix cache (cumulative).
+    /// Of those, tokens reused from the prefix cache (cumulative); divide by
+    /// `prompt_tokens_total` for the hit ratio.
     pub cached_prompt_tokens_total: u64,
     /// Tokens generated (cumulative).
     pub generated_tokens_total: u64,
-    /// Requests finished (cumulative).
+    /// Requests that reached their end (cumulative).
     pub requests_finished: u64,
-    /// Requests cancelled (cumulative).
+    /// Requests whose stream was dropped before their end (cumulative).
     pub requests_cancelled: u64,
-    /// Preemptions (cumulative).
+    /// Sequences preempted for lack of KV blocks (cumulative).
     pub preemptions: u64,
-    /// Engine steps (cumulative).
+    /// Steps run (cumulative).
     pub steps: u64,
-    /// Sequences in the last step.
+    /// Sequences in the last step (its batch size).
     pub last_batch_size: u32,
-    /// Sequences scheduled, summed over steps (cumulative).
+    /// Sequences scheduled, summed over steps (cumulative; over `steps`, the mean batch).
     pub step_sequences_total: u64,
     /// Tokens computed, summed over steps (cumulative).
     pub step_tokens_total: u64,
-    /// The step token budget, summed over steps (cumulative).
+    /// The step token budget, summed over steps (cumulative; `step_tokens_total` over this is
+    /// the batch utilisation).
     pub step_budget_tokens_total: u64,
-    /// Prompt tokens computed (cumulative).
+    /// Prompt tokens computed (prefill, including recompute after preemption; cumulative).
     pub prefill_tokens_total: u64,
     /// Decode tokens computed (cumulative).
     pub decode_tokens_total: u64,
-    /// Time spent computing steps (cumulative).
+    /// Time the executor spent computing steps (cumulative); tokens over it are tokens/s.
     pub busy_seconds_total: f64,
 }
 

@@ -44,9 +44,7 @@ use hyper::body::{Body, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use ringmaster_gpu_runtime::{
-    EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent, LoadReport,
-};
+use ringmaster_gpu_runtime::{EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent};
 use ringmaster_wire::models::ModelList;
 use ringmaster_wire::worker::{self as wire, HexHash, TokenizerDescription};
 use ringmaster_wire::{openai as openai_wire, sse};
@@ -142,7 +140,7 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
     let response = match (&method, path.as_str()) {
         (&Method::GET, "/health") => health(&worker),
         (&Method::GET, "/v1/models") => models(&worker),
-        (&Method::GET, "/load") => json_response(StatusCode::OK, &load(&worker.engine.load())),
+        (&Method::GET, "/load") => json_response(StatusCode::OK, &worker.engine.load()),
         (&Method::GET, "/kv/events") => kv_events(&worker),
         (&Method::GET, "/tokenizer") => tokenizer(&worker),
         (&Method::POST, "/v1/chat/completions") => {
@@ -198,31 +196,6 @@ fn models(worker: &Worker) -> Response<ResponseBody> {
         StatusCode::OK,
         &ModelList::new(std::slice::from_ref(&worker.model), "ringmaster"),
     )
-}
-
-/// The load report in its wire form.
-pub fn load(l: &LoadReport) -> wire::Load {
-    wire::Load {
-        running: l.running,
-        waiting: l.waiting,
-        kv_blocks_total: l.kv_blocks_total,
-        kv_blocks_used: l.kv_blocks_used,
-        kv_blocks_cached: l.kv_blocks_cached,
-        prompt_tokens_total: l.prompt_tokens_total,
-        cached_prompt_tokens_total: l.cached_prompt_tokens_total,
-        generated_tokens_total: l.generated_tokens_total,
-        requests_finished: l.requests_finished,
-        requests_cancelled: l.requests_cancelled,
-        preemptions: l.preemptions,
-        steps: l.steps,
-        last_batch_size: l.last_batch_size,
-        step_sequences_total: l.step_sequences_total,
-        step_tokens_total: l.step_tokens_total,
-        step_budget_tokens_total: l.step_budget_tokens_total,
-        prefill_tokens_total: l.prefill_tokens_total,
-        decode_tokens_total: l.decode_tokens_total,
-        busy_seconds_total: l.busy_seconds_total,
-    }
 }
 
 /// One KV event as its SSE frame.

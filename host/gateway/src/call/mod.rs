@@ -9,7 +9,7 @@
 //!    bounded-load cap; the decision is counted.
 //! 4. [`attempt`]: the generation starts on the chosen server, retried on the next one before
 //!    the first token where another server can help; a remote server's body is encoded once.
-//! 5. reply ([`crate::reply`]): one state machine, streamed or collected, in the door's terms.
+//! 5. [`answer`]: the reply machine ([`crate::reply`]), streamed or collected, in the door's terms.
 //! 6. record ([`track`]): latencies, the variant's statistics, the token charges, the learning
 //!    router's observation, the traffic recording, as the reply goes.
 //!
@@ -17,6 +17,7 @@
 //! [`CallInput`]; in-process callers (the trace replay) build one directly.
 
 mod admit;
+mod answer;
 pub(crate) mod attempt;
 pub(crate) mod prepare;
 mod route;
@@ -139,7 +140,7 @@ impl Call {
             .and_then(|v| HeaderValue::from_str(&v.policy.info().hash).ok());
         let door = self.request.door;
         let caller = self.caller.clone();
-        let mut response = crate::reply::answer(self, tracker, started).await?;
+        let mut response = self.answer(tracker, started).await?;
         let headers = response.headers_mut();
         if let Some(value) = server {
             headers.insert(&header_names::SERVER, value);

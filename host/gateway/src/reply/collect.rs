@@ -28,7 +28,7 @@ impl Drop for UnfinishedReply<'_> {
 }
 
 /// The whole reply as one message.
-pub(super) async fn collect(
+pub(crate) async fn collect(
     tracker: &Tracker,
     mut generation: GenerationStream,
     in_flight: &mut InFlight,

@@ -11,72 +11,19 @@
 //! Cancel safety: dropping the generation (the client went away, or the filter refused)
 //! cancels it on the server; both drivers drop it as soon as nothing more is wanted.
 
-mod collect;
+pub(crate) mod collect;
 pub(crate) mod early;
 pub(crate) mod resume;
-mod stream;
+pub(crate) mod stream;
 
-use http::Response;
-use http::header::HeaderValue;
 use ringmaster_api::reply::{ReplyEvent, StopReason, StreamWriter, Usage, WholeReply};
 use ringmaster_api::{ApiError, Door};
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
 use tracing::{info, warn};
 
-use crate::body::ResponseBody;
 use crate::call::track::Tracker;
-use crate::call::{Call, json_body};
 use crate::metrics::Metrics;
-use crate::respond::header_names;
 use crate::safety::{Blocked, OutputFilter};
-
-/// Phase 5: the reply to `call`, whose generation has `started`, as a stream or one body.
-pub(crate) async fn answer(
-    call: Call,
-    tracker: Tracker,
-    started: crate::call::attempt::Started,
-) -> Result<Response<ResponseBody>, ApiError> {
-    let crate::call::attempt::Started {
-        generation,
-        in_flight,
-        ..
-    } = started;
-    let door = call.request.door;
-    let relay = generation.relay_state();
-    let id = match relay.as_ref().and_then(|r| r.reply_id.clone()) {
-        // A relayed reply keeps the server's id, which its relayed chunks carry.
-        Some(id) if door.is_openai() => id,
-        _ => door.reply_id(
-            uuid::Uuid::new_v4()
-                .simple()
-                .encode_lower(&mut uuid::Uuid::encode_buffer()),
-        ),
-    };
-    if !call.request.stream {
-        let mut in_flight = in_flight;
-        let whole = collect::collect(&tracker, generation, &mut in_flight).await?;
-        drop(in_flight);
-        return Ok(json_body(door.whole_body(
-            &whole,
-            &id,
-            &call.request.model,
-        )?));
-    }
-    let writer = door.stream_writer(id, &call.request);
-    let response = stream::response(tracker, writer, (generation, relay.is_some()), in_flight);
-    let streams = &call.gateway.streams;
-    if !streams.enabled() {
-        return Ok(response);
-    }
-    let (mut parts, body) = response.into_parts();
-    // The stream is known by its request's id, which a stream that started early (before this
-    // point) already named in its headers.
-    let body = streams.adopt(&call.id, &call.caller.key_label, body);
-    if let Ok(value) = HeaderValue::from_str(&call.id) {
-        parts.headers.insert(&header_names::STREAM_ID, value);
-    }
-    Ok(Response::from_parts(parts, body))
-}
 
 /// Where a reply's events go: a door's stream writer, or a whole reply being folded.
 pub(crate) trait Sink {

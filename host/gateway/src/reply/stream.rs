@@ -25,7 +25,7 @@ use crate::call::track::Tracker;
 /// The reply as server-sent events, produced as the client's connection asks for them. With
 /// `relayed` (a server reply kept for a relay, to a client of the server's API), the server's
 /// own content chunks go out as they came, and only what they lack is written here.
-pub(super) fn response(
+pub(crate) fn response(
     tracker: Tracker,
     mut writer: StreamWriter,
     (generation, relayed): (GenerationStream, bool),

@@ -6,7 +6,7 @@ use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use ringmaster_gpu_runtime::{LoadReport, TokenizerSpec};
+use ringmaster_gpu_runtime::TokenizerSpec;
 use ringmaster_wire::models::ModelList;
 use ringmaster_wire::worker::{Load, TokenizerDescription};
 use tracing::{debug, info, warn};
@@ -193,11 +193,7 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
                 // up; its load is what the gateway counts in flight there.
                 return Ok(None);
             }
-            response
-                .error_for_status()?
-                .json::<Load>()
-                .await
-                .map(|load| Some(load_report(load)))
+            response.error_for_status()?.json::<Load>().await.map(Some)
         }
         .await;
         match fetched {
@@ -239,29 +235,4 @@ async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<Strin
     Ok(Some(
         listed.data.into_iter().map(|m| m.id.into_owned()).collect(),
     ))
-}
-
-/// A worker's load report in the engine's terms.
-fn load_report(load: Load) -> LoadReport {
-    LoadReport {
-        running: load.running,
-        waiting: load.waiting,
-        kv_blocks_total: load.kv_blocks_total,
-        kv_blocks_used: load.kv_blocks_used,
-        kv_blocks_cached: load.kv_blocks_cached,
-        prompt_tokens_total: load.prompt_tokens_total,
-        cached_prompt_tokens_total: load.cached_prompt_tokens_total,
-        generated_tokens_total: load.generated_tokens_total,
-        requests_finished: load.requests_finished,
-        requests_cancelled: load.requests_cancelled,
-        preemptions: load.preemptions,
-        steps: load.steps,
-        last_batch_size: load.last_batch_size,
-        step_sequences_total: load.step_sequences_total,
-        step_tokens_total: load.step_tokens_total,
-        step_budget_tokens_total: load.step_budget_tokens_total,
-        prefill_tokens_total: load.prefill_tokens_total,
-        decode_tokens_total: load.decode_tokens_total,
-        busy_seconds_total: load.busy_seconds_total,
-    }
 }

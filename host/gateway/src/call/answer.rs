@@ -1,0 +1,70 @@
+//! Phase 5, the reply: the started generation handed to the reply machine ([`crate::reply`]),
+//! collected into one body or streamed in the door's terms, and a stream adopted for resuming
+//! when streams are resumable. It must not decide anything about routing or retries.
+
+use http::Response;
+use http::header::HeaderValue;
+use ringmaster_api::ApiError;
+
+use super::attempt::Started;
+use super::track::Tracker;
+use super::{Call, json_body};
+use crate::body::ResponseBody;
+use crate::respond::header_names;
+
+impl Call {
+    /// Phase 5: the reply to this call, whose generation has `started`, as a stream or one body.
+    pub(super) async fn answer(
+        self,
+        tracker: Tracker,
+        started: Started,
+    ) -> Result<Response<ResponseBody>, ApiError> {
+        let call = self;
+        let Started {
+            generation,
+            in_flight,
+            ..
+        } = started;
+        let door = call.request.door;
+        let relay = generation.relay_state();
+        let id = match relay.as_ref().and_then(|r| r.reply_id.clone()) {
+            // A relayed reply keeps the server's id, which its relayed chunks carry.
+            Some(id) if door.is_openai() => id,
+            _ => door.reply_id(
+                uuid::Uuid::new_v4()
+                    .simple()
+                    .encode_lower(&mut uuid::Uuid::encode_buffer()),
+            ),
+        };
+        if !call.request.stream {
+            let mut in_flight = in_flight;
+            let whole =
+                crate::reply::collect::collect(&tracker, generation, &mut in_flight).await?;
+            drop(in_flight);
+            return Ok(json_body(door.whole_body(
+                &whole,
+                &id,
+                &call.request.model,
+            )?));
+        }
+        let writer = door.stream_writer(id, &call.request);
+        let response = crate::reply::stream::response(
+            tracker,
+            writer,
+            (generation, relay.is_some()),
+            in_flight,
+        );
+        let streams = &call.gateway.streams;
+        if !streams.enabled() {
+            return Ok(response);
+        }
+        let (mut parts, body) = response.into_parts();
+        // The stream is known by its request's id, which a stream that started early (before this
+        // point) already named in its headers.
+        let body = streams.adopt(&call.id, &call.caller.key_label, body);
+        if let Ok(value) = HeaderValue::from_str(&call.id) {
+            parts.headers.insert(&header_names::STREAM_ID, value);
+        }
+        Ok(Response::from_parts(parts, body))
+    }
+}
