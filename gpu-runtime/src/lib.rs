@@ -4,8 +4,10 @@
 //! This crate owns everything between "a chat request arrived" and "these tokens came out":
 //! tokenizing, the KV block pool and its prefix cache ([`block`]), the scheduler
 //! ([`scheduler`]), the executor boundary ([`executor`]) and the async engine that ties them
-//! together ([`EngineHandle`]). It must not depend on the gateway (`host/`): the gateway drives
-//! engines through [`EngineHandle`] and reads their [`LoadReport`].
+//! together ([`EngineHandle`]), and the stream a request's events are read from
+//! ([`GenerationStream`]). It must not depend on the gateway: the gateway drives engines through
+//! [`EngineHandle`] and reads their [`LoadReport`], which is the worker protocol's `Load` from
+//! `ringmaster-wire` (serde types only; the one crate of `host/` this one uses).
 //!
 //! Three executors implement the [`Executor`] trait: [`SimExecutor`], which replaces model math
 //! with a cost model ([`SimCostModel`], defaults resembling one H100 serving a Llama-3-8B-class
@@ -14,7 +16,7 @@
 //! same model on one CUDA GPU through `ringmaster-cuda` (re-exported as `cuda`). The block
 //! manager, prefix cache and scheduler are the same for all and do not know which executor
 //! runs. Around the engine: worker mode (one engine over HTTP) is the `ringmaster-worker`
-//! crate in `host/`, which also owns the wire protocol (`ringmaster-wire`).
+//! crate in `host/`, speaking the worker protocol of `ringmaster-wire`.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ringmaster_gpu_runtime::EngineError> {
