@@ -1,43 +1,56 @@
 //! `GET /admin/experiments`: the router slot's variants compared with its first (the
 //! control): TTFT and error rates with always-valid intervals, the p50 and p99 differences,
-//! the cache hit ratio, and the shadow's agreement.
+//! the cache hit ratio, and the shadow's agreement. In a cluster, every figure is the
+//! fleet's: this replica's own plus what the other replicas published in their leases.
 
-use ringmaster_experiments::VariantStats;
+use std::collections::HashMap;
+
+use ringmaster_experiments::VariantFigures;
 use ringmaster_experiments::stats::{self as experiment_stats, summarize};
 use ringmaster_gateway::Gateway;
 use serde_json::json;
 
-pub(crate) fn experiments_json(gateway: &Gateway) -> serde_json::Value {
+/// The experiments, with `others` (variant name → the other replicas' summed figures) added
+/// to this replica's own.
+pub(crate) fn experiments_json(
+    gateway: &Gateway,
+    others: &HashMap<String, VariantFigures>,
+) -> serde_json::Value {
     use std::sync::atomic::Ordering::Relaxed;
     let set = gateway.router().current();
-    let summaries: Vec<_> = set
+    let figures: Vec<VariantFigures> = set
         .variants
         .iter()
         .map(|v| {
-            let samples = v.stats.ttft_samples();
-            let summary = summarize(&samples);
-            (samples, summary)
+            let mut figures = v.stats.figures(usize::MAX);
+            if let Some(other) = others.get(&*v.name) {
+                figures.add(other);
+            }
+            figures
         })
+        .collect();
+    let summaries: Vec<_> = figures
+        .iter()
+        .map(|f| (f.ttft.clone(), summarize(&f.ttft)))
         .collect();
     let control = summaries.first();
     let variants: Vec<_> = set
         .variants
         .iter()
         .zip(&summaries)
+        .zip(&figures)
         .enumerate()
-        .map(|(i, (variant, (samples, summary)))| {
-            let stats = &variant.stats;
-            let requests = stats.requests.load(Relaxed);
-            let prompt = stats.prompt_tokens.load(Relaxed);
+        .map(|(i, ((variant, (samples, summary)), stats))| {
+            let requests = stats.requests;
             let mut entry = json!({
                 "name": &*variant.name,
                 "weight": variant.weight,
                 "hash": variant.policy.info().hash,
                 "requests": requests,
-                "errors": stats.errors.load(Relaxed),
-                "error_rate": if requests == 0 { 0.0 } else { stats.errors.load(Relaxed) as f64 / requests as f64 },
-                "faults": stats.faults.load(Relaxed),
-                "prefix_cache_hit_ratio": if prompt == 0 { 0.0 } else { stats.cached_tokens.load(Relaxed) as f64 / prompt as f64 },
+                "errors": stats.errors,
+                "error_rate": if requests == 0 { 0.0 } else { stats.errors as f64 / requests as f64 },
+                "faults": stats.faults,
+                "prefix_cache_hit_ratio": stats.hit_ratio().unwrap_or(0.0),
                 "ttft_seconds": summary.as_ref().map(|s| json!({"samples": s.n, "mean": s.mean, "p50": s.p50, "p99": s.p99})),
             });
             if i > 0
@@ -60,20 +73,16 @@ pub(crate) fn experiments_json(gateway: &Gateway) -> serde_json::Value {
                 });
             }
             if i > 0 {
-                let control_stats = &set.variants[0].stats;
-                let ratio = |s: &VariantStats| {
-                    let prompt = s.prompt_tokens.load(Relaxed);
-                    (prompt > 0).then(|| s.cached_tokens.load(Relaxed) as f64 / prompt as f64)
-                };
-                let (control_cache, cache) = (control_stats.cache_samples(), stats.cache_samples());
+                let control_stats = &figures[0];
+                let (control_cache, cache) = (&control_stats.cache, &stats.cache);
                 entry["hit_ratio_vs_control"] = json!({
                     "control": &*set.variants[0].name,
-                    "difference": ratio(stats).zip(ratio(control_stats)).map(|(b, a)| b - a),
+                    "difference": stats.hit_ratio().zip(control_stats.hit_ratio()).map(|(b, a)| b - a),
                     // For one look, over the last requests of each arm (the TTFT window).
-                    "ci95": experiment_stats::bootstrap_hit_ratio_difference(&control_cache, &cache),
+                    "ci95": experiment_stats::bootstrap_hit_ratio_difference(control_cache, cache),
                     // Valid however often it is read: the mean per-request hit fraction.
                     "per_request_always_valid_ci95":
-                        experiment_stats::always_valid_hit_fraction(&control_cache, &cache),
+                        experiment_stats::always_valid_hit_fraction(control_cache, cache),
                     "method": "ci95: percentile bootstrap over requests of the token-weighted hit ratio (sum cached / sum prompt), for one look, once both arms have 30 requests; per_request_always_valid_ci95: mixture SPRT (as for TTFT) on the difference of the mean per-request hit fraction, valid at every look",
                 });
             }

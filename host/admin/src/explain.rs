@@ -86,7 +86,7 @@ pub(crate) async fn explain(
         })
     })
     .collect();
-    let total: u64 = snapshot.servers.iter().map(|s| s.in_flight()).sum();
+    let total: u64 = snapshot.servers.iter().map(|s| s.fleet_in_flight()).sum();
     let candidates: Vec<_> = snapshot
         .ring
         .candidates(input.key, snapshot.servers.len())
@@ -95,7 +95,8 @@ pub(crate) async fn explain(
             let server = &snapshot.servers[i];
             json!({
                 "id": server.id(),
-                "in_flight": server.in_flight(),
+                "in_flight": server.fleet_in_flight(),
+                "in_flight_here": server.in_flight(),
                 "capacity": snapshot.ring.capacity(i, total),
             })
         })

@@ -11,10 +11,18 @@
 //! - [`servers`]: `GET|POST /admin/servers`, `DELETE /admin/servers/{id}`, `/admin/record`;
 //! - [`policies`]: `GET /admin/policies`, `PUT|POST|DELETE /admin/policies/…`;
 //! - [`experiments`]: `GET /admin/experiments`;
-//! - [`explain`]: `POST /admin/route/explain`.
+//! - [`explain`]: `POST /admin/route/explain`;
+//! - [`cluster`]: `GET /admin/cluster` (the replicas, their revisions and views).
+//!
+//! Every change is a [`changes::Change`], made by [`changes::make`]: at once on a gateway
+//! alone; as the next revision of the configuration log in a cluster, which every replica
+//! applies ([`follow_cluster`]). `?wait=true` on a change answers once every live replica
+//! has applied it.
 
 #![deny(missing_docs)]
 
+pub mod changes;
+pub mod cluster;
 pub mod experiments;
 pub mod explain;
 pub mod policies;
@@ -29,14 +37,19 @@ use ringmaster_gateway::respond::json_response;
 use ringmaster_gateway::{Gateway, ResponseBody};
 use subtle::ConstantTimeEq;
 
+use crate::changes::{Applier, Change};
+use crate::cluster::cluster_json;
 use crate::experiments::experiments_json;
 use crate::explain::explain;
-use crate::policies::{policies_json, put_router, put_single, slot_error};
+use crate::policies::{parse_weight, policies_json, policy_change, put_router, put_single};
 use crate::servers::{add_server, record_json, remove_server, servers_json};
 
 /// The admin API as a gateway's `/admin/` routes.
 #[derive(Debug)]
-pub struct Admin;
+pub struct Admin {
+    /// The applier of the configuration log (a cluster's replicas only).
+    applier: Option<Arc<Applier>>,
+}
 
 impl ringmaster_gateway::AdminRoutes for Admin {
     fn handle<'a>(
@@ -44,18 +57,41 @@ impl ringmaster_gateway::AdminRoutes for Admin {
         gateway: &'a Arc<Gateway>,
         req: Request<Incoming>,
     ) -> ringmaster_gateway::AdminFuture<'a> {
-        Box::pin(handle(gateway, req))
+        Box::pin(handle(gateway, self.applier.as_ref(), req))
     }
 }
 
-/// Mounts the admin API on `gateway`.
+/// Mounts the admin API on a gateway alone.
 pub fn mount(gateway: &Gateway) {
-    gateway.mount_admin(Arc::new(Admin));
+    gateway.mount_admin(Arc::new(Admin { applier: None }));
+}
+
+/// Mounts the admin API on a replica whose configuration log `applier` applies
+/// ([`follow_cluster`]).
+pub fn mount_with(gateway: &Gateway, applier: Option<Arc<Applier>>) {
+    gateway.mount_admin(Arc::new(Admin { applier }));
+}
+
+/// For a replica: applies the configuration log up to its head (so that the replica serves
+/// the fleet's current revision before it takes a request), then follows it in the
+/// background. `None` for a gateway alone.
+pub async fn follow_cluster(
+    gateway: &Arc<Gateway>,
+) -> Result<Option<Arc<Applier>>, ringmaster_cluster::ClusterError> {
+    let Some(cluster) = gateway.cluster() else {
+        return Ok(None);
+    };
+    let applier = Applier::new(gateway);
+    let revision = cluster.catch_up(applier.as_ref()).await?;
+    tracing::info!(revision, replica = cluster.replica(), "cluster.caught_up");
+    tokio::spawn(cluster.clone().follow(applier.clone()));
+    Ok(Some(applier))
 }
 
 /// Handles `/admin/…`.
 pub async fn handle(
     gateway: &Arc<Gateway>,
+    applier: Option<&Arc<Applier>>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let Some(token) = gateway.config().admin_token.as_deref() else {
@@ -71,14 +107,17 @@ pub async fn handle(
     }
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    let wait = matches!(query_param(&req, "wait").as_deref(), Some("true" | "1"));
     match (method.clone(), path.as_str()) {
         (Method::GET, "/admin/servers") => {
             Ok(json_response(StatusCode::OK, &servers_json(gateway)))
         }
-        (Method::POST, "/admin/servers") => add_server(gateway, req).await,
+        (Method::POST, "/admin/servers") => add_server(gateway, applier, req).await,
         (Method::DELETE, p) if p.starts_with("/admin/servers/") => {
-            remove_server(gateway, &p["/admin/servers/".len()..])
+            let id = p["/admin/servers/".len()..].to_owned();
+            remove_server(gateway, applier, id, wait).await
         }
+        (Method::GET, "/admin/cluster") => cluster_json(gateway).await,
         (Method::POST, "/admin/route/explain") => explain(gateway, req).await,
         (Method::GET, "/admin/record") => record_json(gateway, None),
         (Method::PUT, "/admin/record") => record_json(gateway, Some(true)),
@@ -90,56 +129,68 @@ pub async fn handle(
             Ok(json_response(StatusCode::OK, &policies_json(gateway)))
         }
         (Method::GET, "/admin/experiments") => {
-            Ok(json_response(StatusCode::OK, &experiments_json(gateway)))
+            let others = crate::cluster::others_figures(gateway).await;
+            Ok(json_response(
+                StatusCode::OK,
+                &experiments_json(gateway, &others),
+            ))
         }
-        (Method::PUT, "/admin/policies/router") => put_router(gateway, req).await,
+        (Method::PUT, "/admin/policies/router") => put_router(gateway, applier, req).await,
         (Method::DELETE, "/admin/policies/router") => {
-            let variant = query_param(&req, "variant")
-                .ok_or_else(|| ApiError::invalid("variant: query parameter required"))?;
-            gateway.router().remove(&variant).map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+            let variant = required(&req, "variant")?;
+            policy_change(
+                gateway,
+                applier,
+                Change::RemoveRouter { variant },
+                None,
+                wait,
+            )
+            .await
         }
         (Method::POST, "/admin/policies/router/rollback") => {
-            let variant = query_param(&req, "variant")
-                .ok_or_else(|| ApiError::invalid("variant: query parameter required"))?;
-            gateway.router().rollback(&variant).map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
-        }
-        (Method::PUT, "/admin/policies/admission") => {
-            let slot = gateway.admission().clone();
-            put_single(gateway, req, move |name, bytes| {
-                slot.slot.install(name, bytes, None)
-            })
+            let variant = required(&req, "variant")?;
+            policy_change(
+                gateway,
+                applier,
+                Change::RollbackRouter { variant },
+                None,
+                wait,
+            )
             .await
         }
-        (Method::PUT, "/admin/policies/safety-filter") => {
-            let slot = gateway.safety().clone();
-            put_single(gateway, req, move |name, bytes| {
-                slot.slot.install(name, bytes, None)
-            })
+        (Method::POST, "/admin/policies/router/weight") => {
+            let variant = required(&req, "variant")?;
+            let weight = parse_weight(&required(&req, "weight")?)?;
+            let change = Change::SetRouterWeight { variant, weight };
+            policy_change(gateway, applier, change, None, wait).await
+        }
+        (Method::PUT, "/admin/policies/admission" | "/admin/policies/safety-filter") => {
+            put_single(gateway, applier, req).await
+        }
+        (
+            Method::POST,
+            "/admin/policies/admission/rollback" | "/admin/policies/safety-filter/rollback",
+        ) => {
+            let slot = single_slot(&path);
+            policy_change(
+                gateway,
+                applier,
+                Change::RollbackSingle { slot },
+                None,
+                wait,
+            )
             .await
         }
-        (Method::POST, "/admin/policies/admission/rollback") => {
-            gateway.admission().slot.rollback().map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
-        }
-        (Method::POST, "/admin/policies/safety-filter/rollback") => {
-            gateway.safety().slot.rollback().map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
-        }
-        (Method::DELETE, "/admin/policies/admission") => {
-            gateway.admission().slot.remove().map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
-        }
-        (Method::DELETE, "/admin/policies/safety-filter") => {
-            gateway.safety().slot.remove().map_err(slot_error)?;
-            Ok(json_response(StatusCode::OK, &policies_json(gateway)))
+        (Method::DELETE, "/admin/policies/admission" | "/admin/policies/safety-filter") => {
+            let slot = single_slot(&path);
+            policy_change(gateway, applier, Change::RemoveSingle { slot }, None, wait).await
         }
         (
             _,
             "/admin/policies/router"
             | "/admin/policies/admission"
             | "/admin/policies/safety-filter"
+            | "/admin/policies/router/weight"
             | "/admin/policies/router/rollback"
             | "/admin/policies/admission/rollback"
             | "/admin/policies/safety-filter/rollback",
@@ -157,6 +208,7 @@ pub async fn handle(
             | "/admin/route/explain"
             | "/admin/policies"
             | "/admin/experiments"
+            | "/admin/cluster"
             | "/admin/record",
         ) => Err(ApiError::new(
             ErrorKind::MethodNotAllowed,
@@ -179,6 +231,21 @@ fn presented_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
         .or_else(|| headers.get("x-admin-token").and_then(|v| v.to_str().ok()));
     // `subtle` compares without an early exit on the first differing byte.
     presented.is_some_and(|p| bool::from(p.trim().as_bytes().ct_eq(token.as_bytes())))
+}
+
+/// A query parameter that must be there.
+fn required(req: &Request<Incoming>, name: &str) -> Result<String, ApiError> {
+    query_param(req, name)
+        .ok_or_else(|| ApiError::invalid(format!("{name}: query parameter required")))
+}
+
+/// `admission` or `safety-filter`, from a single slot's path.
+fn single_slot(path: &str) -> String {
+    if path.starts_with("/admin/policies/admission") {
+        "admission".into()
+    } else {
+        "safety-filter".into()
+    }
 }
 
 /// A query parameter's value.

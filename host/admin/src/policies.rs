@@ -15,6 +15,7 @@ use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_policy_engine::StateMode;
 use serde_json::json;
 
+use crate::changes::{Applier, Change, Done, make};
 use crate::query_param;
 
 /// Largest component accepted by `PUT /admin/policies/…` (Python and JavaScript components
@@ -45,21 +46,45 @@ pub(crate) async fn component_bytes(req: Request<Incoming>) -> Result<bytes::Byt
         .to_bytes())
 }
 
-/// Runs a load (compile, pre-instantiate, probe) off the async threads and answers with the
-/// slots' state, whether anything changed and how long the load took.
-pub(crate) async fn load_and_answer(
+/// Makes a policy change and answers with the slots' state, whether anything changed, how
+/// long it took, and in a cluster its revision (and with `?wait=true`, whether every live
+/// replica applied it).
+pub(crate) async fn policy_change(
     gateway: &Arc<Gateway>,
-    load: impl FnOnce() -> Result<bool, SlotError> + Send + 'static,
+    applier: Option<&Arc<Applier>>,
+    change: Change,
+    bytes: Option<bytes::Bytes>,
+    everywhere: bool,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let started = std::time::Instant::now();
-    let changed = tokio::task::spawn_blocking(load)
-        .await
-        .map_err(|e| ApiError::internal(format!("policy load task failed: {e}")))?
-        .map_err(slot_error)?;
+    let done = make(gateway, applier, change, bytes, everywhere).await?;
     let mut body = policies_json(gateway);
-    body["changed"] = json!(changed);
+    body["changed"] = json!(done.changed);
     body["load_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
+    done_fields(&mut body, &done);
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// A change's revision and reach, in its answer (cluster only).
+pub(crate) fn done_fields(body: &mut serde_json::Value, done: &Done) {
+    if let Some(revision) = done.revision {
+        body["revision"] = json!(revision);
+    }
+    if let Some(everywhere) = done.everywhere {
+        body["applied_everywhere"] = json!(everywhere);
+    }
+}
+
+/// A weight: a whole number up to 1,000,000.
+pub(crate) fn parse_weight(text: &str) -> Result<u32, ApiError> {
+    text.parse::<u32>()
+        .ok()
+        .filter(|w| *w <= 1_000_000)
+        .ok_or_else(|| {
+            ApiError::invalid(format!(
+                "weight: {text:?} is not a whole number up to 1000000"
+            ))
+        })
 }
 
 /// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true][&state=keep|fresh]` with
@@ -67,47 +92,51 @@ pub(crate) async fn load_and_answer(
 /// (default `keep`) says whether the new version keeps the variant's `state` store.
 pub(crate) async fn put_router(
     gateway: &Arc<Gateway>,
+    applier: Option<&Arc<Applier>>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let variant = query_param(&req, "variant").unwrap_or_else(|| "default".to_owned());
-    let weight = match query_param(&req, "weight") {
-        None => None,
-        Some(w) => Some(
-            w.parse::<u32>()
-                .ok()
-                .filter(|w| *w <= 1_000_000)
-                .ok_or_else(|| {
-                    ApiError::invalid(format!("weight: {w:?} is not a whole number up to 1000000"))
-                })?,
+    let weight = query_param(&req, "weight")
+        .map(|w| parse_weight(&w))
+        .transpose()?;
+    let shadow = matches!(query_param(&req, "shadow").as_deref(), Some("true" | "1"));
+    let everywhere = matches!(query_param(&req, "wait").as_deref(), Some("true" | "1"));
+    let fresh_state = match query_param(&req, "state") {
+        None => false,
+        Some(text) => matches!(
+            StateMode::parse(&text).ok_or_else(|| {
+                ApiError::invalid(format!(
+                    "state: {text:?} is neither `keep` (the new version keeps the variant's state \
+                     store) nor `fresh` (it starts with an empty one)"
+                ))
+            })?,
+            StateMode::Fresh
         ),
     };
-    let shadow = matches!(query_param(&req, "shadow").as_deref(), Some("true" | "1"));
-    let state = match query_param(&req, "state") {
-        None => StateMode::Keep,
-        Some(text) => StateMode::parse(&text).ok_or_else(|| {
-            ApiError::invalid(format!(
-                "state: {text:?} is neither `keep` (the new version keeps the variant's state \
-                 store) nor `fresh` (it starts with an empty one)"
-            ))
-        })?,
-    };
     let bytes = component_bytes(req).await?;
-    let router = gateway.router().clone();
-    load_and_answer(gateway, move || {
-        router.install_with_state(&variant, &bytes, weight, shadow, None, state)
-    })
-    .await
+    let change = Change::PutRouter {
+        variant,
+        component: ringmaster_cluster::blobs::content_hash(&bytes),
+        weight,
+        shadow,
+        fresh_state,
+    };
+    policy_change(gateway, applier, change, Some(bytes), everywhere).await
 }
 
 /// `PUT /admin/policies/{admission|safety-filter}[?name=NAME]` with the component's bytes:
 /// swaps the slot's version (the name defaults to the installed one, else the slot's).
 pub(crate) async fn put_single(
     gateway: &Arc<Gateway>,
+    applier: Option<&Arc<Applier>>,
     req: Request<Incoming>,
-    install: impl FnOnce(&str, &[u8]) -> Result<bool, SlotError> + Send + 'static,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let slot = req.uri().path().trim_start_matches("/admin/policies/");
-    let current = match slot {
+    let slot = req
+        .uri()
+        .path()
+        .trim_start_matches("/admin/policies/")
+        .to_owned();
+    let current = match slot.as_str() {
         "admission" => gateway
             .admission()
             .slot
@@ -123,8 +152,14 @@ pub(crate) async fn put_single(
     let name = query_param(&req, "name")
         .or(current)
         .unwrap_or_else(|| default_name.to_owned());
+    let everywhere = matches!(query_param(&req, "wait").as_deref(), Some("true" | "1"));
     let bytes = component_bytes(req).await?;
-    load_and_answer(gateway, move || install(&name, &bytes)).await
+    let change = Change::PutSingle {
+        slot,
+        name,
+        component: ringmaster_cluster::blobs::content_hash(&bytes),
+    };
+    policy_change(gateway, applier, change, Some(bytes), everywhere).await
 }
 
 /// A single slot's state for `GET /admin/policies`.

@@ -12,7 +12,9 @@ use ringmaster_gateway::respond::{json_response, read_json_body};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_pool::{PoolError, Server};
 use serde_json::json;
-use tracing::info;
+
+use crate::changes::{Applier, Change, make};
+use crate::policies::done_fields;
 
 pub(crate) fn record_json(
     gateway: &Gateway,
@@ -83,32 +85,65 @@ fn server_json(server: &Server) -> serde_json::Value {
     })
 }
 
+/// `POST /admin/servers`: the server starts at once (on every replica, in a cluster).
 pub(crate) async fn add_server(
     gateway: &Arc<Gateway>,
+    applier: Option<&Arc<Applier>>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    let everywhere = matches!(
+        crate::query_param(&req, "wait").as_deref(),
+        Some("true" | "1")
+    );
     let body = read_json_body(gateway, req).await?;
     let raw: RawServer = parse_json(&body)?;
+    // Checked here, so that a server that cannot be added never reaches the log.
     let spec = ringmaster_config::server_spec(&raw).map_err(ApiError::invalid)?;
-    let server = gateway.pool().add(&spec).map_err(pool_error)?;
-    info!(server = server.id(), address = %server.address(), weight = server.weight(), "pool.server_added");
-    Ok(json_response(StatusCode::CREATED, &server_json(&server)))
+    let server: serde_json::Value =
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("server: {e}")))?;
+    let done = make(
+        gateway,
+        applier,
+        Change::AddServer { server },
+        None,
+        everywhere,
+    )
+    .await?;
+    let snapshot = gateway.pool().snapshot();
+    let server = snapshot
+        .server(&spec.id)
+        .ok_or_else(|| ApiError::internal(format!("server {:?} was added but is gone", spec.id)))?;
+    let mut answer = server_json(server);
+    done_fields(&mut answer, &done);
+    Ok(json_response(StatusCode::CREATED, &answer))
 }
 
-pub(crate) fn remove_server(
+/// `DELETE /admin/servers/{id}`: the server drains, then leaves.
+pub(crate) async fn remove_server(
     gateway: &Arc<Gateway>,
-    id: &str,
+    applier: Option<&Arc<Applier>>,
+    id: String,
+    everywhere: bool,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let server = gateway.pool().remove(id).map_err(pool_error)?;
-    info!(
-        server = server.id(),
-        in_flight = server.in_flight(),
-        "pool.server_draining"
-    );
-    Ok(json_response(StatusCode::OK, &server_json(&server)))
+    let done = make(
+        gateway,
+        applier,
+        Change::RemoveServer { id: id.clone() },
+        None,
+        everywhere,
+    )
+    .await?;
+    let snapshot = gateway.pool().snapshot();
+    let mut answer = match snapshot.draining.iter().find(|s| s.id() == id) {
+        Some(server) => server_json(server),
+        // Already drained and gone.
+        None => json!({ "id": id, "state": "removed" }),
+    };
+    done_fields(&mut answer, &done);
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
-fn pool_error(error: PoolError) -> ApiError {
+pub(crate) fn pool_error(error: PoolError) -> ApiError {
     match error {
         PoolError::Duplicate(_) => ApiError::new(ErrorKind::Conflict, error.to_string()),
         PoolError::Unknown(_) => ApiError::not_found(error.to_string()),

@@ -17,6 +17,7 @@
 #![deny(missing_docs)]
 
 pub mod autoscale;
+pub mod cluster;
 mod error;
 pub mod keys;
 pub mod limits;
@@ -36,12 +37,13 @@ use ringmaster_gpu_runtime::model::ModelOptions;
 use ringmaster_ring::RingConfig;
 
 pub use autoscale::AutoscaleSettings;
+pub use cluster::ClusterSettings;
 pub use error::ConfigError;
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
-    RawAdmission, RawApiKey, RawAutoscale, RawConfig, RawLimits, RawModel, RawPolicies, RawRecord,
-    RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
+    RawAdmission, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawLimits, RawModel, RawPolicies,
+    RawRecord, RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
 };
 pub use routing::PrefixHashing;
 pub use servers::{GpuPlacement, ServerAddress, ServerSpec, server_spec};
@@ -80,6 +82,8 @@ pub struct Config {
     pub tenants: Vec<Tenant>,
     /// The autoscaling signal's settings.
     pub autoscale: AutoscaleSettings,
+    /// `[cluster]`: the Redis that replicas share (`None`: this process alone).
+    pub cluster: Option<ClusterSettings>,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Largest `max_tokens`.
@@ -206,6 +210,7 @@ impl RawConfig {
         }
 
         let autoscale = autoscale::autoscale_settings(self.autoscale.unwrap_or_default())?;
+        let cluster = self.cluster.map(cluster::cluster_settings).transpose()?;
         let (api_keys, tenants) = keys::keys_and_tenants(
             self.tenants.unwrap_or_default(),
             self.api_keys.unwrap_or_default(),
@@ -263,6 +268,7 @@ impl RawConfig {
             api_keys,
             tenants,
             autoscale,
+            cluster,
             max_body_bytes: limits.max_body_bytes,
             max_output_tokens: limits.max_output_tokens,
             max_waiting_per_server: limits.max_waiting_per_server,

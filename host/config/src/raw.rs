@@ -44,6 +44,24 @@ pub struct RawConfig {
     pub retry: Option<RawRetry>,
     /// `[autoscale]`: the autoscaling signal's thresholds.
     pub autoscale: Option<RawAutoscale>,
+    /// `[cluster]`: replicas sharing state on Redis.
+    pub cluster: Option<RawCluster>,
+}
+
+/// `[cluster]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCluster {
+    /// Redis URL.
+    pub url: Option<String>,
+    /// This replica's name.
+    pub name: Option<String>,
+    /// Key prefix.
+    pub namespace: Option<String>,
+    /// The request path's wait for Redis, ms.
+    pub deadline_ms: Option<u64>,
+    /// Admit on local buckets while Redis is away.
+    pub fail_open: Option<bool>,
 }
 
 /// `[autoscale]`.

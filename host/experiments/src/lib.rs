@@ -10,4 +10,4 @@ pub mod guardrails;
 mod samples;
 pub mod stats;
 
-pub use samples::{TTFT_SAMPLES_PER_VARIANT, VariantStats};
+pub use samples::{TTFT_SAMPLES_PER_VARIANT, VariantFigures, VariantStats};

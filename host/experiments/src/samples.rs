@@ -90,6 +90,13 @@ fn push_to_window<T>(window: &Mutex<VecDeque<T>>, sample: T) {
     samples.push_back(sample);
 }
 
+/// The last `n` of `all`.
+fn last<T>(mut all: Vec<T>, n: usize) -> Vec<T> {
+    let skip = all.len().saturating_sub(n);
+    all.drain(..skip);
+    all
+}
+
 /// A copy of a sliding window's samples, oldest first.
 fn copy_of_window<T: Copy>(window: &Mutex<VecDeque<T>>) -> Vec<T> {
     window
@@ -98,4 +105,84 @@ fn copy_of_window<T: Copy>(window: &Mutex<VecDeque<T>>) -> Vec<T> {
         .iter()
         .copied()
         .collect()
+}
+
+/// One variant's figures as numbers, to be summed over replicas: its totals and its most
+/// recent samples. What a replica publishes, and what `/admin/experiments` reads.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct VariantFigures {
+    /// Requests routed through the variant.
+    pub requests: u64,
+    /// Requests that ended in an error after routing.
+    pub errors: u64,
+    /// Policy faults.
+    pub faults: u64,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: u64,
+    /// Of which cached.
+    pub cached_tokens: u64,
+    /// Times to first token, seconds, most recent last.
+    pub ttft: Vec<f64>,
+    /// Each request's (cached, prompt) tokens, most recent last.
+    pub cache: Vec<(u32, u32)>,
+}
+
+impl VariantStats {
+    /// The variant's totals and its last `samples` samples of each window.
+    pub fn figures(&self, samples: usize) -> VariantFigures {
+        use std::sync::atomic::Ordering::Relaxed;
+        VariantFigures {
+            requests: self.requests.load(Relaxed),
+            errors: self.errors.load(Relaxed),
+            faults: self.faults.load(Relaxed),
+            prompt_tokens: self.prompt_tokens.load(Relaxed),
+            cached_tokens: self.cached_tokens.load(Relaxed),
+            ttft: last(self.ttft_samples(), samples),
+            cache: last(self.cache_samples(), samples),
+        }
+    }
+}
+
+impl VariantFigures {
+    /// Adds another replica's figures (totals summed, samples pooled).
+    pub fn add(&mut self, other: &Self) {
+        self.requests += other.requests;
+        self.errors += other.errors;
+        self.faults += other.faults;
+        self.prompt_tokens += other.prompt_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.ttft.extend_from_slice(&other.ttft);
+        self.cache.extend_from_slice(&other.cache);
+    }
+
+    /// Cached over prompt tokens (`None` before any).
+    pub fn hit_ratio(&self) -> Option<f64> {
+        (self.prompt_tokens > 0).then(|| self.cached_tokens as f64 / self.prompt_tokens as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn figures_keep_the_last_samples_and_add_up() {
+        let stats = VariantStats::default();
+        for i in 0..10 {
+            stats.record_ttft(f64::from(i));
+            stats.record_cache(i, 10);
+        }
+        stats
+            .requests
+            .store(10, std::sync::atomic::Ordering::Relaxed);
+        let mut a = stats.figures(3);
+        assert_eq!(a.ttft, vec![7.0, 8.0, 9.0]);
+        assert_eq!(a.cache.len(), 3);
+        let b = stats.figures(100);
+        a.add(&b);
+        assert_eq!(a.requests, 20);
+        assert_eq!(a.ttft.len(), 13);
+        assert_eq!(a.prompt_tokens, 200);
+        assert_eq!(a.hit_ratio(), Some(90.0 / 100.0));
+    }
 }

@@ -16,12 +16,24 @@ pub(crate) fn authenticate(auth: &Authenticator, headers: &HeaderMap) -> Result<
     auth.check(presented_key(headers)).map_err(refused)
 }
 
+/// [`authenticate`] for the endpoints that read no prompt: with the fleet's shared buckets,
+/// the request is charged there now (on the prompt paths the admit phase charges it).
+pub(crate) async fn authenticate_request(
+    auth: &Authenticator,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
+    let caller = authenticate(auth, headers)?;
+    caller.take_request().await.map_err(refused)?;
+    Ok(caller)
+}
+
 /// A tenancy refusal as the API error a client gets.
 pub(crate) fn refused(refusal: Refusal) -> ApiError {
     let kind = match &refusal {
         Refusal::MissingKey | Refusal::InvalidKey => ErrorKind::Authentication,
         Refusal::ModelNotAllowed { .. } => ErrorKind::PermissionDenied,
         Refusal::RateLimited { .. } => ErrorKind::RateLimit,
+        Refusal::LimitsUnavailable => ErrorKind::Unavailable,
     };
     let error = ApiError::new(kind, refusal.to_string());
     match refusal.retry_after() {

@@ -82,7 +82,7 @@ pub(crate) async fn count_tokens(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
+    let caller = crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = ringmaster_api::messages::parse_count_tokens(&body, gateway.limits(&fleet))?;

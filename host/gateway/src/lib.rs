@@ -18,6 +18,7 @@ mod body;
 pub mod call;
 mod collectors;
 pub mod doors;
+pub mod fleet;
 pub mod metrics;
 pub mod policy;
 pub mod queue;
@@ -105,12 +106,24 @@ pub struct Gateway {
     streams: Arc<reply::resume::Streams>,
     /// The `/admin/` routes, once mounted ([`Gateway::mount_admin`]).
     admin: std::sync::OnceLock<Arc<dyn AdminRoutes>>,
+    /// The fleet this gateway is a replica of (`None`: a process alone).
+    cluster: Option<Arc<ringmaster_cluster::Cluster>>,
 }
 
 impl Gateway {
     /// Starts the configured servers, loads the configured policies and builds the gateway.
     /// Needs a tokio runtime.
     pub fn start(config: Config) -> Result<Arc<Self>, StartError> {
+        Self::start_in(config, None)
+    }
+
+    /// [`Self::start`], as a replica of `cluster` when given: limits, load and experiment
+    /// figures are the fleet's, and the replica's lease is kept. The configuration log is
+    /// followed by the admin API's applier (`ringmaster-admin`).
+    pub fn start_in(
+        config: Config,
+        cluster: Option<Arc<ringmaster_cluster::Cluster>>,
+    ) -> Result<Arc<Self>, StartError> {
         let pool = Arc::new(Pool::start(
             &config.servers,
             config.ring.clone(),
@@ -167,11 +180,16 @@ impl Gateway {
             .as_ref()
             .map(|(path, enabled)| record::TraceRecorder::open(path, *enabled))
             .transpose()?;
-        Ok(Arc::new(Self {
+        let shared = cluster.as_ref().map(|c| {
+            Arc::new(fleet::FleetBuckets::new(c.clone()))
+                as Arc<dyn ringmaster_tenancy::SharedBuckets>
+        });
+        let gateway = Arc::new(Self {
+            cluster,
             recorder,
             streams: reply::resume::Streams::new(config.resume_window),
             admin: std::sync::OnceLock::new(),
-            auth: Authenticator::new(&config.api_keys, &config.tenants),
+            auth: Authenticator::with_shared(&config.api_keys, &config.tenants, shared),
             metrics: {
                 let mut metrics = Metrics::new();
                 metrics.register_collector(Box::new(collectors::ServerCollector {
@@ -190,7 +208,9 @@ impl Gateway {
             admission,
             safety,
             config,
-        }))
+        });
+        gateway.join_fleet();
+        Ok(gateway)
     }
 
     /// Where the traffic is recorded as a trace, when `[record]` is set.

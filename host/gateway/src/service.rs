@@ -276,12 +276,12 @@ async fn dispatch(
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate(&gateway.auth, req.headers())?;
+            crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
             Ok(crate::call::json_body(models_json(gateway)))
         }
         p if p.starts_with("/v1/models/") => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate(&gateway.auth, req.headers())?;
+            crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
             let id = &p["/v1/models/".len()..];
             if gateway.pool.snapshot().accepted.iter().any(|m| m == id) {
                 Ok(json_response(StatusCode::OK, &Model::new(id, OWNER)))

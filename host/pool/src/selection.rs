@@ -130,7 +130,7 @@ impl crate::Pool {
             }
             Some(i) => {
                 loads.clear();
-                loads.extend(snapshot.servers.iter().map(|s| s.in_flight()));
+                loads.extend(snapshot.servers.iter().map(|s| s.fleet_in_flight()));
                 let total: u64 = loads.iter().sum();
                 let capacity = match guard {
                     CapGuard::Host { load_factor: None } => snapshot.ring.capacity(i, total),
@@ -192,7 +192,7 @@ impl crate::Pool {
     ) -> Option<Decision> {
         let servers = &snapshot.servers;
         loads.clear();
-        loads.extend(servers.iter().map(|s| s.in_flight()));
+        loads.extend(servers.iter().map(|s| s.fleet_in_flight()));
         let usable =
             |i: usize| servers[i].is_routable() && !exclude.iter().any(|id| *id == servers[i].id);
         let order = snapshot.ring.candidates(input.key, servers.len());
@@ -295,7 +295,7 @@ impl crate::Pool {
             return self.walk(snapshot, input, loads, &[]);
         }
         loads.clear();
-        loads.extend(servers.iter().map(|s| s.in_flight()));
+        loads.extend(servers.iter().map(|s| s.fleet_in_flight()));
         let choice = snapshot.ring.lookup_bounded(input.key, loads).ok()??;
         let server = servers[choice.member].clone();
         Some(Decision {

@@ -108,6 +108,11 @@ pub struct Server {
     /// Estimated prompt tokens of the requests routed here that it has not begun to answer,
     /// less what its cache was estimated to hold (see [`InFlight::charge_prefill`]).
     pub(crate) prefill_backlog: AtomicU64,
+    /// Requests other gateway replicas have in flight here, as they last reported
+    /// ([`Self::set_remote_load`]; zero without a cluster).
+    pub(crate) remote_in_flight: AtomicU64,
+    /// Prefill tokens other replicas have queued here, as they last reported.
+    pub(crate) remote_prefill: AtomicU64,
     /// The models the config says it serves.
     pub(crate) configured_models: Option<Vec<String>>,
 }
@@ -142,6 +147,27 @@ impl Server {
     /// request, which the request count cannot tell from a queue of short prompts.
     pub fn prefill_backlog(&self) -> u64 {
         self.prefill_backlog.load(Ordering::Acquire)
+    }
+    /// Requests in flight here from every gateway replica: this one's, exact, plus the others'
+    /// last reports. What the bounded-load cap and the policies' views count.
+    pub fn fleet_in_flight(&self) -> u64 {
+        self.in_flight() + self.remote_in_flight.load(Ordering::Relaxed)
+    }
+    /// Prefill tokens queued here by every replica (this one's plus the others' reports).
+    pub fn fleet_prefill_backlog(&self) -> u64 {
+        self.prefill_backlog() + self.remote_prefill.load(Ordering::Relaxed)
+    }
+    /// The other replicas' load here, as last reported: (in flight, prefill tokens).
+    pub fn remote_load(&self) -> (u64, u64) {
+        (
+            self.remote_in_flight.load(Ordering::Relaxed),
+            self.remote_prefill.load(Ordering::Relaxed),
+        )
+    }
+    /// Records the other replicas' load here (the cluster's load fan-out).
+    pub fn set_remote_load(&self, in_flight: u64, prefill: u64) {
+        self.remote_in_flight.store(in_flight, Ordering::Relaxed);
+        self.remote_prefill.store(prefill, Ordering::Relaxed);
     }
     /// Highest `in_flight` seen at any assignment.
     pub fn peak_in_flight(&self) -> u64 {
@@ -414,6 +440,8 @@ pub(crate) fn start_server(
         local_scheme,
         pending: Mutex::new(HashMap::new()),
         prefill_backlog: AtomicU64::new(0),
+        remote_in_flight: AtomicU64::new(0),
+        remote_prefill: AtomicU64::new(0),
         configured_models: spec.models.clone(),
     }))
 }

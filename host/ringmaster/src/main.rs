@@ -142,6 +142,14 @@ struct ServeArgs {
     /// Kernel threads per model server (overrides `[model] threads`; default 1).
     #[arg(long, env = "RINGMASTER_MODEL_THREADS")]
     threads: Option<usize>,
+    /// Join other gateway replicas on this Redis (`redis://HOST:PORT/DB` or
+    /// `redis+unix:///path`; overrides `[cluster] url`): membership, policies, limits, load
+    /// and experiment figures are then the fleet's.
+    #[arg(long, env = "RINGMASTER_CLUSTER")]
+    cluster: Option<String>,
+    /// This replica's name in the cluster (overrides `[cluster] name`; default: host:port).
+    #[arg(long)]
+    replica: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -266,6 +274,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(threads) = args.threads {
         raw.model.get_or_insert_with(Default::default).threads = Some(threads);
     }
+    if let Some(url) = args.cluster {
+        raw.cluster.get_or_insert_with(Default::default).url = Some(url);
+    }
+    if let Some(name) = args.replica {
+        raw.cluster.get_or_insert_with(Default::default).name = Some(name);
+    }
     if let Some(scale) = args.sim_time_scale {
         raw.simulator
             .get_or_insert_with(Default::default)
@@ -285,8 +299,32 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
-        let gateway = Gateway::start(config).context("starting the GPU server pool")?;
-        ringmaster_admin::mount(&gateway);
+        let cluster = match &config.cluster {
+            None => None,
+            Some(settings) => {
+                let replica = settings.name.clone().unwrap_or_else(|| {
+                    listener
+                        .local_addr()
+                        .map_or_else(|_| listen.to_string(), |a| a.to_string())
+                });
+                let mut spec = ringmaster_cluster::ClusterSpec::new(&settings.url, replica);
+                spec.namespace = settings.namespace.clone();
+                spec.deadline = settings.deadline;
+                spec.fail_open = settings.fail_open;
+                Some(
+                    ringmaster_cluster::Cluster::connect(spec, std::time::Duration::from_secs(10))
+                        .await
+                        .with_context(|| format!("joining the cluster at {}", settings.url))?,
+                )
+            }
+        };
+        let gateway =
+            Gateway::start_in(config, cluster.clone()).context("starting the GPU server pool")?;
+        // A replica applies the fleet's configuration up to its head before it serves.
+        let applier = ringmaster_admin::follow_cluster(&gateway)
+            .await
+            .context("reading the cluster's configuration log")?;
+        ringmaster_admin::mount_with(&gateway, applier);
         let cold_start = process_started.elapsed();
         gateway
             .metrics()
@@ -310,6 +348,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         #[cfg(unix)]
         tokio::spawn(reload_on_sighup(std::sync::Arc::downgrade(&gateway)));
         ringmaster_gateway::serve(gateway, listener, shutdown_signal()).await?;
+        if let Some(cluster) = cluster {
+            // Leave the fleet at once rather than when the lease lapses.
+            let _ = cluster.drop_lease().await;
+        }
         info!("gateway.stopped");
         Ok(())
     })

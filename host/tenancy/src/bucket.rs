@@ -25,6 +25,11 @@ impl Bucket {
         }
     }
 
+    /// Its size per minute.
+    pub fn size_per_minute(&self) -> u32 {
+        self.size as u32
+    }
+
     /// The bucket's level now.
     fn level(&self, state: &mut (f64, Instant), now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(state.1).as_secs_f64();

@@ -10,6 +10,7 @@ use ringmaster_config::RateLimits;
 
 use crate::Refusal;
 use crate::bucket::Bucket;
+use crate::shared::{Draw, Drawn, SharedBuckets};
 
 /// A kind of limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,19 +50,36 @@ pub struct RateLimitReport {
 /// The buckets of one key or one tenant.
 #[derive(Debug, Default)]
 pub(crate) struct Buckets {
+    /// Their id in a shared store (`key:HEX`, `tenant:NAME`), the same on every replica.
+    pub(crate) id: String,
     pub(crate) requests: Option<Bucket>,
     pub(crate) input: Option<Bucket>,
     pub(crate) output: Option<Bucket>,
 }
 
 impl Buckets {
-    pub(crate) fn new(limits: &RateLimits) -> Self {
+    pub(crate) fn new(id: String, limits: &RateLimits) -> Self {
         let bucket = |n: Option<std::num::NonZeroU32>| n.map(|n| Bucket::per_minute(n.get()));
         Self {
+            id,
             requests: bucket(limits.requests_per_minute),
             input: bucket(limits.input_tokens_per_minute),
             output: bucket(limits.output_tokens_per_minute),
         }
+    }
+
+    /// The bucket of `kind`, if that limit applies.
+    fn of(&self, kind: LimitKind) -> Option<&Bucket> {
+        match kind {
+            LimitKind::Requests => self.requests.as_ref(),
+            LimitKind::InputTokens => self.input.as_ref(),
+            LimitKind::OutputTokens => self.output.as_ref(),
+        }
+    }
+
+    /// The shared id of its bucket of `kind`.
+    fn shared_id(&self, kind: LimitKind) -> String {
+        format!("{}:{}", self.id, kind.as_str())
     }
 
     fn is_empty(&self) -> bool {
@@ -84,6 +102,8 @@ pub struct Account {
     pub(crate) buckets: Buckets,
     pub(crate) tenant: Arc<TenantEntry>,
     pub(crate) models: Option<Vec<String>>,
+    /// The fleet's shared buckets, when replicas share limits.
+    pub(crate) shared: Option<Arc<dyn SharedBuckets>>,
 }
 
 impl Account {
@@ -170,6 +190,143 @@ impl Caller {
         Ok(())
     }
 
+    /// Whether this caller's limits are the fleet's (checked by [`Self::admit_shared`] and
+    /// [`Self::take_request`], which then do what [`Self::admit`] and the request charge of
+    /// [`crate::Authenticator::check`] do alone).
+    pub fn is_shared(&self) -> bool {
+        self.account
+            .as_ref()
+            .is_some_and(|a| a.shared.is_some() && a.limited())
+    }
+
+    /// [`Self::admit`] on the fleet's buckets, with the request's own charge: one request,
+    /// the estimated input tokens, no output owed, all in one atomic call. Without shared
+    /// limits, the same as [`Self::admit`].
+    pub async fn admit_shared(&self, model: &str, input_tokens: u32) -> Result<(), Refusal> {
+        self.may_use(model)?;
+        match &self.account {
+            Some(account) if account.shared.is_some() => {
+                self.draw_shared(account, Some(input_tokens)).await
+            }
+            _ => self.admit(model, input_tokens),
+        }
+    }
+
+    /// Charges one request to the fleet's request buckets (the endpoints that read no
+    /// prompt); nothing to do without shared limits, where the key check charged it.
+    pub async fn take_request(&self) -> Result<(), Refusal> {
+        match &self.account {
+            Some(account) if account.shared.is_some() => self.draw_shared(account, None).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn draw_shared(
+        &self,
+        account: &Account,
+        input_tokens: Option<u32>,
+    ) -> Result<(), Refusal> {
+        let shared = account.shared.as_ref().expect("checked by the caller");
+        let mut draws = Vec::with_capacity(6);
+        let mut labels = Vec::with_capacity(6);
+        let mut wants = vec![(LimitKind::Requests, 1.0, false)];
+        if let Some(tokens) = input_tokens {
+            wants.push((LimitKind::InputTokens, f64::from(tokens), false));
+            wants.push((LimitKind::OutputTokens, 0.0, true));
+        }
+        for (kind, amount, debt_check) in wants {
+            for (buckets, whose) in account.all() {
+                if let Some(bucket) = buckets.of(kind) {
+                    draws.push(Draw {
+                        id: buckets.shared_id(kind),
+                        per_minute: bucket.size_per_minute(),
+                        amount,
+                        debt_check,
+                    });
+                    labels.push((whose, kind));
+                }
+            }
+        }
+        if draws.is_empty() {
+            return Ok(());
+        }
+        match shared.draw(&draws).await {
+            Drawn::Paid => Ok(()),
+            Drawn::Short { index, wait } => {
+                let (whose, kind) = labels[index.min(labels.len() - 1)];
+                Err(limited(whose, what(kind), wait))
+            }
+            Drawn::Unavailable if shared.fail_open() => {
+                self.draw_local(account, &draws, &labels, f64::from(shared.live_replicas()))
+            }
+            Drawn::Unavailable => Err(Refusal::LimitsUnavailable),
+        }
+    }
+
+    /// The fleet's draws on this replica's own buckets, each counted `scale` times: a bucket
+    /// worth limit ÷ live replicas, while the shared store is away.
+    fn draw_local(
+        &self,
+        account: &Account,
+        draws: &[Draw],
+        labels: &[(&'static str, LimitKind)],
+        scale: f64,
+    ) -> Result<(), Refusal> {
+        let bucket = |(whose, kind): (&'static str, LimitKind)| {
+            account
+                .all()
+                .into_iter()
+                .find(|(_, w)| *w == whose)
+                .and_then(|(b, _)| b.of(kind))
+        };
+        let mut taken: Vec<(&Bucket, f64)> = Vec::new();
+        for (draw, label) in draws.iter().zip(labels) {
+            let Some(bucket) = bucket(*label) else {
+                continue;
+            };
+            let outcome = if draw.debt_check {
+                let wait = bucket.debt_wait();
+                if wait.is_zero() { Ok(()) } else { Err(wait) }
+            } else {
+                bucket.try_take(draw.amount * scale)
+            };
+            if let Err(wait) = outcome {
+                for (bucket, amount) in taken {
+                    bucket.refund(amount);
+                }
+                return Err(limited(label.0, what(label.1), wait));
+            }
+            if !draw.debt_check {
+                taken.push((bucket, draw.amount * scale));
+            }
+        }
+        Ok(())
+    }
+
+    /// Charges `delta` (a refund when negative) to every bucket of `kind`: the fleet's when
+    /// it answers, else this replica's stand-ins, scaled.
+    fn settle(&self, account: &Account, kind: LimitKind, delta: f64) {
+        let shared = account.shared.as_ref();
+        for (buckets, _) in account.all() {
+            let Some(bucket) = buckets.of(kind) else {
+                continue;
+            };
+            match shared {
+                Some(shared) if shared.is_up() => {
+                    shared.charge(&buckets.shared_id(kind), bucket.size_per_minute(), delta);
+                }
+                _ => {
+                    let scale = shared.map_or(1.0, |s| f64::from(s.live_replicas()));
+                    if delta >= 0.0 {
+                        bucket.charge(delta * scale);
+                    } else {
+                        bucket.refund(-delta * scale);
+                    }
+                }
+            }
+        }
+    }
+
     fn check_output_debt(&self, account: &Account) -> Result<(), Refusal> {
         for (buckets, whose) in account.all() {
             if let Some(output) = &buckets.output {
@@ -206,15 +363,11 @@ impl Caller {
         let Some(account) = &self.account else {
             return;
         };
-        for (buckets, _) in account.all() {
-            if let Some(bucket) = &buckets.input {
-                if counted > estimated {
-                    bucket.charge(f64::from(counted - estimated));
-                } else {
-                    bucket.refund(f64::from(estimated - counted));
-                }
-            }
-        }
+        self.settle(
+            account,
+            LimitKind::InputTokens,
+            f64::from(counted) - f64::from(estimated),
+        );
     }
 
     /// Charges `tokens` generated tokens to the output buckets.
@@ -222,11 +375,7 @@ impl Caller {
         let Some(account) = &self.account else {
             return;
         };
-        for (buckets, _) in account.all() {
-            if let Some(bucket) = &buckets.output {
-                bucket.charge(f64::from(tokens));
-            }
-        }
+        self.settle(account, LimitKind::OutputTokens, f64::from(tokens));
     }
 
     /// For each kind of limit that applies, the tightest bucket (the key's or its tenant's):
@@ -257,6 +406,15 @@ impl Caller {
                 })
             })
             .collect()
+    }
+}
+
+/// What a kind of limit counts, in a refusal.
+fn what(kind: LimitKind) -> &'static str {
+    match kind {
+        LimitKind::Requests => "requests",
+        LimitKind::InputTokens => "input tokens",
+        LimitKind::OutputTokens => "output tokens",
     }
 }
 

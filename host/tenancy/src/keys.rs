@@ -10,6 +10,7 @@ use subtle::ConstantTimeEq;
 
 use crate::Refusal;
 use crate::caller::{Account, Buckets, Caller, TenantEntry, limited};
+use crate::shared::SharedBuckets;
 
 /// The configured keys and tenants.
 #[derive(Debug)]
@@ -23,6 +24,16 @@ pub struct Authenticator {
 impl Authenticator {
     /// Builds the key table (the config has checked that every key's tenant exists).
     pub fn new(keys: &[ApiKey], tenants: &[Tenant]) -> Self {
+        Self::with_shared(keys, tenants, None)
+    }
+
+    /// [`Self::new`], with the limits kept in a store the fleet's replicas share (`None`: this
+    /// process's own buckets).
+    pub fn with_shared(
+        keys: &[ApiKey],
+        tenants: &[Tenant],
+        shared: Option<Arc<dyn SharedBuckets>>,
+    ) -> Self {
         let tenant_entries: HashMap<&str, Arc<TenantEntry>> = tenants
             .iter()
             .map(|t| {
@@ -30,7 +41,7 @@ impl Authenticator {
                     t.name.as_str(),
                     Arc::new(TenantEntry {
                         name: t.name.clone(),
-                        buckets: Buckets::new(&t.limits),
+                        buckets: Buckets::new(format!("tenant:{}", t.name), &t.limits),
                         models: t.models.clone(),
                     }),
                 )
@@ -47,15 +58,19 @@ impl Authenticator {
                     // A key without a tenant is its own.
                     Arc::new(TenantEntry {
                         name: label.clone(),
-                        buckets: Buckets::default(),
+                        buckets: Buckets {
+                            id: format!("tenant:{label}"),
+                            ..Buckets::default()
+                        },
                         models: None,
                     })
                 });
             let account = Arc::new(Account {
                 digest: key.digest,
-                buckets: Buckets::new(&key.limits),
+                buckets: Buckets::new(format!("key:{}", hex8(&key.digest)), &key.limits),
                 tenant: tenant.clone(),
                 models: key.models.clone(),
+                shared: shared.clone(),
             });
             let caller = Caller {
                 tier: key.tier.as_str().into(),
@@ -80,7 +95,8 @@ impl Authenticator {
     }
 
     /// Authenticates the key a request presented and charges one request to its key's and
-    /// tenant's buckets.
+    /// tenant's buckets (with shared limits, the request is charged with the rest of the
+    /// admission: [`Caller::admit_shared`], [`Caller::take_request`]).
     pub fn check(&self, presented: Option<&str>) -> Result<Caller, Refusal> {
         if self.keys.is_empty() {
             return Ok(self.anonymous.clone());
@@ -96,6 +112,9 @@ impl Authenticator {
                     .find(|(account, _)| bool::from(account.digest.ct_eq(&digest)))
             })
             .ok_or(Refusal::InvalidKey)?;
+        if account.shared.is_some() {
+            return Ok(caller.clone());
+        }
         let [(key, key_whose), (tenant, tenant_whose)] = account.all();
         if let Some(bucket) = &key.requests {
             bucket
@@ -112,6 +131,11 @@ impl Authenticator {
         }
         Ok(caller.clone())
     }
+}
+
+/// The first 8 bytes of a key's digest, as hex: its buckets' shared id (not a secret).
+fn hex8(digest: &[u8; 32]) -> String {
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn prefix(digest: &[u8; 32]) -> u64 {

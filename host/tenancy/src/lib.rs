@@ -17,6 +17,7 @@
 mod bucket;
 mod caller;
 mod keys;
+pub mod shared;
 
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ pub use bucket::Bucket;
 pub use caller::{Caller, LimitKind, RateLimitReport};
 pub use keys::Authenticator;
 pub use ringmaster_config::key_digest;
+pub use shared::{Draw, Drawn, SharedBuckets};
 
 /// Why a caller may not go on.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -54,6 +56,11 @@ pub enum Refusal {
         /// Until it can pay, in whole seconds (at least one).
         wait: Duration,
     },
+    /// The fleet's shared limits did not answer, and the fleet fails closed.
+    #[error(
+        "rate limits are unavailable (the cluster's store did not answer) and this gateway fails closed; retry shortly"
+    )]
+    LimitsUnavailable,
 }
 
 impl Refusal {
@@ -61,6 +68,7 @@ impl Refusal {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::RateLimited { wait, .. } => Some(*wait),
+            Self::LimitsUnavailable => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

@@ -1,4 +1,5 @@
-//! Phase 2, admit: the caller's token buckets (its estimated input tokens, no output owed),
+//! Phase 2, admit: the caller's token buckets (its estimated input tokens, no output owed;
+//! with the fleet's shared buckets, its request too, all in one call),
 //! then the admission policy and the fair queue. After a wait in the queue the pool has moved
 //! on, so the call takes a fresh view of its model's pool.
 
@@ -12,9 +13,16 @@ impl Call {
     /// Phase 2: see the module's documentation.
     pub(crate) async fn admit(&mut self) -> Result<(), ApiError> {
         let gateway = self.gateway.clone();
-        self.caller
-            .admit(&self.request.model, self.request.estimated_tokens)
-            .map_err(crate::auth::refused)?;
+        if self.caller.is_shared() {
+            // The fleet's buckets: the request, its input and the output debt in one call.
+            self.caller
+                .admit_shared(&self.request.model, self.request.estimated_tokens)
+                .await
+        } else {
+            self.caller
+                .admit(&self.request.model, self.request.estimated_tokens)
+        }
+        .map_err(crate::auth::refused)?;
         let asked_tokens =
             u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);
         let chat = super::chat(&self.request);

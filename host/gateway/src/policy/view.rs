@@ -43,7 +43,7 @@ impl<'a> PoolView<'a> {
             id: server.id().to_owned(),
             healthy: !server.is_draining(),
             weight: server.weight(),
-            in_flight: u32::try_from(server.in_flight()).unwrap_or(u32::MAX),
+            in_flight: u32::try_from(server.fleet_in_flight()).unwrap_or(u32::MAX),
             waiting: load.waiting,
             kv_blocks_used: load.kv_blocks_used,
             kv_blocks_total: load.kv_blocks_total,
@@ -71,7 +71,7 @@ impl RouterHost for PoolView<'_> {
             .snapshot
             .servers
             .iter()
-            .map(|s| s.in_flight())
+            .map(|s| s.fleet_in_flight())
             .collect();
         let choice = self.snapshot.ring.lookup_bounded(key, &loads).ok()??;
         Some(self.snapshot.servers[choice.member].id().to_owned())
@@ -111,7 +111,7 @@ impl RouterHost for PoolView<'_> {
             .servers
             .iter()
             .filter_map(|s| {
-                let tokens = s.prefill_backlog();
+                let tokens = s.fleet_prefill_backlog();
                 (tokens > 0).then(|| (s.id().to_owned(), tokens))
             })
             .collect()

@@ -1,0 +1,185 @@
+//! The gateway as one replica of a fleet ([`ringmaster_cluster`]): the adapters through which
+//! the cluster reads and feeds this gateway's parts, and the tasks that keep them going. It
+//! owns no shared state itself: the buckets' rules stay in tenancy, the counts in the pool,
+//! the figures in the experiments; the configuration log is applied by the admin API's
+//! applier, which owns the changes.
+//!
+//! - [`FleetBuckets`]: tenancy's shared buckets over the cluster's bucket scripts;
+//! - [`PoolLoad`]: this replica's per-server load out, the others' sums into the pool;
+//! - [`ReplicaReport`]: what this replica's lease says of the servers and the experiments.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+
+use ringmaster_cluster::Cluster;
+use ringmaster_cluster::buckets::{Draw as ClusterDraw, Taken};
+use ringmaster_cluster::lease::LeaseReport;
+use ringmaster_cluster::load::{LoadSide, ServerLoad};
+use ringmaster_pool::Pool;
+use ringmaster_tenancy::{Draw, Drawn, SharedBuckets};
+use serde_json::json;
+use tracing::debug;
+
+use crate::Gateway;
+
+/// Samples of each window a replica publishes per variant (its lease stays small).
+pub const PUBLISHED_SAMPLES: usize = 2_000;
+
+/// Tenancy's shared buckets, kept in the cluster's Redis.
+#[derive(Debug)]
+pub struct FleetBuckets {
+    cluster: Arc<Cluster>,
+}
+
+impl FleetBuckets {
+    /// The buckets of `cluster`.
+    pub fn new(cluster: Arc<Cluster>) -> Self {
+        Self { cluster }
+    }
+}
+
+impl SharedBuckets for FleetBuckets {
+    fn draw<'a>(&'a self, draws: &'a [Draw]) -> Pin<Box<dyn Future<Output = Drawn> + Send + 'a>> {
+        Box::pin(async move {
+            let draws: Vec<ClusterDraw> = draws
+                .iter()
+                .map(|d| ClusterDraw {
+                    id: d.id.clone(),
+                    per_minute: d.per_minute,
+                    amount: d.amount,
+                    debt_check: d.debt_check,
+                })
+                .collect();
+            match self.cluster.take(&draws).await {
+                Ok(Taken::Paid) => Drawn::Paid,
+                Ok(Taken::Short { index, wait }) => Drawn::Short { index, wait },
+                Err(error) => {
+                    debug!(%error, "cluster.buckets_local");
+                    Drawn::Unavailable
+                }
+            }
+        })
+    }
+
+    fn charge(&self, id: &str, per_minute: u32, delta: f64) {
+        self.cluster.charge(id, per_minute, delta);
+    }
+
+    fn is_up(&self) -> bool {
+        self.cluster.is_up()
+    }
+
+    fn live_replicas(&self) -> u32 {
+        self.cluster.live_replicas()
+    }
+
+    fn fail_open(&self) -> bool {
+        self.cluster.spec().fail_open
+    }
+}
+
+/// The pool's load, out to the other replicas and in from them.
+#[derive(Debug)]
+pub struct PoolLoad {
+    pool: Arc<Pool>,
+}
+
+impl PoolLoad {
+    /// The load of `pool`.
+    pub fn new(pool: Arc<Pool>) -> Self {
+        Self { pool }
+    }
+}
+
+impl LoadSide for PoolLoad {
+    fn local(&self) -> BTreeMap<String, ServerLoad> {
+        let snapshot = self.pool.snapshot();
+        snapshot
+            .servers
+            .iter()
+            .chain(snapshot.draining.iter())
+            .map(|s| (s.id().to_owned(), (s.in_flight(), s.prefill_backlog())))
+            .collect()
+    }
+
+    fn remote(&self, totals: &HashMap<String, ServerLoad>) {
+        let snapshot = self.pool.snapshot();
+        for server in snapshot.servers.iter().chain(snapshot.draining.iter()) {
+            let (in_flight, prefill) = totals.get(server.id()).copied().unwrap_or_default();
+            server.set_remote_load(in_flight, prefill);
+        }
+    }
+}
+
+/// What this replica's lease carries: each server's state as it sees it, and each router
+/// variant's figures.
+#[derive(Debug)]
+pub struct ReplicaReport {
+    gateway: Weak<Gateway>,
+}
+
+impl LeaseReport for ReplicaReport {
+    fn report(&self) -> (serde_json::Value, serde_json::Value) {
+        let Some(gateway) = self.gateway.upgrade() else {
+            return (json!({}), json!({}));
+        };
+        let snapshot = gateway.pool.snapshot();
+        let servers: serde_json::Map<String, serde_json::Value> = snapshot
+            .servers
+            .iter()
+            .chain(snapshot.draining.iter())
+            .map(|s| {
+                let state = if s.is_draining() {
+                    "draining"
+                } else if !s.is_routable() {
+                    "unreachable"
+                } else {
+                    "healthy"
+                };
+                (
+                    s.id().to_owned(),
+                    json!({ "state": state, "in_flight": s.in_flight() }),
+                )
+            })
+            .collect();
+        let set = gateway.router.current();
+        let experiments: serde_json::Map<String, serde_json::Value> = set
+            .variants
+            .iter()
+            .map(|v| {
+                (
+                    v.name.to_string(),
+                    serde_json::to_value(v.stats.figures(PUBLISHED_SAMPLES)).unwrap_or_default(),
+                )
+            })
+            .collect();
+        (servers.into(), experiments.into())
+    }
+}
+
+impl Gateway {
+    /// The cluster this gateway is a replica of, if any.
+    pub fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.cluster.as_ref()
+    }
+
+    /// Starts the tasks that keep this replica in its fleet: its lease, the load fan-out and
+    /// the batched bucket charges. (The configuration log is followed by whoever applies it:
+    /// the admin API.)
+    pub(crate) fn join_fleet(self: &Arc<Self>) {
+        let Some(cluster) = &self.cluster else {
+            return;
+        };
+        tokio::spawn(cluster.clone().keep_lease(Arc::new(ReplicaReport {
+            gateway: Arc::downgrade(self),
+        })));
+        tokio::spawn(
+            cluster
+                .clone()
+                .share_load(Arc::new(PoolLoad::new(self.pool.clone()))),
+        );
+        tokio::spawn(cluster.clone().send_charges());
+    }
+}
