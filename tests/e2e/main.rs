@@ -7,6 +7,8 @@ mod api;
 mod disconnect;
 mod errors;
 mod examples;
+mod fleet;
+mod fleet_support;
 mod front_door;
 mod gates;
 mod model;

@@ -116,6 +116,8 @@ pub struct Cluster {
     load: load::FleetLoad,
     applied: log::Applied,
     pending: buckets::Pending,
+    /// Admissions decided on local buckets because Redis did not answer in time.
+    local_draws: std::sync::atomic::AtomicU64,
     /// Renews the lease at once (a revision was applied: `?wait=true` callers watch leases).
     pub(crate) lease_nudge: tokio::sync::Notify,
     /// The live replicas' names, as the last read of the leases found them.
@@ -157,6 +159,7 @@ impl Cluster {
             pending: buckets::Pending::default(),
             live: std::sync::Mutex::new(Vec::new()),
             lease_nudge: tokio::sync::Notify::new(),
+            local_draws: std::sync::atomic::AtomicU64::new(0),
             spec,
             client,
             conn,
@@ -177,6 +180,16 @@ impl Cluster {
     /// Whether the last call to Redis succeeded.
     pub fn is_up(&self) -> bool {
         self.up.load(Ordering::Relaxed)
+    }
+
+    /// Counts an admission decided on local buckets (Redis did not answer in time).
+    pub fn note_local_draw(&self) {
+        self.local_draws.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Admissions decided on local buckets so far.
+    pub fn local_draws(&self) -> u64 {
+        self.local_draws.load(Ordering::Relaxed)
     }
 
     /// The other replicas' last-known load.
@@ -218,7 +231,14 @@ impl Cluster {
     pub(crate) async fn dedicated(
         &self,
     ) -> Result<redis::aio::MultiplexedConnection, ClusterError> {
-        Ok(self.client.get_multiplexed_async_connection().await?)
+        // Its reads block for up to a second: the default response timeout would cut them.
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_millis(500)))
+            .set_response_timeout(Some(Duration::from_secs(5)));
+        Ok(self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?)
     }
 
     pub(crate) fn client(&self) -> &redis::Client {

@@ -23,7 +23,12 @@ pub struct ClusterSettings {
 
 /// Validates `[cluster]`.
 pub(crate) fn cluster_settings(raw: RawCluster) -> Result<ClusterSettings, ConfigError> {
-    let url = raw.url.unwrap_or_default();
+    let url = raw.url.ok_or_else(|| {
+        invalid(
+            "cluster.url",
+            "required: the Redis the replicas share (or pass --cluster URL)",
+        )
+    })?;
     check_url(&url).map_err(|reason| invalid("cluster.url", reason))?;
     let namespace = raw.namespace.unwrap_or_else(|| "ringmaster".into());
     if namespace.is_empty() || namespace.contains(char::is_whitespace) {

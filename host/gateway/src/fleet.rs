@@ -56,6 +56,7 @@ impl SharedBuckets for FleetBuckets {
                 Ok(Taken::Paid) => Drawn::Paid,
                 Ok(Taken::Short { index, wait }) => Drawn::Short { index, wait },
                 Err(error) => {
+                    self.cluster.note_local_draw();
                     debug!(%error, "cluster.buckets_local");
                     Drawn::Unavailable
                 }
@@ -156,6 +157,54 @@ impl LeaseReport for ReplicaReport {
             })
             .collect();
         (servers.into(), experiments.into())
+    }
+}
+
+/// The cluster's state on each scrape: whether Redis answers, the revisions, the replicas,
+/// and how many admissions fell back to local buckets.
+#[derive(Debug)]
+pub(crate) struct ClusterCollector {
+    pub(crate) cluster: Arc<Cluster>,
+}
+
+impl prometheus_client::collector::Collector for ClusterCollector {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::MetricType;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let cluster = &self.cluster;
+        for (name, help, value) in [
+            (
+                "cluster_redis_up",
+                "1 when the cluster's Redis answered the last call, else 0 (limits are local, the configuration stays at its revision)",
+                i64::from(cluster.is_up()),
+            ),
+            (
+                "cluster_applied_revision",
+                "The configuration log's revision this replica has applied",
+                i64::try_from(cluster.applied().get()).unwrap_or(i64::MAX),
+            ),
+            (
+                "cluster_live_replicas",
+                "Replicas holding a lease, as this one last read them",
+                i64::from(cluster.live_replicas()),
+            ),
+        ] {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)?;
+        }
+        let family = encoder.encode_descriptor(
+            "cluster_local_limit_admissions",
+            "Admissions decided on this replica's own buckets (limit / live replicas) because Redis did not answer within the deadline",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(cluster.local_draws()).encode(family)?;
+        Ok(())
     }
 }
 

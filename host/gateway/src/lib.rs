@@ -185,7 +185,7 @@ impl Gateway {
                 as Arc<dyn ringmaster_tenancy::SharedBuckets>
         });
         let gateway = Arc::new(Self {
-            cluster,
+            cluster: cluster.clone(),
             recorder,
             streams: reply::resume::Streams::new(config.resume_window),
             admin: std::sync::OnceLock::new(),
@@ -195,6 +195,11 @@ impl Gateway {
                 metrics.register_collector(Box::new(collectors::ServerCollector {
                     pool: pool.clone(),
                 }));
+                if let Some(cluster) = &cluster {
+                    metrics.register_collector(Box::new(fleet::ClusterCollector {
+                        cluster: cluster.clone(),
+                    }));
+                }
                 metrics.register_collector(Box::new(collectors::PolicyCollector {
                     router: router.clone(),
                     admission: admission.clone(),

@@ -278,7 +278,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         raw.cluster.get_or_insert_with(Default::default).url = Some(url);
     }
     if let Some(name) = args.replica {
-        raw.cluster.get_or_insert_with(Default::default).name = Some(name);
+        match raw.cluster.as_mut() {
+            Some(cluster) => cluster.name = Some(name),
+            None => tracing::warn!(
+                replica = %name,
+                "--replica names a replica of a cluster; without --cluster or [cluster] it has no effect"
+            ),
+        }
     }
     if let Some(scale) = args.sim_time_scale {
         raw.simulator
