@@ -183,6 +183,6 @@ mod tests {
         assert_eq!(a.requests, 20);
         assert_eq!(a.ttft.len(), 13);
         assert_eq!(a.prompt_tokens, 200);
-        assert_eq!(a.hit_ratio(), Some(90.0 / 100.0));
+        assert_eq!(a.hit_ratio(), Some(90.0 / 200.0));
     }
 }

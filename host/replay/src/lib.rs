@@ -359,7 +359,10 @@ pub async fn run_scenario(
 }
 
 /// For each request, the complete-block counts of its earlier turns, oldest first.
-fn earlier_turns(requests: &[trace::TraceRequest], parents: &[Option<usize>]) -> Vec<Vec<usize>> {
+pub fn earlier_turns(
+    requests: &[trace::TraceRequest],
+    parents: &[Option<usize>],
+) -> Vec<Vec<usize>> {
     let mut turns: Vec<Vec<usize>> = Vec::with_capacity(requests.len());
     for parent in parents {
         let chain = match parent {

@@ -114,6 +114,14 @@ struct WorkerArgs {
     /// Most tokens computed per engine step.
     #[arg(long, default_value_t = 512)]
     step_token_budget: u32,
+    /// Serve the simulated engine (the cost model of one H100 serving a Llama-3-8B-class
+    /// model; no weights, no model file) under `--name` (default `sim`): a fleet of workers
+    /// that gateway replicas share, with its KV events, for tests and benchmarks.
+    #[arg(long, conflicts_with_all = ["model", "device"])]
+    simulated: bool,
+    /// With --simulated: the time scale (1.0 real time, 0.1 ten times faster).
+    #[arg(long, default_value_t = 1.0, requires = "simulated")]
+    time_scale: f64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -366,6 +374,20 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
     let process_started = std::time::Instant::now();
+    if args.simulated {
+        let name = args.name.clone().unwrap_or_else(|| "sim".to_owned());
+        let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
+        config.max_running = args.max_running;
+        config.step_token_budget = args.step_token_budget;
+        config.time_scale = args.time_scale;
+        if let Some(blocks) = args.kv_blocks {
+            config.kv_blocks = blocks;
+        }
+        config.validate().context("invalid engine settings")?;
+        let starter: EngineStarter =
+            Box::new(|config| Ok(ringmaster_gpu_runtime::EngineHandle::spawn(config)?));
+        return run_worker(args.listen, name, config, starter, process_started);
+    }
     let path = args.model.unwrap_or_else(default_model_path);
     let name = match args.name {
         Some(name) => name,
@@ -421,15 +443,26 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     config.validate().context("invalid engine settings")?;
+    run_worker(args.listen, name, config, executor, process_started)
+}
+
+/// Serves one engine over HTTP until SIGINT or SIGTERM.
+fn run_worker(
+    listen: String,
+    name: String,
+    config: ringmaster_gpu_runtime::EngineConfig,
+    executor: EngineStarter,
+    process_started: std::time::Instant,
+) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ringmaster-worker")
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let listener = TcpListener::bind(&args.listen)
+        let listener = TcpListener::bind(&listen)
             .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+            .with_context(|| format!("cannot listen on {listen}"))?;
         let engine = executor(config)?;
         info!(
             address = %listener.local_addr()?,

@@ -1,0 +1,169 @@
+//! `fleet-replay`: a Mooncake trace replayed on the wall clock over HTTP through one or more
+//! gateway replicas (each request sent to one of them at random, seeded), for the fleet
+//! benchmark (`tests/bench/fleet.sh`). Each request is the trace's rendered conversation turn
+//! (`ringmaster-replay`'s renderer, so turns share text exactly where the trace shares blocks),
+//! streamed; what comes back is the token hit ratio (cached over prompt tokens, as the servers
+//! counted them) and the time to first token.
+//!
+//!   fleet-replay --trace T.jsonl --limit 2000 --speedup 10 --seed 7 \
+//!       --gateway http://127.0.0.1:18100 --gateway http://127.0.0.1:18101 --out run.json
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Parser;
+use futures_util::StreamExt;
+use ringmaster_replay::{earlier_turns, render, trace};
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// The Mooncake-format trace.
+    #[arg(long)]
+    trace: PathBuf,
+    /// Replay its first N requests.
+    #[arg(long, default_value_t = 2000)]
+    limit: usize,
+    /// Arrivals this many times faster than the trace's clock.
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+    /// Seed of the choice of gateway per request.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+    /// A gateway replica's base URL (repeat for several).
+    #[arg(long = "gateway", required = true)]
+    gateways: Vec<String>,
+    /// Where to write the outcome (JSON).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Outcome {
+    ok: bool,
+    ttft_s: f64,
+    prompt_tokens: u64,
+    cached_tokens: u64,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let requests = trace::load_mooncake(&args.trace, Some(args.limit))
+        .with_context(|| format!("reading {}", args.trace.display()))?;
+    let parents = trace::previous_turns(&requests);
+    let turns = earlier_turns(&requests, &parents);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .pool_max_idle_per_host(256)
+        .build()?;
+    let gateways = Arc::new(args.gateways.clone());
+    let start = Instant::now();
+    let first = requests.first().map_or(Duration::ZERO, |r| r.arrival);
+    let mut running = tokio::task::JoinSet::new();
+    for (index, request) in requests.iter().enumerate() {
+        let at = (request.arrival - first).div_f64(args.speedup.max(1e-9));
+        tokio::time::sleep_until((start + at).into()).await;
+        let pick = xxhash_rust::xxh3::xxh3_64_with_seed(&(index as u64).to_le_bytes(), args.seed);
+        let url = format!(
+            "{}/v1/messages",
+            gateways[usize::try_from(pick % gateways.len() as u64).unwrap_or(0)]
+        );
+        let body = render::messages_body(request, &turns[index]);
+        let client = client.clone();
+        running.spawn(async move { one(&client, &url, body).await });
+    }
+    let mut outcomes = Vec::with_capacity(requests.len());
+    while let Some(done) = running.join_next().await {
+        outcomes.push(done?);
+    }
+    let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok).collect();
+    let prompt: u64 = ok.iter().map(|o| o.prompt_tokens).sum();
+    let cached: u64 = ok.iter().map(|o| o.cached_tokens).sum();
+    let mut ttfts: Vec<f64> = ok.iter().map(|o| o.ttft_s).collect();
+    ttfts.sort_by(f64::total_cmp);
+    let quantile = |q: f64| {
+        if ttfts.is_empty() {
+            return 0.0;
+        }
+        let rank = ((ttfts.len() as f64 - 1.0) * q).round() as usize;
+        ttfts[rank.min(ttfts.len() - 1)]
+    };
+    let report = json!({
+        "requests": outcomes.len(),
+        "ok": ok.len(),
+        "gateways": args.gateways.len(),
+        "token_hit_ratio": if prompt == 0 { 0.0 } else { cached as f64 / prompt as f64 },
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "ttft_p50_s": quantile(0.5),
+        "ttft_p99_s": quantile(0.99),
+        "makespan_s": start.elapsed().as_secs_f64(),
+        "speedup": args.speedup,
+    });
+    std::fs::write(&args.out, serde_json::to_vec_pretty(&report)?)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    use std::io::Write;
+    writeln!(std::io::stdout(), "{report}")?;
+    Ok(())
+}
+
+/// Sends one streamed request; reads its usage and its first token's time.
+async fn one(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Outcome {
+    let sent = Instant::now();
+    let mut outcome = Outcome::default();
+    let Ok(response) = client
+        .post(url)
+        .header("content-type", "application/json")
+        .header("anthropic-version", "2023-06-01")
+        .body(body)
+        .send()
+        .await
+    else {
+        return outcome;
+    };
+    if !response.status().is_success() {
+        return outcome;
+    }
+    let mut stream = response.bytes_stream();
+    let mut buffer = Vec::new();
+    while let Some(Ok(chunk)) = stream.next().await {
+        buffer.extend_from_slice(&chunk);
+        while let Some(end) = buffer.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = buffer.drain(..end + 2).collect();
+            let text = String::from_utf8_lossy(&event);
+            let Some(data) = text.lines().find_map(|l| l.strip_prefix("data: ")) else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            match value["type"].as_str() {
+                Some("message_start") => {
+                    let usage = &value["message"]["usage"];
+                    let fresh = usage["input_tokens"].as_u64().unwrap_or(0);
+                    let cached = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                    outcome.prompt_tokens = fresh + cached;
+                    outcome.cached_tokens = cached;
+                }
+                Some("content_block_delta") if outcome.ttft_s == 0.0 => {
+                    outcome.ttft_s = sent.elapsed().as_secs_f64();
+                }
+                Some("message_delta") => {
+                    // The final usage, once the server counted the prompt.
+                    let usage = &value["usage"];
+                    if let Some(fresh) = usage["input_tokens"].as_u64() {
+                        let cached = usage["cache_read_input_tokens"].as_u64().unwrap_or(0);
+                        outcome.prompt_tokens = fresh + cached;
+                        outcome.cached_tokens = cached;
+                    }
+                }
+                Some("message_stop") => outcome.ok = true,
+                _ => {}
+            }
+        }
+    }
+    outcome
+}
