@@ -5,8 +5,12 @@
 //! streamed; what comes back is the token hit ratio (cached over prompt tokens, as the servers
 //! counted them) and the time to first token.
 //!
-//!   fleet-replay --trace T.jsonl --limit 2000 --speedup 10 --seed 7 \
+//!   fleet-replay run --trace T.jsonl --limit 2000 --speedup 10 --seed 7 \
 //!       --gateway http://127.0.0.1:18100 --gateway http://127.0.0.1:18101 --out run.json
+//!   fleet-replay plot --runs runs.jsonl --out hit-ratio.svg
+//!
+//! `plot` draws the token hit ratio against the replica count, one line per mode (`cluster`,
+//! `alone`), from the runs' JSON lines (each with `mode` and `replicas` added).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +23,24 @@ use ringmaster_replay::{earlier_turns, render, trace};
 use serde_json::{Value, json};
 
 #[derive(Parser, Debug)]
+enum Cli {
+    /// Replay a trace through gateways.
+    Run(Args),
+    /// Plot the hit ratio against the replica count.
+    Plot(PlotArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct PlotArgs {
+    /// The runs, one JSON object per line (`mode`, `replicas`, `token_hit_ratio`).
+    #[arg(long)]
+    runs: PathBuf,
+    /// The SVG to write.
+    #[arg(long)]
+    out: PathBuf,
+}
+
+#[derive(clap::Args, Debug)]
 struct Args {
     /// The Mooncake-format trace.
     #[arg(long)]
@@ -48,9 +70,88 @@ struct Outcome {
     cached_tokens: u64,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+fn main() -> anyhow::Result<()> {
+    match Cli::parse() {
+        Cli::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run(args)),
+        Cli::Plot(args) => plot(&args),
+    }
+}
+
+/// The hit ratio against the replica count, one line per mode.
+fn plot(args: &PlotArgs) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let text = std::fs::read_to_string(&args.runs)
+        .with_context(|| format!("reading {}", args.runs.display()))?;
+    let mut lines: std::collections::BTreeMap<String, Vec<(f64, f64)>> = Default::default();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let run: Value = serde_json::from_str(line)?;
+        lines
+            .entry(run["mode"].as_str().unwrap_or("?").to_owned())
+            .or_default()
+            .push((
+                run["replicas"].as_f64().unwrap_or(0.0),
+                run["token_hit_ratio"].as_f64().unwrap_or(0.0),
+            ));
+    }
+    let top = lines.values().flatten().map(|p| p.1).fold(0.05, f64::max) * 1.2;
+    let plot_error = |e: &dyn std::fmt::Display| anyhow::anyhow!("plotting: {e}");
+    let root = SVGBackend::new(&args.out, (720, 440)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Token hit ratio against gateway replicas (8 shared workers)",
+            ("sans-serif", 20),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.5f64..4.5f64, 0.0..top)
+        .map_err(|e| plot_error(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("replicas (requests spread at random)")
+        .y_desc("token hit ratio")
+        .x_labels(4)
+        .draw()
+        .map_err(|e| plot_error(&e))?;
+    for (i, (mode, mut points)) in lines.into_iter().enumerate() {
+        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let colour = [BLUE, RED, GREEN][i % 3];
+        let label = if mode == "cluster" {
+            "with --cluster".to_owned()
+        } else {
+            "without --cluster".to_owned()
+        };
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))
+            .map_err(|e| plot_error(&e))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
+        chart
+            .draw_series(
+                points
+                    .into_iter()
+                    .map(|p| Circle::new(p, 4, colour.filled())),
+            )
+            .map_err(|e| plot_error(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_error(&e))?;
+    root.present().map_err(|e| plot_error(&e))?;
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
     let requests = trace::load_mooncake(&args.trace, Some(args.limit))
         .with_context(|| format!("reading {}", args.trace.display()))?;
     let parents = trace::previous_turns(&requests);
