@@ -25,6 +25,7 @@ pub mod changes;
 pub mod cluster;
 pub mod experiments;
 pub mod explain;
+mod guardrails;
 pub mod policies;
 pub mod servers;
 
@@ -85,6 +86,9 @@ pub async fn follow_cluster(
     let revision = cluster.catch_up(applier.as_ref()).await?;
     tracing::info!(revision, replica = cluster.replica(), "cluster.caught_up");
     tokio::spawn(cluster.clone().follow(applier.clone()));
+    if gateway.config().policies.guardrails {
+        tokio::spawn(guardrails::watch(Arc::downgrade(gateway), applier.clone()));
+    }
     Ok(Some(applier))
 }
 

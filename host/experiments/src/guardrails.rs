@@ -3,10 +3,10 @@
 //! ([`crate::stats`]), so a guardrail may look as often as it likes. A breach is a reason in
 //! words; what to do about it (the gateway sets the candidate's weight to 0) is the caller's.
 
-use crate::VariantStats;
 use crate::stats::{
     MIN_SAMPLES, Summary, Verdict, always_valid_with, proportion, summarize, verdict,
 };
+use crate::{VariantFigures, VariantStats};
 
 /// The mixing prior's scale for error rates: tuned to differences of five percentage points
 /// (a guardrail is for a candidate that breaks things; a scale much smaller than the
@@ -82,19 +82,48 @@ pub fn tail_breach(control: &[f64], candidate: &[f64]) -> Option<String> {
 /// Why the candidate whose statistics are `candidate` should stop, against the control's, if
 /// it is worse beyond doubt by any guardrail: its error rate, its mean TTFT, its TTFT tail.
 pub fn check(control: &VariantStats, candidate: &VariantStats) -> Option<String> {
-    use std::sync::atomic::Ordering::Relaxed;
-    let control_samples = control.ttft_samples();
-    let samples = candidate.ttft_samples();
-    let control_errors = proportion(control.errors.load(Relaxed), control.requests.load(Relaxed));
-    let errors = proportion(
-        candidate.errors.load(Relaxed),
-        candidate.requests.load(Relaxed),
-    );
+    check_figures(&control.figures(usize::MAX), &candidate.figures(usize::MAX))
+}
+
+/// [`check`] on figures as numbers: one replica's, or the fleet's summed over replicas.
+pub fn check_figures(control: &VariantFigures, candidate: &VariantFigures) -> Option<String> {
+    let control_errors = proportion(control.errors, control.requests);
+    let errors = proportion(candidate.errors, candidate.requests);
     guardrail_breach(
-        summarize(&control_samples).as_ref(),
-        summarize(&samples).as_ref(),
+        summarize(&control.ttft).as_ref(),
+        summarize(&candidate.ttft).as_ref(),
         &control_errors,
         &errors,
     )
-    .or_else(|| tail_breach(&control_samples, &samples))
+    .or_else(|| tail_breach(&control.ttft, &candidate.ttft))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(requests: u64, errors: u64) -> VariantFigures {
+        VariantFigures {
+            requests,
+            errors,
+            ttft: (0..requests).map(|i| 0.1 + (i % 5) as f64 * 0.01).collect(),
+            ..VariantFigures::default()
+        }
+    }
+
+    #[test]
+    fn the_fleet_sees_a_breach_no_replica_sees_alone() {
+        // Each of three replicas holds too few of the candidate's requests to judge (fewer
+        // than the samples a verdict needs); summed, the fleet's figures are beyond doubt.
+        let control_one = figures(20, 0);
+        let candidate_one = figures(12, 5);
+        assert_eq!(check_figures(&control_one, &candidate_one), None);
+        let (mut control, mut candidate) = (VariantFigures::default(), VariantFigures::default());
+        for _ in 0..3 {
+            control.add(&control_one);
+            candidate.add(&candidate_one);
+        }
+        let why = check_figures(&control, &candidate).expect("a breach over the fleet");
+        assert!(why.starts_with("error rate"), "{why}");
+    }
 }

@@ -44,7 +44,7 @@ pub use body::ResponseBody;
 /// The configuration (its own crate), re-exported under the gateway's old paths.
 pub use ringmaster_config as config;
 pub use ringmaster_config::{Config, RawConfig};
-pub use service::serve;
+pub use service::{GUARDRAIL_INTERVAL, serve};
 
 use ringmaster_policy_engine::PolicyEngine;
 

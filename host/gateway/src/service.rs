@@ -46,10 +46,9 @@ pub async fn serve(
     let builder = auto::Builder::new(TokioExecutor::new());
     let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
     let watcher = tokio::spawn(crate::watch_policy_files(Arc::downgrade(&gateway)));
-    let guardrails = gateway
-        .config
-        .policies
-        .guardrails
+    // In a cluster the guardrails read the fleet's figures and stop a variant through the
+    // configuration log (the admin API's applier runs them), never on one replica alone.
+    let guardrails = (gateway.config.policies.guardrails && gateway.cluster().is_none())
         .then(|| tokio::spawn(watch_guardrails(Arc::downgrade(&gateway))));
     tokio::pin!(shutdown);
     loop {
@@ -103,7 +102,7 @@ pub async fn serve(
 }
 
 /// How often the guardrails look at the experiment.
-const GUARDRAIL_INTERVAL: Duration = Duration::from_secs(5);
+pub const GUARDRAIL_INTERVAL: Duration = Duration::from_secs(5);
 
 /// `[policies] guardrails`: every few seconds, one [`guardrail_pass`].
 async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {

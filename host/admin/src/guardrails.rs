@@ -1,0 +1,72 @@
+//! The guardrails of a cluster: the same tests as a gateway alone runs (error rate, mean TTFT,
+//! the TTFT tail; `ringmaster_experiments::guardrails`), on the fleet's figures (this replica's
+//! plus every live replica's lease), and a stop made through the configuration log, so that
+//! every replica stops the variant together. One replica judges at a time: the live replica
+//! whose name sorts first; the compare-and-set log makes a second, late verdict harmless.
+
+use std::sync::{Arc, Weak};
+
+use ringmaster_experiments::guardrails::check_figures;
+use ringmaster_gateway::Gateway;
+use tracing::{info, warn};
+
+use crate::changes::{Applier, Change, make};
+
+/// Every [`ringmaster_gateway::GUARDRAIL_INTERVAL`], while the gateway lives: when this
+/// replica judges, stop (weight 0) each live candidate worse than the control beyond doubt.
+pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Arc<Applier>) {
+    let mut tick = tokio::time::interval(ringmaster_gateway::GUARDRAIL_INTERVAL);
+    loop {
+        tick.tick().await;
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        let Some(cluster) = gateway.cluster() else {
+            return;
+        };
+        let Ok(leases) = cluster.replicas().await else {
+            continue;
+        };
+        let judge = leases.iter().map(|l| l.lease.replica.as_str()).min();
+        if judge != Some(cluster.replica()) {
+            continue;
+        }
+        let others = crate::cluster::others_figures(&gateway).await;
+        let set = gateway.router().current();
+        let fleet = |v: &ringmaster_gateway::policy::Variant| {
+            let mut figures = v.stats.figures(usize::MAX);
+            if let Some(other) = others.get(&*v.name) {
+                figures.add(other);
+            }
+            figures
+        };
+        let Some(control) = set.variants.first() else {
+            continue;
+        };
+        let control_figures = fleet(control);
+        for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
+            let Some(why) = check_figures(&control_figures, &fleet(candidate)) else {
+                continue;
+            };
+            let change = Change::SetRouterWeight {
+                variant: candidate.name.to_string(),
+                weight: 0,
+            };
+            match make(&gateway, Some(&applier), change, None, false).await {
+                Ok(done) => {
+                    warn!(variant = %candidate.name, control = %control.name, reason = %why, revision = ?done.revision, "guardrail.stopped");
+                    gateway
+                        .metrics()
+                        .guardrail_stops
+                        .get_or_create(&ringmaster_gateway::metrics::VariantLabel {
+                            variant: candidate.name.to_string(),
+                        })
+                        .inc();
+                }
+                Err(e) => {
+                    info!(variant = %candidate.name, error = %e.message(), "guardrail.stop_not_logged")
+                }
+            }
+        }
+    }
+}
