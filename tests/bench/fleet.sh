@@ -48,12 +48,7 @@ replay=$target_dir/release/fleet-replay
 fake=$target_dir/release/fake-upstream
 
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 # stop PID...: stops the given processes and forgets them.
 stop() {

@@ -37,12 +37,7 @@ ringmaster=${RINGMASTER_BENCH_BIN:-$target_dir/release/ringmaster}
 fake=$target_dir/release/fake-upstream
 
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 step "upstreams: two of 8 tokens (:19001, :19002), one of 256 tokens (:19003), core 1"
 start_upstreams 19001:8 19002:8 19003:256

@@ -23,6 +23,13 @@ bench_setup() {
   target_dir=${CARGO_TARGET_DIR:-$root/target}
 }
 
+# bench_cleanup: stops every process in $pids and removes $work (trap it on EXIT).
+bench_cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+
 step() { printf '\n==> %s\n' "$*" >&2; }
 
 # oha (crates.io), the load generator, built once into the bench cache.

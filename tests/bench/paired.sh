@@ -26,12 +26,7 @@ cargo build --release --locked -p ringmaster-tests --bin fake-upstream >&2
 fake=$target_dir/release/fake-upstream
 
 pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+trap bench_cleanup EXIT
 
 start_upstreams 19001:8 19002:8
 two_server_config 127.0.0.1:18080 > "$work/gateway.toml"
