@@ -17,11 +17,9 @@ use ringmaster_config::RawServer;
 use ringmaster_gateway::Gateway;
 use ringmaster_gateway::policy::SlotError;
 use ringmaster_policy_engine::StateMode;
+use ringmaster_pool::PoolError;
 use serde::{Deserialize, Serialize};
 use tracing::warn;
-
-use crate::policies::slot_error;
-use crate::servers::pool_error;
 
 /// One admin change.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -370,5 +368,36 @@ pub async fn applied_everywhere(cluster: &Cluster, revision: u64, timeout: Durat
             return false;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A slot's refusal as the error an admin client gets.
+pub(crate) fn slot_error(error: SlotError) -> ApiError {
+    match error {
+        SlotError::UnknownVariant(_) => ApiError::not_found(error.to_string()),
+        SlotError::Policy(_) | SlotError::NoPreviousVersion(_) | SlotError::Invalid(_) => {
+            ApiError::invalid(error.to_string())
+        }
+    }
+}
+
+/// The pool's refusal as the error an admin client gets.
+pub(crate) fn pool_error(error: PoolError) -> ApiError {
+    match error {
+        PoolError::Duplicate(_) => ApiError::new(ErrorKind::Conflict, error.to_string()),
+        PoolError::Unknown(_) => ApiError::not_found(error.to_string()),
+        PoolError::Ring(_) => ApiError::invalid(error.to_string()),
+        PoolError::Engine { .. } => ApiError::internal(error.to_string()),
+        PoolError::Model { .. } => ApiError::invalid(error.to_string()),
+    }
+}
+
+/// A change's revision and reach, in its answer (cluster only).
+pub(crate) fn done_fields(body: &mut serde_json::Value, done: &Done) {
+    if let Some(revision) = done.revision {
+        body["revision"] = json!(revision);
+    }
+    if let Some(everywhere) = done.everywhere {
+        body["applied_everywhere"] = json!(everywhere);
     }
 }

@@ -15,21 +15,12 @@ use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_policy_engine::StateMode;
 use serde_json::json;
 
-use crate::changes::{Applier, Change, Done, make};
+use crate::changes::{Applier, Change, done_fields, make};
 use crate::query_param;
 
 /// Largest component accepted by `PUT /admin/policies/…` (Python and JavaScript components
 /// run to 20 MB).
 const MAX_COMPONENT_BYTES: usize = 64 * 1024 * 1024;
-
-pub(crate) fn slot_error(error: SlotError) -> ApiError {
-    match error {
-        SlotError::UnknownVariant(_) => ApiError::not_found(error.to_string()),
-        SlotError::Policy(_) | SlotError::NoPreviousVersion(_) | SlotError::Invalid(_) => {
-            ApiError::invalid(error.to_string())
-        }
-    }
-}
 
 /// The request body as component bytes, under [`MAX_COMPONENT_BYTES`].
 pub(crate) async fn component_bytes(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
@@ -63,16 +54,6 @@ pub(crate) async fn policy_change(
     body["load_ms"] = json!(started.elapsed().as_secs_f64() * 1000.0);
     done_fields(&mut body, &done);
     Ok(json_response(StatusCode::OK, &body))
-}
-
-/// A change's revision and reach, in its answer (cluster only).
-pub(crate) fn done_fields(body: &mut serde_json::Value, done: &Done) {
-    if let Some(revision) = done.revision {
-        body["revision"] = json!(revision);
-    }
-    if let Some(everywhere) = done.everywhere {
-        body["applied_everywhere"] = json!(everywhere);
-    }
 }
 
 /// A weight: a whole number up to 1,000,000.

@@ -13,8 +13,7 @@ use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_pool::{PoolError, Server};
 use serde_json::json;
 
-use crate::changes::{Applier, Change, make};
-use crate::policies::done_fields;
+use crate::changes::{Applier, Change, done_fields, make};
 
 pub(crate) fn record_json(
     gateway: &Gateway,
@@ -141,14 +140,4 @@ pub(crate) async fn remove_server(
     };
     done_fields(&mut answer, &done);
     Ok(json_response(StatusCode::OK, &answer))
-}
-
-pub(crate) fn pool_error(error: PoolError) -> ApiError {
-    match error {
-        PoolError::Duplicate(_) => ApiError::new(ErrorKind::Conflict, error.to_string()),
-        PoolError::Unknown(_) => ApiError::not_found(error.to_string()),
-        PoolError::Ring(_) => ApiError::invalid(error.to_string()),
-        PoolError::Engine { .. } => ApiError::internal(error.to_string()),
-        PoolError::Model { .. } => ApiError::invalid(error.to_string()),
-    }
 }
