@@ -19,6 +19,7 @@ use ringmaster_gateway::policy::SlotError;
 use ringmaster_policy_engine::StateMode;
 use ringmaster_pool::PoolError;
 use serde::{Deserialize, Serialize};
+use serde_json::json;
 use tracing::warn;
 
 /// One admin change.

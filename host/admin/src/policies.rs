@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use ringmaster_api::{ApiError, ErrorKind};
-use ringmaster_gateway::policy::{SlotError, Variant};
+use ringmaster_gateway::policy::Variant;
 use ringmaster_gateway::respond::json_response;
 use ringmaster_gateway::slot::{PolicySlot, SlotPolicy};
 use ringmaster_gateway::{Gateway, ResponseBody};

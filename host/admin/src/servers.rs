@@ -10,7 +10,7 @@ use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_config::RawServer;
 use ringmaster_gateway::respond::{json_response, read_json_body};
 use ringmaster_gateway::{Gateway, ResponseBody};
-use ringmaster_pool::{PoolError, Server};
+use ringmaster_pool::Server;
 use serde_json::json;
 
 use crate::changes::{Applier, Change, done_fields, make};
