@@ -13,6 +13,7 @@ mod front_door;
 mod gates;
 mod model;
 mod policies;
+mod rollout;
 mod support;
 mod tools;
 mod upstream;

@@ -14,8 +14,9 @@ use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_cluster::log::{Apply, Entry};
 use ringmaster_cluster::{Cluster, ClusterError};
 use ringmaster_config::RawServer;
+use ringmaster_config::rollout::RolloutPlan;
 use ringmaster_gateway::Gateway;
-use ringmaster_gateway::policy::SlotError;
+use ringmaster_gateway::policy::{RolloutStart, SlotError};
 use ringmaster_policy_engine::StateMode;
 use ringmaster_pool::PoolError;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,40 @@ pub enum Change {
         /// Its new weight.
         weight: u32,
     },
+    /// `PUT /admin/policies/router?variant=V&rollout=…&step=…` (or `[[policies.router]]
+    /// rollout`): load V as a candidate and ramp it in by the plan.
+    StartRollout {
+        /// The candidate.
+        variant: String,
+        /// The component's content hash.
+        component: String,
+        /// The steps, their least duration, the samples each needs.
+        plan: RolloutPlan,
+        /// When it starts (Unix milliseconds; every replica's step clock starts here).
+        at_ms: u64,
+        /// Whether a new version of an existing variant starts with an empty state store.
+        fresh_state: bool,
+    },
+    /// The judge: the running rollout's next step (the last promotes the candidate).
+    AdvanceRollout {
+        /// The candidate.
+        variant: String,
+        /// The step it moves to.
+        index: usize,
+        /// When (Unix milliseconds).
+        at_ms: u64,
+        /// The candidate's requests over the fleet then.
+        requests: u64,
+    },
+    /// The judge (a guardrail tripped) or an operator (`DELETE /admin/policies/router/rollout`).
+    StopRollout {
+        /// The candidate.
+        variant: String,
+        /// When (Unix milliseconds).
+        at_ms: u64,
+        /// Why.
+        reason: String,
+    },
     /// `DELETE /admin/policies/router?variant=`.
     RemoveRouter {
         /// The variant.
@@ -91,9 +126,9 @@ impl Change {
     /// The component this change loads, if any.
     fn component(&self) -> Option<&str> {
         match self {
-            Self::PutRouter { component, .. } | Self::PutSingle { component, .. } => {
-                Some(component)
-            }
+            Self::PutRouter { component, .. }
+            | Self::PutSingle { component, .. }
+            | Self::StartRollout { component, .. } => Some(component),
             _ => None,
         }
     }
@@ -151,6 +186,43 @@ pub async fn carry_out(
             load(move || router.install_with_state(&variant, &bytes, weight, shadow, None, state))
                 .await
         }
+        Change::StartRollout {
+            variant,
+            plan,
+            at_ms,
+            fresh_state,
+            ..
+        } => {
+            let router = gateway.router().clone();
+            load(move || {
+                router.start_rollout(RolloutStart {
+                    variant: &variant,
+                    bytes: &bytes,
+                    plan,
+                    at_ms,
+                    state: if fresh_state {
+                        StateMode::Fresh
+                    } else {
+                        StateMode::Keep
+                    },
+                })
+            })
+            .await
+        }
+        Change::AdvanceRollout {
+            variant,
+            index,
+            at_ms,
+            requests,
+        } => gateway
+            .router()
+            .advance_rollout(&variant, index, at_ms, requests)
+            .map_err(slot_error),
+        Change::StopRollout {
+            variant,
+            at_ms,
+            reason,
+        } => Ok(gateway.router().stop_rollout(&variant, at_ms, &reason)),
         Change::SetRouterWeight { variant, weight } => gateway
             .router()
             .set_weight(&variant, weight)

@@ -101,5 +101,6 @@ pub(crate) fn experiments_json(
             "would_be_load": shadow.stats.shadow_load(),
         })
     });
-    json!({ "variants": variants, "shadow": shadow })
+    let rollout = crate::rollout::rollout_json(gateway, others);
+    json!({ "variants": variants, "shadow": shadow, "rollout": rollout })
 }

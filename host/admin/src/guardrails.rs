@@ -12,6 +12,18 @@ use tracing::{info, warn};
 
 use crate::changes::{Applier, Change, make};
 
+/// Whether this gateway judges the fleet's experiments and rollouts: alone, always; in a
+/// cluster, when it is the live replica whose name sorts first (and Redis answers).
+pub(crate) async fn judges_here(gateway: &Gateway) -> bool {
+    let Some(cluster) = gateway.cluster() else {
+        return true;
+    };
+    let Ok(leases) = cluster.replicas().await else {
+        return false;
+    };
+    leases.iter().map(|l| l.lease.replica.as_str()).min() == Some(cluster.replica())
+}
+
 /// Every [`ringmaster_gateway::GUARDRAIL_INTERVAL`], while the gateway lives: when this
 /// replica judges, stop (weight 0) each live candidate worse than the control beyond doubt.
 pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Arc<Applier>) {
@@ -21,14 +33,16 @@ pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Arc<Applier>) {
         let Some(gateway) = gateway.upgrade() else {
             return;
         };
-        let Some(cluster) = gateway.cluster() else {
-            return;
-        };
-        let Ok(leases) = cluster.replicas().await else {
+        if gateway.cluster().is_none() || !judges_here(&gateway).await {
             continue;
-        };
-        let judge = leases.iter().map(|l| l.lease.replica.as_str()).min();
-        if judge != Some(cluster.replica()) {
+        }
+        // A running rollout's judge watches its candidate, and the slot's weights are the
+        // rollout's until it ends.
+        if gateway
+            .router()
+            .rollout()
+            .is_some_and(|r| r.phase == ringmaster_gateway::policy::RolloutPhase::Running)
+        {
             continue;
         }
         let others = crate::cluster::others_figures(&gateway).await;

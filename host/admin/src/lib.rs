@@ -27,6 +27,7 @@ pub mod experiments;
 pub mod explain;
 mod guardrails;
 pub mod policies;
+pub mod rollout;
 pub mod servers;
 
 use std::sync::Arc;
@@ -62,14 +63,19 @@ impl ringmaster_gateway::AdminRoutes for Admin {
     }
 }
 
-/// Mounts the admin API on a gateway alone.
-pub fn mount(gateway: &Gateway) {
-    gateway.mount_admin(Arc::new(Admin { applier: None }));
+/// Mounts the admin API on a gateway alone (and, inside a Tokio runtime, starts its
+/// rollout judge).
+pub fn mount(gateway: &Arc<Gateway>) {
+    mount_with(gateway, None);
 }
 
 /// Mounts the admin API on a replica whose configuration log `applier` applies
-/// ([`follow_cluster`]).
-pub fn mount_with(gateway: &Gateway, applier: Option<Arc<Applier>>) {
+/// ([`follow_cluster`]), or on a gateway alone (`None`), and inside a Tokio runtime starts
+/// the rollout judge ([`rollout`]).
+pub fn mount_with(gateway: &Arc<Gateway>, applier: Option<Arc<Applier>>) {
+    if tokio::runtime::Handle::try_current().is_ok() {
+        tokio::spawn(rollout::watch(Arc::downgrade(gateway), applier.clone()));
+    }
     gateway.mount_admin(Arc::new(Admin { applier }));
 }
 
@@ -162,6 +168,21 @@ pub async fn handle(
             )
             .await
         }
+        (Method::DELETE, "/admin/policies/router/rollout") => {
+            let Some(rollout) = gateway
+                .router()
+                .rollout()
+                .filter(|r| r.phase == ringmaster_gateway::policy::RolloutPhase::Running)
+            else {
+                return Err(ApiError::not_found("no rollout is running"));
+            };
+            let change = Change::StopRollout {
+                variant: rollout.variant,
+                at_ms: rollout::now_ms(),
+                reason: "stopped by an operator".to_owned(),
+            };
+            policy_change(gateway, applier, change, None, wait).await
+        }
         (Method::POST, "/admin/policies/router/weight") => {
             let variant = required(&req, "variant")?;
             let weight = parse_weight(&required(&req, "weight")?)?;
@@ -195,6 +216,7 @@ pub async fn handle(
             | "/admin/policies/admission"
             | "/admin/policies/safety-filter"
             | "/admin/policies/router/weight"
+            | "/admin/policies/router/rollout"
             | "/admin/policies/router/rollback"
             | "/admin/policies/admission/rollback"
             | "/admin/policies/safety-filter/rollback",

@@ -94,13 +94,34 @@ pub(crate) async fn put_router(
             StateMode::Fresh
         ),
     };
+    let plan = crate::rollout::plan_from_query(
+        query_param(&req, "rollout"),
+        query_param(&req, "step"),
+        query_param(&req, "min_samples"),
+    )?;
+    if plan.is_some() && (shadow || weight.is_some()) {
+        return Err(ApiError::invalid(
+            "rollout: a rolling-out candidate's weight is the rollout's, and a shadow takes no \
+             traffic; drop weight and shadow",
+        ));
+    }
     let bytes = component_bytes(req).await?;
-    let change = Change::PutRouter {
-        variant,
-        component: ringmaster_cluster::blobs::content_hash(&bytes),
-        weight,
-        shadow,
-        fresh_state,
+    let component = ringmaster_cluster::blobs::content_hash(&bytes);
+    let change = match plan {
+        Some(plan) => Change::StartRollout {
+            variant,
+            component,
+            plan,
+            at_ms: crate::rollout::now_ms(),
+            fresh_state,
+        },
+        None => Change::PutRouter {
+            variant,
+            component,
+            weight,
+            shadow,
+            fresh_state,
+        },
     };
     policy_change(gateway, applier, change, Some(bytes), everywhere).await
 }

@@ -24,6 +24,7 @@ pub mod limits;
 mod model;
 pub mod policies;
 mod raw;
+pub mod rollout;
 pub mod routing;
 pub mod servers;
 pub mod upstream;

@@ -103,6 +103,43 @@ pub struct RouterVariantSpec {
     pub shadow: bool,
     /// Its configuration.
     pub config: std::collections::BTreeMap<String, String>,
+    /// Ramp it in progressively (it starts at weight 0 and the rollout raises it).
+    pub rollout: Option<crate::rollout::RolloutPlan>,
+}
+
+/// `[[policies.router]] rollout`, `rollout_step`, `rollout_min_samples` as a plan, if given.
+fn rollout_plan(
+    key: &str,
+    variant: &crate::raw::RawRouterVariant,
+    shadow: bool,
+) -> Result<Option<crate::rollout::RolloutPlan>, ConfigError> {
+    let Some(steps) = &variant.rollout else {
+        if variant.rollout_step.is_some() || variant.rollout_min_samples.is_some() {
+            return Err(invalid(
+                format!("{key}.rollout"),
+                "rollout_step and rollout_min_samples need rollout (the steps)",
+            ));
+        }
+        return Ok(None);
+    };
+    if shadow {
+        return Err(invalid(
+            format!("{key}.rollout"),
+            "a shadow takes no traffic, so it cannot roll out",
+        ));
+    }
+    let step = match variant.rollout_step.as_deref() {
+        None => crate::rollout::DEFAULT_ROLLOUT_STEP,
+        Some(text) => humantime::parse_duration(text).map_err(|e| {
+            invalid(
+                format!("{key}.rollout_step"),
+                format!("{text:?} is not a duration like \"10m\": {e}"),
+            )
+        })?,
+    };
+    crate::rollout::RolloutPlan::new(steps, step, variant.rollout_min_samples)
+        .map(Some)
+        .map_err(|e| invalid(format!("{key}.rollout"), e))
 }
 
 /// The policy in a single-policy slot (admission or safety filter).
@@ -242,13 +279,37 @@ pub(crate) fn policies_config(
                 "only one shadow variant is allowed",
             ));
         }
+        let rollout = rollout_plan(&key, &variant, shadow)?;
         router.push(RouterVariantSpec {
             name: variant.name,
             source,
-            weight: variant.weight.unwrap_or(100),
+            // A rollout's candidate takes no traffic until the rollout gives it some.
+            weight: if rollout.is_some() {
+                0
+            } else {
+                variant.weight.unwrap_or(100)
+            },
             shadow,
             config: policy_config(variant.config),
+            rollout,
         });
+    }
+    let rollouts = router.iter().filter(|v| v.rollout.is_some()).count();
+    if rollouts > 1 {
+        return Err(invalid(
+            "policies.router",
+            "only one variant at a time can roll out",
+        ));
+    }
+    if rollouts == 1
+        && !router
+            .iter()
+            .any(|v| v.rollout.is_none() && !v.shadow && v.weight > 0)
+    {
+        return Err(invalid(
+            "policies.router",
+            "a rollout needs a live variant to compare the candidate with (the control)",
+        ));
     }
     let router_guard = match (raw.router_bounded_load.as_deref(), raw.router_load_factor) {
         // A factor alone asks for the host's guard; nothing at all lets the policy decide.
@@ -368,6 +429,7 @@ pub(crate) fn policies_config(
             weight: 100,
             shadow: false,
             config: Default::default(),
+            rollout: None,
         });
     } else if router_named {
         return Err(invalid(

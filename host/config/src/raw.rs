@@ -178,6 +178,13 @@ pub struct RawRouterVariant {
     pub shadow: Option<bool>,
     /// The policy's own key/value configuration.
     pub config: Option<std::collections::BTreeMap<String, toml::Value>>,
+    /// Ramp this variant in as a candidate: its percent of traffic at each step (e.g.
+    /// `[1, 5, 25, 50, 100]`), raised while the guardrails hold; the last promotes it.
+    pub rollout: Option<Vec<u32>>,
+    /// Each rollout step's least duration (`"10m"`, `"30s"`; default 10 minutes).
+    pub rollout_step: Option<String>,
+    /// The candidate's requests each rollout step must see before it may advance.
+    pub rollout_min_samples: Option<u64>,
 }
 
 /// One `[[api_keys]]` entry.

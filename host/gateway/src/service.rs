@@ -120,6 +120,15 @@ async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {
 /// gets weight 0, so its traffic goes back to the others; it stays loaded for a look at what
 /// happened. Returns the variants stopped, with why.
 pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
+    // A running rollout's judge (the admin crate's) watches its candidate, and the slot's
+    // weights are the rollout's until it ends.
+    if gateway
+        .router
+        .rollout()
+        .is_some_and(|r| r.phase == crate::policy::RolloutPhase::Running)
+    {
+        return Vec::new();
+    }
     let mut stopped = Vec::new();
     let set = gateway.router.current();
     let Some(control) = set.variants.first() else {

@@ -29,9 +29,13 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use ringmaster_pool::{CapGuard, Decision, InFlight};
 
+mod rollout;
+mod rollout_slot;
 mod route;
 mod view;
 
+pub use rollout::{Rollout, RolloutPhase};
+pub use rollout_slot::RolloutStart;
 pub use route::Explained;
 pub(crate) use view::PoolView;
 pub use view::{MatchSource, PrefixMatch, prefix_matches};
@@ -160,7 +164,9 @@ pub enum RouteOutcome {
 pub struct RouterSlot {
     engine: PolicyEngine,
     set: ArcSwap<RouterSet>,
-    update: Mutex<()>,
+    /// Held by every change to the set; it guards the rollout's state with it, so a weight
+    /// and the step that set it change together.
+    update: Mutex<Option<Rollout>>,
     rollback_after_faults: u32,
     guard: CapGuard,
     ring_load_factor: f64,
@@ -178,7 +184,7 @@ impl RouterSlot {
         Self {
             engine,
             set: ArcSwap::from_pointee(RouterSet::default()),
-            update: Mutex::new(()),
+            update: Mutex::new(None),
             rollback_after_faults: DEFAULT_ROLLBACK_AFTER_FAULTS,
             guard: CapGuard::default(),
             ring_load_factor: ringmaster_ring::DEFAULT_LOAD_FACTOR,
@@ -262,7 +268,25 @@ impl RouterSlot {
                 "variant name {name:?}: use 1–64 ASCII letters, digits, '-', '_' or '.'"
             )));
         }
-        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let rollout = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rollout_running(&rollout)
+            && r.variant == name
+        {
+            return Err(rolling_out(r));
+        }
+        self.install_locked(name, bytes, weight, shadow, config, state)
+    }
+
+    /// [`install_with_state`](Self::install_with_state) with the update lock held.
+    fn install_locked(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        weight: Option<u32>,
+        shadow: bool,
+        config: Option<BTreeMap<String, String>>,
+        state: StateMode,
+    ) -> Result<bool, SlotError> {
         let current = self.set.load_full();
         let existing = if shadow {
             current.shadow.clone().filter(|v| &*v.name == name)
@@ -333,38 +357,58 @@ impl RouterSlot {
 
     /// Sets a live variant's traffic weight, keeping its version and history. Returns
     /// whether it changed.
+    /// While a rollout runs, every weight is the rollout's: refused.
     pub fn set_weight(&self, name: &str, weight: u32) -> Result<bool, SlotError> {
-        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let rollout = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rollout_running(&rollout) {
+            return Err(rolling_out(r));
+        }
+        if !self.current().variants.iter().any(|v| &*v.name == name) {
+            return Err(SlotError::UnknownVariant(name.to_owned()));
+        }
+        Ok(self.set_weights_locked(&[(name.to_owned(), weight)]))
+    }
+
+    /// Sets the named live variants' weights in one new set (keeping versions and
+    /// histories; names not in the slot are skipped), with the update lock held. Returns
+    /// whether any changed.
+    fn set_weights_locked(&self, weights: &[(String, u32)]) -> bool {
         let current = self.set.load_full();
-        let old = current
+        let mut changed = false;
+        let variants = current
             .variants
             .iter()
-            .find(|v| &*v.name == name)
-            .cloned()
-            .ok_or_else(|| SlotError::UnknownVariant(name.to_owned()))?;
-        if old.weight == weight {
-            return Ok(false);
+            .map(|old| match weights.iter().find(|(n, _)| *n == *old.name) {
+                Some(&(_, weight)) if weight != old.weight => {
+                    changed = true;
+                    Arc::new(old.successor(
+                        old.policy.clone(),
+                        old.history.clone(),
+                        weight,
+                        old.config.clone(),
+                    ))
+                }
+                _ => old.clone(),
+            })
+            .collect();
+        if changed {
+            self.set.store(Arc::new(RouterSet {
+                variants,
+                shadow: current.shadow.clone(),
+            }));
         }
-        let updated = Arc::new(old.successor(
-            old.policy.clone(),
-            old.history.clone(),
-            weight,
-            old.config.clone(),
-        ));
-        let mut next = RouterSet {
-            variants: current.variants.clone(),
-            shadow: current.shadow.clone(),
-        };
-        if let Some(slot) = next.variants.iter_mut().find(|v| &*v.name == name) {
-            *slot = updated;
-        }
-        self.set.store(Arc::new(next));
-        Ok(true)
+        changed
     }
 
     /// Removes a variant or the shadow.
+    /// While a rollout runs, its candidate and the variants it shares traffic with stay.
     pub fn remove(&self, name: &str) -> Result<(), SlotError> {
-        let _guard = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        let rollout = self.update.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = rollout_running(&rollout)
+            && (r.variant == name || r.others.iter().any(|(n, _)| n == name))
+        {
+            return Err(rolling_out(r));
+        }
         let current = self.set.load_full();
         let mut next = RouterSet {
             variants: current
@@ -388,6 +432,11 @@ impl RouterSlot {
 
     /// Puts a variant back on its previous version.
     pub fn rollback(&self, name: &str) -> Result<(), SlotError> {
+        if let Some(r) = rollout_running(&self.update.lock().unwrap_or_else(|e| e.into_inner()))
+            && r.variant == name
+        {
+            return Err(rolling_out(r));
+        }
         self.rollback_if(name, None)
     }
 
@@ -425,4 +474,22 @@ impl RouterSlot {
         self.set.store(Arc::new(next));
         Ok(())
     }
+}
+
+/// The rollout in `state`, if it is running.
+fn rollout_running(state: &Option<Rollout>) -> Option<&Rollout> {
+    state.as_ref().filter(|r| r.phase == RolloutPhase::Running)
+}
+
+/// The refusal of a change that would take a running rollout's weights or candidate.
+fn rolling_out(rollout: &Rollout) -> SlotError {
+    SlotError::Invalid(format!(
+        "router variant {:?} is rolling out (step {} of {}, {} %): the slot's weights and its \
+         candidate are the rollout's until it ends; stop it first with \
+         DELETE /admin/policies/router/rollout",
+        rollout.variant,
+        rollout.index + 1,
+        rollout.plan.steps.len(),
+        rollout.percent()
+    ))
 }
