@@ -228,6 +228,73 @@ async fn a_tenant_limit_holds_across_replicas_and_is_per_replica_without_the_clu
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_large_enough_to_slice_holds_across_replicas_with_most_admissions_off_redis() {
+    // 2,400 a minute refills 2 requests per 50 ms: each replica takes slices of 2.
+    const LIMIT: usize = 2_400;
+    let extra = format!(
+        "[[tenants]]\nname = \"bulk\"\nrequests_per_minute = {LIMIT}\n\
+         [[api_keys]]\nkey = \"sk-bulk-0001\"\ntenant = \"bulk\"\n\
+         [cluster]\ndeadline_ms = 200\n"
+    );
+    let config = fleet_config("slices", 2, 0.0, &extra);
+    let redis = TestRedis::start("slices").await;
+    let replicas = three(&redis, &config).await;
+    let started = Instant::now();
+    let sent = LIMIT + LIMIT / 4;
+    // Four senders at once, so replicas draw on the bucket side by side.
+    let counts = futures_util::future::join_all((0..4).map(|i| {
+        let replicas = &replicas;
+        async move {
+            let mine: Vec<&Replica> = (0..3).map(|r| &replicas[(r + i) % 3]).collect();
+            let mut ok = 0;
+            for n in 0..sent / 4 {
+                let replica = mine[n % 3];
+                let response = replica
+                    .client
+                    .post(replica.url("/v1/messages"))
+                    .header("x-api-key", "sk-bulk-0001")
+                    .json(&body("Hello", 2))
+                    .send()
+                    .await
+                    .unwrap();
+                match response.status().as_u16() {
+                    200 => ok += 1,
+                    429 => {}
+                    other => panic!("unexpected status {other}"),
+                }
+            }
+            ok
+        }
+    }))
+    .await;
+    let ok: usize = counts.iter().sum();
+    let refill = started.elapsed().as_secs_f64() * LIMIT as f64 / 60.0;
+    let bound = (LIMIT as f64 + refill) * 1.05;
+    assert!(
+        ok as f64 <= bound && ok as f64 >= LIMIT as f64 * 0.95,
+        "{ok} let in over three replicas for a limit of {LIMIT} (bound {bound:.0})"
+    );
+    let mut sliced = 0.0;
+    for replica in &replicas {
+        let metrics = replica
+            .client
+            .get(replica.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        sliced +=
+            crate::support::metric_sum(&metrics, "ringmaster_cluster_slice_admissions_total", "");
+    }
+    assert!(
+        sliced >= ok as f64 / 4.0,
+        "only {sliced} of {ok} admissions were paid from slices"
+    );
+}
+
 /// `/admin/route/explain` for the probe session on `replica`: (chosen, total in flight seen).
 async fn probe(replica: &Replica, request: &Value) -> (Value, u64) {
     let explained: Value = replica

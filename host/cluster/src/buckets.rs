@@ -1,5 +1,6 @@
-//! Fleet-wide token buckets: one script per admission takes from every bucket a request draws
-//! on, all or nothing, on Redis's clock ([`Cluster::take`]); what the reply settles later
+//! Fleet-wide token buckets: one script takes from every bucket a request draws on, all or
+//! nothing, on Redis's clock, and grants this replica slices that pay the next admissions
+//! without a round trip ([`Cluster::take`], [`crate::slices`]); what the reply settles later
 //! (input corrected to the server's count, output as it streams, refunds) is batched per
 //! bucket and sent every few milliseconds ([`Cluster::charge`]). Buckets are hashes
 //! `bucket:ID` of (level, time); one left alone expires once it would be full again.
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use tracing::debug;
 
+use crate::slices::slice_of;
 use crate::{Cluster, ClusterError};
 
 /// One bucket a request draws on.
@@ -41,14 +43,16 @@ pub enum Taken {
 
 // Levels refill continuously at size per minute; a take needs min(amount, size) (a request
 // larger than the bucket waits for a full one); a debt check needs a level of at least zero.
-// All are checked before any is taken. A bucket's key expires once it would be full again.
+// All are checked before any is taken. Each bucket then also grants up to its draw's slice
+// (`crate::slices`) of what is left, taken from the level. A bucket's key expires once it
+// would be full again. Numbers travel as strings (a Lua number returned is truncated).
 const TAKE: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local levels = {}
 for i, key in ipairs(KEYS) do
-  local size = tonumber(ARGV[3 * i - 2])
-  local amount = tonumber(ARGV[3 * i - 1])
+  local size = tonumber(ARGV[4 * i - 3])
+  local amount = tonumber(ARGV[4 * i - 2])
   local rate = size / 60000
   local s = redis.call('HMGET', key, 'l', 't')
   local level = tonumber(s[1]) or size
@@ -56,20 +60,24 @@ for i, key in ipairs(KEYS) do
   level = math.min(size, level + math.max(0, now - at) * rate)
   levels[i] = level
   local needed = 0
-  if ARGV[3 * i] ~= 'd' then needed = math.min(amount, size) end
+  if ARGV[4 * i - 1] ~= 'd' then needed = math.min(amount, size) end
   if level < needed then
-    return {i, math.ceil((needed - level) / rate)}
+    return {tostring(i), tostring(math.ceil((needed - level) / rate))}
   end
 end
+local out = {'0', '0'}
 for i, key in ipairs(KEYS) do
-  local size = tonumber(ARGV[3 * i - 2])
+  local size = tonumber(ARGV[4 * i - 3])
   local rate = size / 60000
   local level = levels[i]
-  if ARGV[3 * i] ~= 'd' then level = level - tonumber(ARGV[3 * i - 1]) end
+  if ARGV[4 * i - 1] ~= 'd' then level = level - tonumber(ARGV[4 * i - 2]) end
+  local grant = math.min(tonumber(ARGV[4 * i]), math.max(0, level))
+  level = level - grant
+  out[i + 2] = tostring(grant)
   redis.call('HSET', key, 'l', tostring(level), 't', now)
   redis.call('PEXPIRE', key, math.max(1000, math.ceil((size - level) / rate) + 1000))
 end
-return {0, 0}
+return out
 ";
 
 // Charges (positive) and refunds (negative), refunds capped at the bucket's size.
@@ -110,9 +118,16 @@ impl Cluster {
         self.key(&format!("bucket:{id}"))
     }
 
-    /// Takes from every bucket of `draws` or from none, within the request path's deadline.
+    /// Takes from every bucket of `draws` or from none: from the slices this replica holds
+    /// when they cover every draw, else in one script within the request path's deadline,
+    /// which also grants fresh slices ([`crate::slices`]).
     pub async fn take(&self, draws: &[Draw]) -> Result<Taken, ClusterError> {
         if draws.is_empty() {
+            return Ok(Taken::Paid);
+        }
+        if self.slices.pay(draws) {
+            self.slice_draws
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(Taken::Paid);
         }
         let mut invocation = TAKE_SCRIPT.prepare_invoke();
@@ -121,25 +136,48 @@ impl Cluster {
                 .key(self.bucket_key(&draw.id))
                 .arg(draw.per_minute)
                 .arg(draw.amount)
-                .arg(if draw.debt_check { "d" } else { "t" });
+                .arg(if draw.debt_check { "d" } else { "t" })
+                .arg(slice_of(draw.per_minute));
         }
         let mut conn = self.conn();
-        let (index, wait_ms): (u64, u64) = self
+        let answer: Vec<String> = self
             .within(self.spec.deadline, invocation.invoke_async(&mut conn))
             .await?;
-        Ok(if index == 0 {
-            Taken::Paid
-        } else {
-            Taken::Short {
+        let number = |i: usize| -> Result<f64, ClusterError> {
+            answer
+                .get(i)
+                .and_then(|n| n.parse::<f64>().ok())
+                .ok_or_else(|| ClusterError::Decode {
+                    key: "bucket take".into(),
+                    reason: format!("unexpected answer {answer:?}"),
+                })
+        };
+        let index = number(0)? as u64;
+        if index != 0 {
+            return Ok(Taken::Short {
                 index: usize::try_from(index - 1).unwrap_or(0),
-                wait: Duration::from_millis(wait_ms),
-            }
-        })
+                wait: Duration::from_millis(number(1)? as u64),
+            });
+        }
+        for (i, draw) in draws.iter().enumerate() {
+            self.slices
+                .grant(&draw.id, draw.per_minute, number(i + 2).unwrap_or(0.0));
+        }
+        Ok(Taken::Paid)
     }
 
     /// Queues a charge (`delta` > 0) or refund (`delta` < 0) to bucket `id` of size
     /// `per_minute`; sent with the others within [`CHARGE_INTERVAL`].
     pub fn charge(&self, id: &str, per_minute: u32, delta: f64) {
+        let delta = self.slices.settle(id, delta);
+        if delta == 0.0 {
+            return;
+        }
+        self.queue_charge(id, per_minute, delta);
+    }
+
+    /// Queues `delta` for the shared bucket, past the slices.
+    fn queue_charge(&self, id: &str, per_minute: u32, delta: f64) {
         let mut pending = self
             .pending
             .charges
@@ -164,6 +202,11 @@ impl Cluster {
             let Some(cluster) = weak.upgrade() else {
                 return;
             };
+            for (id, per_minute, left) in cluster.slices.expired(Instant::now()) {
+                if left != 0.0 {
+                    cluster.queue_charge(&id, per_minute, -left);
+                }
+            }
             let batch: Vec<_> = std::mem::take(
                 &mut *cluster
                     .pending

@@ -9,8 +9,9 @@
 //! - [`blobs`]: policy components by content hash (SHA-256), written once;
 //! - [`lease`]: each replica's lease (a key with a time to live): its name, the revision it has
 //!   applied, its view of the servers' health and its experiment statistics;
-//! - [`buckets`]: fleet-wide token buckets, one atomic script per admission on Redis's clock,
-//!   settled after the reply in batches;
+//! - [`buckets`]: fleet-wide token buckets, one atomic script per admission on Redis's clock
+//!   (or none, when the slices this replica holds pay it: [`slices`]), settled after the
+//!   reply in batches;
 //! - [`load`]: each replica's in-flight counts and prefill backlog per server, fanned out on
 //!   pub/sub (lossy by design: the next report replaces the last).
 //!
@@ -29,6 +30,7 @@ pub mod buckets;
 pub mod lease;
 pub mod load;
 pub mod log;
+pub mod slices;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -116,8 +118,11 @@ pub struct Cluster {
     load: load::FleetLoad,
     applied: log::Applied,
     pending: buckets::Pending,
+    slices: slices::Slices,
     /// Admissions decided on local buckets because Redis did not answer in time.
     local_draws: std::sync::atomic::AtomicU64,
+    /// Admissions paid from the slices this replica holds, without a round trip.
+    slice_draws: std::sync::atomic::AtomicU64,
     /// Renews the lease at once (a revision was applied: `?wait=true` callers watch leases).
     pub(crate) lease_nudge: tokio::sync::Notify,
     /// The live replicas' names, as the last read of the leases found them.
@@ -157,9 +162,11 @@ impl Cluster {
             load: load::FleetLoad::default(),
             applied: log::Applied::default(),
             pending: buckets::Pending::default(),
+            slices: slices::Slices::default(),
             live: std::sync::Mutex::new(Vec::new()),
             lease_nudge: tokio::sync::Notify::new(),
             local_draws: std::sync::atomic::AtomicU64::new(0),
+            slice_draws: std::sync::atomic::AtomicU64::new(0),
             spec,
             client,
             conn,
@@ -190,6 +197,11 @@ impl Cluster {
     /// Admissions decided on local buckets so far.
     pub fn local_draws(&self) -> u64 {
         self.local_draws.load(Ordering::Relaxed)
+    }
+
+    /// Admissions paid from this replica's slices of the shared buckets so far.
+    pub fn slice_draws(&self) -> u64 {
+        self.slice_draws.load(Ordering::Relaxed)
     }
 
     /// The other replicas' last-known load.

@@ -204,6 +204,13 @@ impl prometheus_client::collector::Collector for ClusterCollector {
             MetricType::Counter,
         )?;
         ConstCounter::new(cluster.local_draws()).encode(family)?;
+        let family = encoder.encode_descriptor(
+            "cluster_slice_admissions",
+            "Admissions paid from this replica's slices of the shared buckets, without a Redis round trip",
+            None,
+            MetricType::Counter,
+        )?;
+        ConstCounter::new(cluster.slice_draws()).encode(family)?;
         Ok(())
     }
 }
