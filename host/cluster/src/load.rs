@@ -1,7 +1,7 @@
 //! Load seen by every replica: each replica publishes, per server, the requests it has in
-//! flight there and the prefill work it has queued ahead of them, every
-//! [`LOAD_INTERVAL`] and at once when a count moves by [`LOAD_JUMP`]; every replica keeps the
-//! others' last reports ([`FleetLoad`]) and hands the sums to the gateway. Pub/sub is lossy
+//! flight there and the prefill work it has queued ahead of them, every [`LOAD_INTERVAL`]
+//! and at once when a count moves by [`LOAD_JUMP`] or a backlog by [`BACKLOG_JUMP`]; every
+//! replica keeps the others' last reports ([`FleetLoad`]) and hands the sums to the gateway. Pub/sub is lossy
 //! on purpose: a lost report is replaced by the next, and a replica whose reports stop (or
 //! whose lease lapses) drops out of the sums after [`LOAD_STALE`].
 
@@ -21,6 +21,10 @@ pub const LOAD_INTERVAL: Duration = Duration::from_millis(100);
 pub const LOAD_TICK: Duration = Duration::from_millis(10);
 /// A change in one server's in-flight count that is published at once.
 pub const LOAD_JUMP: u64 = 4;
+/// A change in one server's prefill backlog (tokens) that is published at once: one long
+/// prompt starting or finishing its prefill moves a policy's view of a warm server more than
+/// a few requests do.
+pub const BACKLOG_JUMP: u64 = 4_096;
 /// A report older than this no longer counts.
 pub const LOAD_STALE: Duration = Duration::from_secs(3);
 
@@ -201,11 +205,12 @@ impl Cluster {
     }
 }
 
-/// Whether any server's in-flight count moved by [`LOAD_JUMP`] or more.
+/// Whether any server's in-flight count moved by [`LOAD_JUMP`] or more, or its prefill
+/// backlog by [`BACKLOG_JUMP`] or more.
 fn jumped(last: &BTreeMap<String, ServerLoad>, now: &BTreeMap<String, ServerLoad>) -> bool {
-    now.iter().any(|(id, (in_flight, _))| {
-        let before = last.get(id).map_or(0, |l| l.0);
-        in_flight.abs_diff(before) >= LOAD_JUMP
+    now.iter().any(|(id, &(in_flight, backlog))| {
+        let (before, backlog_before) = last.get(id).copied().unwrap_or((0, 0));
+        in_flight.abs_diff(before) >= LOAD_JUMP || backlog.abs_diff(backlog_before) >= BACKLOG_JUMP
     }) || last.keys().any(|id| !now.contains_key(id))
 }
 
@@ -236,5 +241,11 @@ mod tests {
         assert!(!jumped(&at(2), &at(5)));
         assert!(jumped(&at(2), &at(6)));
         assert!(jumped(&at(2), &BTreeMap::new()));
+        let backlog = |tokens| BTreeMap::from([("gpu-0".to_owned(), (1, tokens))]);
+        assert!(!jumped(&backlog(1_000), &backlog(4_000)));
+        assert!(
+            jumped(&backlog(9_000), &backlog(1_000)),
+            "a prefill started"
+        );
     }
 }
