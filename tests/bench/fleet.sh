@@ -13,10 +13,14 @@
 #      p50, target under 200 µs) and as fast as 64 connections go (target: at least 0.8×).
 #
 #   tests/bench/fleet.sh [--seconds 5] [--rounds 3] [--out tests/bench/results]
-#                        [--requests 2000] [--speedup 20]
+#                        [--requests 2000] [--speedup 20] [--repeats 3]
+#
+# Part 1 runs every cell --repeats times, the cells interleaved (a wall-clock replay moves by
+# a point or two of hit ratio between identical runs); the report gives each cell's median
+# and range.
 #
 # Part 3 alternates the two sides within each of --rounds rounds. The load generators (oha,
-# fleet-replay) and Redis run on core 0, what they measure (replicas, workers) on core 1. Writes fleet.json,
+# fleet-replay), Redis and the simulated workers run on core 0, the replicas on core 1. Writes fleet.json,
 # fleet.md and fleet-hit-ratio.svg under --out; BENCHMARKS.md quotes them.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,11 +29,13 @@ root=$(pwd)
 source "$root/tests/bench/lib.sh"
 requests=2000
 speedup=20
+repeats=3
 args=()
 while [ $# -gt 0 ]; do
   case $1 in
     --requests) requests=$2; shift 2 ;;
     --speedup) speedup=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
     *) args+=("$1"); shift ;;
   esac
 done
@@ -87,7 +93,7 @@ start_replica() {
 admin_token=fleet-bench-admin-token-0123
 
 # ---------------------------------------------------------------------------------------------
-step "1. the conversation trace through 1, 2 and 4 replicas ($requests requests, ${speedup}x)"
+step "1. the conversation trace through 1, 2 and 4 replicas ($requests requests, ${speedup}x, $repeats repeats)"
 time_scale=$(python3 -c "print(1 / $speedup)")
 fleet_config=$work/fleet.toml
 {
@@ -104,11 +110,15 @@ fleet_config=$work/fleet.toml
   done
 } >"$fleet_config"
 runs=()
+for repeat in $(seq 1 "$repeats"); do
 for mode in cluster alone; do
   for replicas in 1 2 4; do
     workers=()
     for i in $(seq 0 7); do
-      RUST_LOG=warn taskset -c 1 "$ringmaster" worker --simulated --name replay \
+      # The workers are the fleet, not what is measured (machines of their own in
+      # production): core 0, beside the load generator and Redis, so that the replicas on
+      # core 1 contend only with each other.
+      RUST_LOG=warn taskset -c 0 "$ringmaster" worker --simulated --name replay \
         --time-scale "$time_scale" --max-running 256 --step-token-budget 8192 \
         --listen "127.0.0.1:$((19100 + i))" >"$work/worker-$i.log" 2>&1 &
       workers+=($!); pids+=($!)
@@ -128,10 +138,11 @@ for mode in cluster alone; do
     out_json=$work/replay-$mode-$replicas.json
     taskset -c 0 "$replay" run --trace "$trace" --limit "$requests" --speedup "$speedup" \
       "${gateways[@]}" --out "$out_json" >&2
-    runs+=("$(python3 -c "import json,sys; d=json.load(open('$out_json')); d['mode']='$mode'; d['replicas']=$replicas; print(json.dumps(d))")")
+    runs+=("$(python3 -c "import json,sys; d=json.load(open('$out_json')); d['mode']='$mode'; d['replicas']=$replicas; d['repeat']=$repeat; print(json.dumps(d))")")
     stop "${replica_pids[@]}" "${workers[@]}"
     if [ "$mode" = cluster ]; then stop "$redis_pid"; fi
   done
+done
 done
 printf '%s\n' "${runs[@]}" >"$work/replay.jsonl"
 

@@ -117,8 +117,8 @@ fn plot(args: &PlotArgs) -> anyhow::Result<()> {
         .x_labels(4)
         .draw()
         .map_err(|e| plot_error(&e))?;
-    for (i, (mode, mut points)) in lines.into_iter().enumerate() {
-        points.sort_by(|a, b| a.0.total_cmp(&b.0));
+    for (i, (mode, points)) in lines.into_iter().enumerate() {
+        let points = medians(points);
         let colour = [BLUE, RED, GREEN][i % 3];
         let label = if mode == "cluster" {
             "with --cluster".to_owned()
@@ -267,4 +267,25 @@ async fn one(client: &reqwest::Client, url: &str, body: Vec<u8>) -> Outcome {
         }
     }
     outcome
+}
+
+/// One point per replica count: the median of its repeats, in replica order.
+fn medians(points: Vec<(f64, f64)>) -> Vec<(f64, f64)> {
+    let mut by_count: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+    for (replicas, ratio) in points {
+        by_count.entry(replicas as u64).or_default().push(ratio);
+    }
+    by_count
+        .into_iter()
+        .map(|(replicas, mut ratios)| {
+            ratios.sort_by(f64::total_cmp);
+            let mid = ratios.len() / 2;
+            let median = if ratios.len() % 2 == 0 {
+                (ratios[mid - 1] + ratios[mid]) / 2.0
+            } else {
+                ratios[mid]
+            };
+            (replicas as f64, median)
+        })
+        .collect()
 }

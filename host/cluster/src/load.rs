@@ -1,7 +1,7 @@
 //! Load seen by every replica: each replica publishes, per server, the requests it has in
-//! flight there and the prefill work it has queued ahead of them, every [`LOAD_INTERVAL`]
-//! and at once when a count moves by [`LOAD_JUMP`] or a backlog by [`BACKLOG_JUMP`]; every
-//! replica keeps the others' last reports ([`FleetLoad`]) and hands the sums to the gateway. Pub/sub is lossy
+//! flight there and the prefill work it has queued ahead of them, at the next [`LOAD_TICK`]
+//! after any change (and every [`LOAD_INTERVAL`] regardless); every replica keeps the
+//! others' last reports ([`FleetLoad`]) and hands the sums to the gateway. Pub/sub is lossy
 //! on purpose: a lost report is replaced by the next, and a replica whose reports stop (or
 //! whose lease lapses) drops out of the sums after [`LOAD_STALE`].
 
@@ -15,16 +15,12 @@ use tracing::{debug, warn};
 
 use crate::Cluster;
 
-/// How often a replica publishes its load when nothing moves much.
+/// How often a replica publishes its load when nothing moves (so that a report lost on
+/// pub/sub is soon replaced).
 pub const LOAD_INTERVAL: Duration = Duration::from_millis(100);
-/// How often a replica looks at its load for a jump.
+/// How often a replica looks at its load: a change is published at the next tick, so the
+/// others see it within about this long (changes within one tick go out as one report).
 pub const LOAD_TICK: Duration = Duration::from_millis(10);
-/// A change in one server's in-flight count that is published at once.
-pub const LOAD_JUMP: u64 = 4;
-/// A change in one server's prefill backlog (tokens) that is published at once: one long
-/// prompt starting or finishing its prefill moves a policy's view of a warm server more than
-/// a few requests do.
-pub const BACKLOG_JUMP: u64 = 4_096;
 /// A report older than this no longer counts.
 pub const LOAD_STALE: Duration = Duration::from_secs(3);
 
@@ -179,7 +175,7 @@ impl Cluster {
                 return;
             };
             let now = side.local();
-            if last_at.elapsed() < LOAD_INTERVAL && !jumped(&last, &now) {
+            if last_at.elapsed() < LOAD_INTERVAL && !changed(&last, &now) {
                 continue;
             }
             let report = Report {
@@ -205,13 +201,11 @@ impl Cluster {
     }
 }
 
-/// Whether any server's in-flight count moved by [`LOAD_JUMP`] or more, or its prefill
-/// backlog by [`BACKLOG_JUMP`] or more.
-fn jumped(last: &BTreeMap<String, ServerLoad>, now: &BTreeMap<String, ServerLoad>) -> bool {
-    now.iter().any(|(id, &(in_flight, backlog))| {
-        let (before, backlog_before) = last.get(id).copied().unwrap_or((0, 0));
-        in_flight.abs_diff(before) >= LOAD_JUMP || backlog.abs_diff(backlog_before) >= BACKLOG_JUMP
-    }) || last.keys().any(|id| !now.contains_key(id))
+/// Whether any server's load changed (or a server left) since the last report. Every change
+/// counts: a bounded-load cap is a handful of requests, and a stale count of one or two is
+/// what sends a conversation's next turn off its warm server.
+fn changed(last: &BTreeMap<String, ServerLoad>, now: &BTreeMap<String, ServerLoad>) -> bool {
+    last != now
 }
 
 #[cfg(test)]
@@ -236,16 +230,11 @@ mod tests {
     }
 
     #[test]
-    fn a_jump_is_published_at_once() {
-        let at = |n| BTreeMap::from([("a".to_owned(), (n, 0))]);
-        assert!(!jumped(&at(2), &at(5)));
-        assert!(jumped(&at(2), &at(6)));
-        assert!(jumped(&at(2), &BTreeMap::new()));
-        let backlog = |tokens| BTreeMap::from([("gpu-0".to_owned(), (1, tokens))]);
-        assert!(!jumped(&backlog(1_000), &backlog(4_000)));
-        assert!(
-            jumped(&backlog(9_000), &backlog(1_000)),
-            "a prefill started"
-        );
+    fn any_change_is_published_at_the_next_tick() {
+        let at = |n, tokens| BTreeMap::from([("a".to_owned(), (n, tokens))]);
+        assert!(!changed(&at(2, 100), &at(2, 100)));
+        assert!(changed(&at(2, 100), &at(3, 100)));
+        assert!(changed(&at(2, 100), &at(2, 0)), "a prefill began");
+        assert!(changed(&at(2, 100), &BTreeMap::new()), "a server left");
     }
 }

@@ -258,16 +258,6 @@ impl RouterSlot {
         config: Option<BTreeMap<String, String>>,
         state: StateMode,
     ) -> Result<bool, SlotError> {
-        if name.is_empty()
-            || name.len() > 64
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        {
-            return Err(SlotError::Invalid(format!(
-                "variant name {name:?}: use 1–64 ASCII letters, digits, '-', '_' or '.'"
-            )));
-        }
         let rollout = self.update.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = rollout_running(&rollout)
             && r.variant == name
@@ -287,6 +277,16 @@ impl RouterSlot {
         config: Option<BTreeMap<String, String>>,
         state: StateMode,
     ) -> Result<bool, SlotError> {
+        if name.is_empty()
+            || name.len() > 64
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            return Err(SlotError::Invalid(format!(
+                "variant name {name:?}: use 1–64 ASCII letters, digits, '-', '_' or '.'"
+            )));
+        }
         let current = self.set.load_full();
         let existing = if shadow {
             current.shadow.clone().filter(|v| &*v.name == name)
