@@ -289,11 +289,20 @@ async fn kv_events_stream_the_blocks_a_request_stores() {
     assert!(expected.len() >= 4);
 
     w.post("/v1/chat/completions", &chat("Hello", 4)).await;
+    // One block a frame, or a run of them as one `stored_many` frame.
     let stored = |events: &[Value]| -> Vec<String> {
         events
             .iter()
-            .filter(|e| e["type"] == "stored")
-            .map(|e| e["hash"].as_str().unwrap().to_owned())
+            .flat_map(|e| match e["type"].as_str() {
+                Some("stored") => vec![e["hash"].as_str().unwrap().to_owned()],
+                Some("stored_many") => e["hashes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|h| h.as_str().unwrap().to_owned())
+                    .collect(),
+                _ => Vec::new(),
+            })
             .collect()
     };
     let events = read_events(&mut stream, |e| stored(e).len() >= expected.len()).await;

@@ -236,6 +236,20 @@ impl ReportedCache {
                     .remove(&hash.0);
                 self.events.fetch_add(1, Ordering::Relaxed);
             }
+            KvWireEvent::StoredMany { hashes } => {
+                let mut held = self.hashes.lock().unwrap_or_else(PoisonError::into_inner);
+                held.extend(hashes.iter().map(|h| h.0));
+                self.events
+                    .fetch_add(hashes.len() as u64, Ordering::Relaxed);
+            }
+            KvWireEvent::EvictedMany { hashes } => {
+                let mut held = self.hashes.lock().unwrap_or_else(PoisonError::into_inner);
+                for hash in &hashes {
+                    held.remove(&hash.0);
+                }
+                self.events
+                    .fetch_add(hashes.len() as u64, Ordering::Relaxed);
+            }
             KvWireEvent::Lagged { missed } => {
                 self.mark_stale();
                 return Err(EventError::Lagged { missed });
@@ -278,6 +292,15 @@ mod tests {
             .apply(r#"{"type":"evicted","hash":"0000000000000001"}"#)
             .unwrap();
         assert_eq!(cache.held_blocks(&[BlockHash(1), BlockHash(2)]), Some(0));
+        assert_eq!(cache.len(), 2);
+        // A worker's batches: runs of stores and of evictions.
+        cache
+            .apply(r#"{"type":"stored_many","hashes":["0000000000000001","0000000000000003"]}"#)
+            .unwrap();
+        assert_eq!(cache.held_blocks(&[BlockHash(1), BlockHash(2)]), Some(2));
+        cache
+            .apply(r#"{"type":"evicted_many","hashes":["0000000000000001","0000000000000003"]}"#)
+            .unwrap();
         assert_eq!(cache.len(), 2);
         assert_eq!(
             cache.apply(r#"{"type":"lagged","missed":7}"#),

@@ -98,6 +98,19 @@ pub enum KvEvent {
         /// Its hash.
         hash: HexHash,
     },
+    /// Blocks that entered the cache one after another (a worker sends the events it has
+    /// ready as one batch: one prefill stores hundreds of blocks at once).
+    #[serde(rename = "stored_many")]
+    StoredMany {
+        /// Their hashes, in order.
+        hashes: Vec<HexHash>,
+    },
+    /// Blocks that left the cache one after another.
+    #[serde(rename = "evicted_many")]
+    EvictedMany {
+        /// Their hashes, in order.
+        hashes: Vec<HexHash>,
+    },
     /// The subscriber fell behind and missed this many events: its view is stale, and it
     /// should reconnect for a new snapshot.
     Lagged {
@@ -141,6 +154,12 @@ mod tests {
                 hash: HexHash(0xabc),
             },
             KvEvent::Evicted { hash: HexHash(7) },
+            KvEvent::StoredMany {
+                hashes: vec![HexHash(1), HexHash(2)],
+            },
+            KvEvent::EvictedMany {
+                hashes: vec![HexHash(3)],
+            },
             KvEvent::Lagged { missed: 3 },
         ] {
             let text = serde_json::to_string(&event).unwrap();
@@ -152,6 +171,13 @@ mod tests {
             })
             .unwrap(),
             r#"{"type":"stored","hash":"0000000000000abc"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&KvEvent::StoredMany {
+                hashes: vec![HexHash(1)]
+            })
+            .unwrap(),
+            r#"{"type":"stored_many","hashes":["0000000000000001"]}"#
         );
         assert!(serde_json::from_str::<KvEvent>(r#"{"type":"stored","hash":"xyz"}"#).is_err());
     }

@@ -206,6 +206,41 @@ pub fn kv_event_frame(event: &KvEvent) -> Bytes {
     })
 }
 
+/// Most events sent in one batch of frames.
+pub const KV_BATCH_MAX: usize = 4_096;
+
+/// Events in order as SSE frames in one chunk: each run of stores (or evictions) one
+/// `stored_many` (`evicted_many`) frame, a run of one its single-block frame.
+pub fn kv_batch_frames(events: &[KvEvent]) -> Bytes {
+    let mut out = bytes::BytesMut::new();
+    let mut rest = events;
+    while let Some(first) = rest.first() {
+        let stored = matches!(first, KvEvent::Stored(_));
+        let run = rest
+            .iter()
+            .take_while(|e| matches!(e, KvEvent::Stored(_)) == stored)
+            .count();
+        let (now, later) = rest.split_at(run);
+        if run == 1 {
+            out.extend_from_slice(&kv_event_frame(first));
+        } else {
+            let hashes = now
+                .iter()
+                .map(|e| match e {
+                    KvEvent::Stored(h) | KvEvent::Evicted(h) => HexHash(h.0),
+                })
+                .collect();
+            out.extend_from_slice(&sse_data(&if stored {
+                wire::KvEvent::StoredMany { hashes }
+            } else {
+                wire::KvEvent::EvictedMany { hashes }
+            }));
+        }
+        rest = later;
+    }
+    out.freeze()
+}
+
 fn tokenizer(worker: &Worker) -> Response<ResponseBody> {
     let body = worker.tokenizer_body.get_or_init(|| {
         let spec = worker.engine.tokenizer().spec();
@@ -238,8 +273,19 @@ fn kv_events(worker: &Worker) -> Response<ResponseBody> {
             return;
         }
         loop {
+            // One engine step stores or evicts many blocks: send what is ready as one batch.
             let frame = match events.recv().await {
-                Ok(event) => kv_event_frame(&event),
+                Ok(event) => {
+                    let mut batch = vec![event];
+                    while batch.len() < KV_BATCH_MAX {
+                        match events.try_recv() {
+                            Ok(event) => batch.push(event),
+                            // A lag or a close is met again by the next `recv`.
+                            Err(_) => break,
+                        }
+                    }
+                    kv_batch_frames(&batch)
+                }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     sse_data(&wire::KvEvent::Lagged { missed })
                 }
@@ -478,5 +524,37 @@ impl Body for ChannelBody {
         self.rx
             .poll_recv(cx)
             .map(|frame| frame.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_gpu_runtime::block::BlockHash;
+
+    #[test]
+    fn a_batch_of_events_is_one_frame_per_run_in_order() {
+        let events = [
+            KvEvent::Stored(BlockHash(1)),
+            KvEvent::Stored(BlockHash(2)),
+            KvEvent::Evicted(BlockHash(3)),
+            KvEvent::Stored(BlockHash(4)),
+        ];
+        let text = String::from_utf8(kv_batch_frames(&events).to_vec()).unwrap();
+        let frames: Vec<wire::KvEvent> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        assert_eq!(
+            frames,
+            [
+                wire::KvEvent::StoredMany {
+                    hashes: vec![HexHash(1), HexHash(2)]
+                },
+                wire::KvEvent::Evicted { hash: HexHash(3) },
+                wire::KvEvent::Stored { hash: HexHash(4) },
+            ]
+        );
     }
 }
