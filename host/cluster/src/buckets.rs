@@ -125,7 +125,11 @@ impl Cluster {
         if draws.is_empty() {
             return Ok(Taken::Paid);
         }
-        if self.slices.pay(draws) {
+        if self.slices.pay(
+            draws
+                .iter()
+                .map(|d| (d.id.as_str(), d.amount, d.debt_check)),
+        ) {
             self.slice_draws
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Ok(Taken::Paid);

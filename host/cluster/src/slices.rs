@@ -13,8 +13,6 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::buckets::Draw;
-
 /// A slice is what the bucket refills in this long.
 pub const SLICE_WINDOW: Duration = Duration::from_millis(50);
 /// A slice left this long since its last grant goes back to the shared bucket.
@@ -42,24 +40,28 @@ pub(crate) struct Slices {
 }
 
 impl Slices {
-    /// Pays every draw from the slices held, or none: a take needs its amount, a debt check
-    /// a slice with something left (the bucket was not in debt when it was granted, and this
-    /// replica's settlements have not used it up since).
-    pub(crate) fn pay(&self, draws: &[Draw]) -> bool {
+    /// Pays every draw — (bucket id, amount, whether it is only a debt check) — from the
+    /// slices held, or none: a take needs its amount, a debt check a slice with something
+    /// left (the bucket was not in debt when it was granted, and this replica's settlements
+    /// have not used it up since).
+    pub(crate) fn pay<'a, I>(&self, draws: I) -> bool
+    where
+        I: IntoIterator<Item = (&'a str, f64, bool)> + Clone,
+    {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        let covered = draws.iter().all(|draw| {
-            held.get(&draw.id).is_some_and(|slice| {
-                if draw.debt_check {
+        let covered = draws.clone().into_iter().all(|(id, amount, debt_check)| {
+            held.get(id).is_some_and(|slice| {
+                if debt_check {
                     slice.level > 0.0
                 } else {
-                    slice.level >= draw.amount
+                    slice.level >= amount
                 }
             })
         });
         if covered {
-            for draw in draws.iter().filter(|d| !d.debt_check) {
-                if let Some(slice) = held.get_mut(&draw.id) {
-                    slice.level -= draw.amount;
+            for (id, amount, _) in draws.into_iter().filter(|d| !d.2) {
+                if let Some(slice) = held.get_mut(id) {
+                    slice.level -= amount;
                 }
             }
         }
@@ -122,22 +124,12 @@ impl Slices {
 mod tests {
     use super::*;
 
-    fn take(id: &str, amount: f64) -> Draw {
-        Draw {
-            id: id.into(),
-            per_minute: 60_000,
-            amount,
-            debt_check: false,
-        }
+    fn take(id: &str, amount: f64) -> (&str, f64, bool) {
+        (id, amount, false)
     }
 
-    fn debt(id: &str) -> Draw {
-        Draw {
-            id: id.into(),
-            per_minute: 60_000,
-            amount: 0.0,
-            debt_check: true,
-        }
+    fn debt(id: &str) -> (&str, f64, bool) {
+        (id, 0.0, true)
     }
 
     #[test]
@@ -150,36 +142,36 @@ mod tests {
     #[test]
     fn draws_are_paid_from_slices_all_or_nothing() {
         let slices = Slices::default();
-        assert!(!slices.pay(&[take("requests", 1.0)]), "nothing held yet");
+        assert!(!slices.pay([take("requests", 1.0)]), "nothing held yet");
         slices.grant("requests", 60_000, 2.0);
         slices.grant("output", 60_000, 10.0);
-        assert!(slices.pay(&[take("requests", 1.0), debt("output")]));
+        assert!(slices.pay([take("requests", 1.0), debt("output")]));
         // Input tokens have no slice: nothing is paid, the request slice keeps its unit.
-        assert!(!slices.pay(&[take("requests", 1.0), take("input", 5.0)]));
-        assert!(slices.pay(&[take("requests", 1.0)]));
-        assert!(!slices.pay(&[take("requests", 1.0)]), "the slice is spent");
+        assert!(!slices.pay([take("requests", 1.0), take("input", 5.0)]));
+        assert!(slices.pay([take("requests", 1.0)]));
+        assert!(!slices.pay([take("requests", 1.0)]), "the slice is spent");
         // Output settles against its slice; past it, the rest is the shared bucket's, and
         // a debt check no longer passes here.
         assert_eq!(slices.settle("output", 4.0), 0.0);
         assert_eq!(slices.settle("output", 10.0), 4.0);
-        assert!(!slices.pay(&[debt("output")]));
+        assert!(!slices.pay([debt("output")]));
         assert_eq!(slices.settle("input", 3.0), 3.0, "no slice: all shared");
         assert_eq!(
             slices.settle("output", -2.0),
             0.0,
             "a refund stays in the slice"
         );
-        assert!(slices.pay(&[debt("output")]));
+        assert!(slices.pay([debt("output")]));
     }
 
     #[test]
     fn an_idle_slice_goes_back_with_what_is_left() {
         let slices = Slices::default();
         slices.grant("requests", 60_000, 5.0);
-        assert!(slices.pay(&[take("requests", 2.0)]));
+        assert!(slices.pay([take("requests", 2.0)]));
         assert!(slices.expired(Instant::now()).is_empty());
         let back = slices.expired(Instant::now() + SLICE_HOLD);
         assert_eq!(back, [("requests".to_owned(), 60_000, 3.0)]);
-        assert!(!slices.pay(&[take("requests", 1.0)]), "returned");
+        assert!(!slices.pay([take("requests", 1.0)]), "returned");
     }
 }
