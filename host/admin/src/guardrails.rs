@@ -13,15 +13,10 @@ use tracing::{info, warn};
 use crate::changes::{Applier, Change, make};
 
 /// Whether this gateway judges the fleet's experiments and rollouts: alone, always; in a
-/// cluster, when it is the live replica whose name sorts first (and Redis answers).
-pub(crate) async fn judges_here(gateway: &Gateway) -> bool {
-    let Some(cluster) = gateway.cluster() else {
-        return true;
-    };
-    let Ok(leases) = cluster.replicas().await else {
-        return false;
-    };
-    leases.iter().map(|l| l.lease.replica.as_str()).min() == Some(cluster.replica())
+/// cluster, when it is the live replica whose name sorts first and Redis answers
+/// ([`ringmaster_cluster::Cluster::judges`], from the lease loop's last read: no Redis call).
+pub(crate) fn judges_here(gateway: &Gateway) -> bool {
+    gateway.cluster().is_none_or(|cluster| cluster.judges())
 }
 
 /// Every [`ringmaster_gateway::GUARDRAIL_INTERVAL`], while the gateway lives: when this
@@ -33,7 +28,7 @@ pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Arc<Applier>) {
         let Some(gateway) = gateway.upgrade() else {
             return;
         };
-        if gateway.cluster().is_none() || !judges_here(&gateway).await {
+        if gateway.cluster().is_none() || !judges_here(&gateway) {
             continue;
         }
         // A running rollout's judge watches its candidate, and the slot's weights are the

@@ -99,7 +99,7 @@ pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Option<Arc<Applier>>)
         let Some(gateway) = gateway.upgrade() else {
             return;
         };
-        if !crate::guardrails::judges_here(&gateway).await {
+        if !crate::guardrails::judges_here(&gateway) {
             continue;
         }
         if !declared_started {

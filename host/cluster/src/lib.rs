@@ -218,6 +218,17 @@ impl Cluster {
         u32::try_from(live.len()).unwrap_or(u32::MAX).max(1)
     }
 
+    /// Whether this replica judges the fleet's experiments and rollouts: Redis answers, and
+    /// its name sorts first among the live leases as the lease loop last read them (about
+    /// once a second; a judge that dies is replaced once its lease lapses).
+    pub fn judges(&self) -> bool {
+        let live = self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.is_up() && live.iter().min().map(String::as_str) == Some(self.replica())
+    }
+
     /// Records the live leases: the count, and the replicas whose load still counts.
     pub(crate) fn set_live_replicas(&self, leases: &[lease::LiveLease]) {
         let names: Vec<String> = leases.iter().map(|l| l.lease.replica.clone()).collect();
