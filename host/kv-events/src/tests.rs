@@ -201,3 +201,19 @@ fn garbage_and_oversized_batches_are_refused_with_a_reason() {
         Err(DecodeError::Oversized(_))
     ));
 }
+
+proptest::proptest! {
+    /// Whatever arrives, the decoder answers with a batch or a reason, never a panic.
+    #[test]
+    fn any_bytes_decode_or_are_refused(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+        let _ = decode_batch(&bytes);
+    }
+
+    /// A valid batch cut anywhere is refused, not misread as a shorter one.
+    #[test]
+    fn a_truncated_batch_is_refused(cut in 0usize..200) {
+        let payload = encode(&positional_batch());
+        let cut = cut.min(payload.len() - 1);
+        proptest::prop_assert!(decode_batch(&payload[..cut]).is_err());
+    }
+}
