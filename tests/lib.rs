@@ -4,3 +4,4 @@
 #![deny(missing_docs)]
 
 pub mod fake_upstream;
+pub mod kv_publisher;

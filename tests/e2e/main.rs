@@ -5,6 +5,7 @@
 mod admin;
 mod api;
 mod disconnect;
+mod engine_events;
 mod errors;
 mod examples;
 mod fleet;

@@ -67,6 +67,8 @@ fn server_json(server: &Server) -> serde_json::Value {
         "in_flight": server.in_flight(),
         "peak_in_flight": server.peak_in_flight(),
         "requests_total": server.requests_total(),
+        "cache_view": server.cache_view(),
+        "kv_events": kv_events_json(server),
         "engine": {
             "running": load.running,
             "waiting": load.waiting,
@@ -81,6 +83,24 @@ fn server_json(server: &Server) -> serde_json::Value {
             "requests_cancelled": load.requests_cancelled,
             "preemptions": load.preemptions,
         },
+    })
+}
+
+/// A server's engine KV event feed: where it is, what it has applied, what went wrong.
+fn kv_events_json(server: &Server) -> serde_json::Value {
+    let (Some((spec, tokenizer)), Some(report)) = (server.engine_feed_spec(), server.engine_feed())
+    else {
+        return serde_json::Value::Null;
+    };
+    let (blocks, live) = server.reported_cache();
+    json!({
+        "endpoint": spec.endpoint,
+        "replay": spec.replay,
+        "format": spec.format.name(),
+        "tokenizer": tokenizer.map(|t| t.to_string()),
+        "live": live,
+        "blocks": blocks,
+        "feed": report,
     })
 }
 

@@ -47,7 +47,10 @@ pub use raw::{
     RawRecord, RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
 };
 pub use routing::PrefixHashing;
-pub use servers::{GpuPlacement, ServerAddress, ServerSpec, server_spec};
+pub use servers::{
+    GpuPlacement, KvEventsFormat, KvEventsSpec, ServerAddress, ServerSpec, TokenizerSource,
+    server_spec,
+};
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
 use error::invalid;

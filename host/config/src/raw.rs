@@ -276,10 +276,10 @@ pub struct RawRouting {
 }
 
 /// One `[[servers]]` entry.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
-    /// `sim://NAME` or `gguf:PATH` (later: `http://host:port`).
+    /// `sim://NAME`, `gguf:PATH` or `http://HOST:PORT`.
     pub address: String,
     /// Id on the ring; defaults to the address's name.
     pub id: Option<String>,
@@ -288,6 +288,16 @@ pub struct RawServer {
     /// The models it serves; default: what a remote server's `/v1/models` lists, and until
     /// that is known (or for a server in this process) any model the gateway accepts.
     pub models: Option<Vec<String>>,
+    /// The engine's KV event publisher (`tcp://HOST:PORT`, vLLM's
+    /// `--kv-events-config '{"publisher":"zmq","endpoint":…}'`, SGLang's `--kv-events-config`).
+    pub kv_events: Option<String>,
+    /// Its replay socket (`tcp://HOST:PORT`), to repair gaps in the stream.
+    pub kv_events_replay: Option<String>,
+    /// `vllm` (default) or `sglang`.
+    pub kv_events_format: Option<String>,
+    /// How the engine tokenizes: a Hugging Face model folder, a GGUF file, or `sim` (the
+    /// simulated servers' tokenizer). Without it the routing-history estimate stays.
+    pub tokenizer: Option<String>,
 }
 
 /// `[record]`: write every finished Messages request to a Mooncake-format trace (token counts

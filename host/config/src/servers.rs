@@ -142,6 +142,94 @@ impl std::fmt::Display for ServerAddress {
     }
 }
 
+/// Whose KV event wire a server speaks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvEventsFormat {
+    /// vLLM's `ZmqEventPublisher`.
+    #[default]
+    Vllm,
+    /// SGLang's (a copy of vLLM's, with pages for blocks).
+    Sglang,
+}
+
+impl KvEventsFormat {
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Vllm => "vllm",
+            Self::Sglang => "sglang",
+        }
+    }
+}
+
+/// Where an engine publishes its KV-cache events.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvEventsSpec {
+    /// The publisher: `tcp://HOST:PORT`.
+    pub endpoint: String,
+    /// The replay socket, if the engine has one.
+    pub replay: Option<String>,
+    /// The wire.
+    pub format: KvEventsFormat,
+}
+
+/// How a server tokenizes, as configured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TokenizerSource {
+    /// The simulated servers' tokenizer.
+    Sim,
+    /// A GGUF file's tokenizer (and its ChatML rendering).
+    Gguf(std::path::PathBuf),
+    /// A Hugging Face model folder (`tokenizer.json`, `tokenizer_config.json`).
+    HuggingFace(std::path::PathBuf),
+}
+
+impl TokenizerSource {
+    /// Parses `sim`, a `.gguf` file's path, or a folder's.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        if text == "sim" {
+            return Ok(Self::Sim);
+        }
+        if text.is_empty() {
+            return Err("tokenizer: expected a model folder, a .gguf file or \"sim\"".into());
+        }
+        let path = std::path::PathBuf::from(text);
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            Ok(Self::Gguf(path))
+        } else {
+            Ok(Self::HuggingFace(path))
+        }
+    }
+}
+
+impl std::fmt::Display for TokenizerSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Sim => f.write_str("sim"),
+            Self::Gguf(path) | Self::HuggingFace(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// Checks a ZeroMQ `tcp://HOST:PORT` endpoint.
+fn zmq_endpoint(field: &str, text: &str) -> Result<String, String> {
+    let text = text.trim();
+    let valid = text.strip_prefix("tcp://").is_some_and(|rest| {
+        rest.rsplit_once(':').is_some_and(|(host, port)| {
+            !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p > 0)
+        })
+    });
+    if valid {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("{field} {text:?}: expected tcp://HOST:PORT"))
+    }
+}
+
 /// A GPU server to start with.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerSpec {
@@ -153,6 +241,10 @@ pub struct ServerSpec {
     pub weight: u32,
     /// The models it serves, when the config says; `None`: discovered, or any.
     pub models: Option<Vec<String>>,
+    /// Its engine's KV event stream (remote servers only).
+    pub kv_events: Option<KvEventsSpec>,
+    /// How its engine tokenizes (remote servers only).
+    pub tokenizer: Option<TokenizerSource>,
 }
 
 impl ServerSpec {
@@ -187,7 +279,59 @@ impl ServerSpec {
             address,
             weight,
             models,
+            kv_events: None,
+            tokenizer: None,
         })
+    }
+
+    /// Adds the engine's KV event stream and tokenizer (a remote server's only).
+    pub fn with_engine(
+        mut self,
+        kv_events: Option<&str>,
+        replay: Option<&str>,
+        format: Option<&str>,
+        tokenizer: Option<&str>,
+    ) -> Result<Self, String> {
+        let remote = matches!(self.address, ServerAddress::Remote { .. });
+        let any =
+            kv_events.is_some() || replay.is_some() || format.is_some() || tokenizer.is_some();
+        if any && !remote {
+            return Err(format!(
+                "{}: kv_events, kv_events_replay, kv_events_format and tokenizer describe a \
+                 remote engine (http://HOST:PORT); this server's cache is read directly",
+                self.address
+            ));
+        }
+        let format = match format.map(str::trim) {
+            None | Some("vllm") => KvEventsFormat::Vllm,
+            Some("sglang") => KvEventsFormat::Sglang,
+            Some(other) => {
+                return Err(format!(
+                    "kv_events_format {other:?}: expected \"vllm\" or \"sglang\""
+                ));
+            }
+        };
+        self.kv_events = match (kv_events, replay) {
+            (None, Some(_)) => {
+                return Err("kv_events_replay needs kv_events (the publisher it repairs)".into());
+            }
+            (None, None) => None,
+            (Some(endpoint), replay) => Some(KvEventsSpec {
+                endpoint: zmq_endpoint("kv_events", endpoint)?,
+                replay: replay
+                    .map(|r| zmq_endpoint("kv_events_replay", r))
+                    .transpose()?,
+                format,
+            }),
+        };
+        if tokenizer.is_some() && self.kv_events.is_none() {
+            return Err(
+                "tokenizer matches prompts against the engine's KV events: set kv_events too"
+                    .into(),
+            );
+        }
+        self.tokenizer = tokenizer.map(TokenizerSource::parse).transpose()?;
+        Ok(self)
     }
 }
 
@@ -198,12 +342,63 @@ pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
         raw.id.as_deref(),
         raw.weight,
         raw.models.as_deref(),
+    )?
+    .with_engine(
+        raw.kv_events.as_deref(),
+        raw.kv_events_replay.as_deref(),
+        raw.kv_events_format.as_deref(),
+        raw.tokenizer.as_deref(),
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engine_feed_is_checked() {
+        let remote = || ServerSpec::new("http://10.0.0.5:8000", None, None, None).unwrap();
+        let spec = remote()
+            .with_engine(
+                Some("tcp://10.0.0.5:5557"),
+                Some("tcp://10.0.0.5:5558"),
+                Some("sglang"),
+                Some("/models/qwen"),
+            )
+            .unwrap();
+        let feed = spec.kv_events.unwrap();
+        assert_eq!(feed.endpoint, "tcp://10.0.0.5:5557");
+        assert_eq!(feed.replay.as_deref(), Some("tcp://10.0.0.5:5558"));
+        assert_eq!(feed.format, KvEventsFormat::Sglang);
+        assert_eq!(
+            spec.tokenizer,
+            Some(TokenizerSource::HuggingFace("/models/qwen".into()))
+        );
+        assert_eq!(
+            TokenizerSource::parse("/m/SmolLM2.Q4_1.gguf").unwrap(),
+            TokenizerSource::Gguf("/m/SmolLM2.Q4_1.gguf".into())
+        );
+        assert_eq!(TokenizerSource::parse("sim").unwrap(), TokenizerSource::Sim);
+        for (events, replay, format) in [
+            (Some("10.0.0.5:5557"), None, None),
+            (Some("tcp://10.0.0.5"), None, None),
+            (Some("tcp://:5557"), None, None),
+            (Some("tcp://h:0"), None, None),
+            (None, Some("tcp://h:5558"), None),
+            (Some("tcp://h:1"), None, Some("tgi")),
+        ] {
+            assert!(
+                remote().with_engine(events, replay, format, None).is_err(),
+                "{events:?} {replay:?} {format:?}"
+            );
+        }
+        assert!(remote().with_engine(None, None, None, Some("sim")).is_err());
+        let sim = ServerSpec::new("sim://a", None, None, None).unwrap();
+        assert!(
+            sim.with_engine(Some("tcp://h:1"), None, None, None)
+                .is_err()
+        );
+    }
 
     #[test]
     fn a_simulated_server_may_be_slowed_down() {

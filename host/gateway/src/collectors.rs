@@ -373,6 +373,103 @@ impl Collector for ServerCollector {
         for (label, _, load) in &servers {
             ConstCounter::new(load.busy_seconds_total).encode(family.encode_family(label)?)?;
         }
-        Ok(())
+        encode_engine_feeds(&mut encoder, &servers)
     }
+}
+
+/// The counters of each engine KV event feed (servers with `kv_events` only).
+fn encode_engine_feeds(
+    encoder: &mut DescriptorEncoder<'_>,
+    servers: &[(
+        ServerLabel,
+        Arc<ringmaster_pool::Server>,
+        ringmaster_gpu_runtime::LoadReport,
+    )],
+) -> Result<(), std::fmt::Error> {
+    use ringmaster_pool::remote::engine_events::EngineFeedReport;
+    let feeds: Vec<(&ServerLabel, EngineFeedReport)> = servers
+        .iter()
+        .filter_map(|(label, server, _)| server.engine_feed().map(|r| (label, r)))
+        .collect();
+    if feeds.is_empty() {
+        return Ok(());
+    }
+    type Read = fn(&EngineFeedReport) -> u64;
+    let counters: [(&str, &str, Read); 8] = [
+        (
+            "engine_kv_event_batches",
+            "KV event batches applied from the engine's publisher (live and replayed)",
+            |r| r.batches,
+        ),
+        (
+            "engine_kv_event_blocks_stored",
+            "Engine blocks the engine reported stored",
+            |r| r.blocks_stored,
+        ),
+        (
+            "engine_kv_event_blocks_removed",
+            "Engine blocks the engine reported removed",
+            |r| r.blocks_removed,
+        ),
+        (
+            "engine_kv_event_orphan_blocks",
+            "Stored blocks passed over because their parent was never seen (stored before the gateway joined, or lost in a gap)",
+            |r| r.orphan_blocks,
+        ),
+        (
+            "engine_kv_event_gaps_repaired",
+            "Gaps in the event sequence closed from the engine's replay socket",
+            |r| r.gaps_repaired,
+        ),
+        (
+            "engine_kv_event_resets",
+            "Times the server's view was reset to empty: a gap the replay could not close (or no replay socket), or an index past its bound",
+            |r| r.resets,
+        ),
+        (
+            "engine_kv_event_publisher_restarts",
+            "Times the engine's publisher started over (sequence back to an earlier number)",
+            |r| r.restarts,
+        ),
+        (
+            "engine_kv_event_refused_frames",
+            "Event frames refused: not three parts, not msgpack, not a batch, or over the size bounds",
+            |r| r.refused_frames,
+        ),
+    ];
+    for (name, help, read) in counters {
+        let mut family = encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            prometheus_client::metrics::MetricType::Counter,
+        )?;
+        for (label, report) in &feeds {
+            ConstCounter::new(read(report)).encode(family.encode_family(*label)?)?;
+        }
+    }
+    let gauges: [(&str, &str, Read); 2] = [
+        (
+            "engine_kv_event_connected",
+            "1 while the engine's KV event publisher is connected",
+            |r| u64::from(r.connected),
+        ),
+        (
+            "engine_kv_event_indexed_blocks",
+            "Engine blocks in the gateway's index of the engine's cache",
+            |r| r.engine_blocks,
+        ),
+    ];
+    for (name, help, read) in gauges {
+        let mut family = encoder.encode_descriptor(
+            name,
+            help,
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (label, report) in &feeds {
+            ConstGauge::new(read(report) as f64).encode(family.encode_family(*label)?)?;
+        }
+    }
+    Ok(())
 }

@@ -10,11 +10,15 @@
 //!
 //! Written from vLLM's `vllm/distributed/kv_events.py` (the msgspec structs `EventBatch`,
 //! `BlockStored`, `BlockRemoved`, `AllBlocksCleared`; SGLang's publisher mirrors them). This
-//! crate decodes and bounds; it opens no socket and keeps no index (the pool does both).
+//! crate decodes and bounds, and writes the same wire for simulators and tests ([`encode`]);
+//! it opens no socket and keeps no index (the pool does both).
 
 #![deny(missing_docs)]
 
 use rmpv::Value;
+
+pub mod encode;
+pub use encode::{Encoding, encode_batch, encode_frame};
 
 /// Events one batch may hold before it is refused as oversized (an engine step stores a few
 /// thousand blocks at most; a batch far past that is garbage or hostile).

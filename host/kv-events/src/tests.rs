@@ -217,3 +217,64 @@ proptest::proptest! {
         proptest::prop_assert!(decode_batch(&payload[..cut]).is_err());
     }
 }
+
+#[test]
+fn what_the_encoder_writes_decodes_to_the_same_batch_in_both_encodings() {
+    let batch = Batch {
+        ts: 12.5,
+        events: vec![
+            Event::Stored(BlockStored {
+                block_hashes: vec![EngineHash::Int(-3), EngineHash::Bytes(vec![1, 2, 3])],
+                parent_block_hash: Some(EngineHash::Int(u64::MAX as i128)),
+                token_ids: (0..32).collect(),
+                block_size: 16,
+                lora_id: Some(4),
+                medium: Some("GPU".into()),
+                lora_name: Some("sql".into()),
+                extra_keys: Some(vec![Value::Nil, s("salt")]),
+                group_idx: Some(1),
+            }),
+            Event::Removed(BlockRemoved {
+                block_hashes: vec![EngineHash::Int(9)],
+                medium: None,
+                group_idx: None,
+            }),
+            Event::AllCleared,
+        ],
+        data_parallel_rank: Some(2),
+    };
+    for encoding in [Encoding::Positional, Encoding::Tagged] {
+        let [topic, sequence, payload] = encode_frame(b"kv", 7, &batch, encoding);
+        let frame = decode_frame(&[&topic, &sequence, &payload]).unwrap();
+        assert_eq!((frame.sequence, &frame.topic[..]), (7, &b"kv"[..]));
+        assert_eq!(frame.batch, batch, "{encoding:?}");
+    }
+    // The positional form is msgspec's array_like struct: exactly this msgpack.
+    let stored_only = Batch {
+        ts: 0.0,
+        events: vec![Event::Stored(BlockStored {
+            block_hashes: vec![EngineHash::Int(1)],
+            token_ids: vec![5],
+            block_size: 1,
+            ..BlockStored::default()
+        })],
+        data_parallel_rank: None,
+    };
+    let by_hand = encode(&Value::Array(vec![
+        Value::F64(0.0),
+        Value::Array(vec![Value::Array(vec![
+            s("BlockStored"),
+            ints(&[1]),
+            Value::Nil,
+            ints(&[5]),
+            Value::from(1),
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+            Value::Nil,
+        ])]),
+        Value::Nil,
+    ]));
+    assert_eq!(encode_batch(&stored_only, Encoding::Positional), by_hand);
+}

@@ -210,6 +210,42 @@ impl ReportedCache {
         self.synced.store(false, Ordering::Release);
     }
 
+    /// Replaces the whole view with `hashes` (an engine's index after a clear or a reset) and
+    /// counts it as a resync.
+    pub(crate) fn replace_all(&self, hashes: impl Iterator<Item = u64>) {
+        let fresh: HashSet<u64> = hashes.collect();
+        *self.hashes.lock().unwrap_or_else(PoisonError::into_inner) = fresh;
+        self.resyncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Applies an engine batch's net changes, in order: `(hash, true)` stored, `false` gone.
+    pub(crate) fn change(&self, changes: &[(u64, bool)]) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut held = self.hashes.lock().unwrap_or_else(PoisonError::into_inner);
+        for &(hash, stored) in changes {
+            if stored {
+                held.insert(hash);
+            } else {
+                held.remove(&hash);
+            }
+        }
+        drop(held);
+        self.events
+            .fetch_add(changes.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The engine's stream is live (again): answer from the view.
+    pub(crate) fn mark_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Sets the tokenizer the gateway was told the engine uses (`tokenizer = …`).
+    pub(crate) fn set_scheme_built(&self, scheme: Scheme) {
+        *self.scheme.write().unwrap_or_else(PoisonError::into_inner) = Some(scheme);
+    }
+
     /// Applies one `/kv/events` message (the JSON of an SSE `data:` line).
     pub fn apply(&self, data: &str) -> Result<(), EventError> {
         let event: KvWireEvent =

@@ -16,6 +16,7 @@
 
 #![deny(missing_docs)]
 
+pub mod engine_index;
 pub mod input;
 pub mod kv_view;
 mod pool;

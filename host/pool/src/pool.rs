@@ -239,6 +239,8 @@ mod tests {
                 },
                 weight: 1,
                 models: None,
+                kv_events: None,
+                tokenizer: None,
             })
             .collect()
     }

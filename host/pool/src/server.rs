@@ -243,6 +243,41 @@ impl Server {
             Backend::Remote(worker) => (worker.kv().events_total(), worker.kv().resyncs_total()),
         }
     }
+    /// Which view of the server's cache routing reads now.
+    pub fn cache_view(&self) -> CacheView {
+        match &self.engine {
+            Backend::Local(_) => CacheView::InProcess,
+            Backend::Remote(worker) => {
+                let live = worker.kv().is_synced() && worker.kv().scheme().is_some();
+                match (worker.engine_feed(), live) {
+                    (Some(_), true) => CacheView::EngineEvents,
+                    (None, true) => CacheView::WorkerEvents,
+                    (_, false) => CacheView::RoutingHistory,
+                }
+            }
+        }
+    }
+    /// The engine's KV event feed's counters, for a server that has one configured.
+    pub fn engine_feed(&self) -> Option<crate::remote::engine_events::EngineFeedReport> {
+        match &self.engine {
+            Backend::Remote(worker) => worker.engine_feed().map(|f| f.report()),
+            Backend::Local(_) => None,
+        }
+    }
+    /// The engine's KV event feed's configuration, for a server that has one.
+    pub fn engine_feed_spec(
+        &self,
+    ) -> Option<(
+        ringmaster_config::KvEventsSpec,
+        Option<ringmaster_config::TokenizerSource>,
+    )> {
+        match &self.engine {
+            Backend::Remote(worker) => worker
+                .engine_feed()
+                .map(|f| (f.spec.clone(), f.tokenizer.clone())),
+            Backend::Local(_) => None,
+        }
+    }
     /// Blocks in the server's reported cache, and whether the report is live.
     pub fn reported_cache(&self) -> (usize, bool) {
         match &self.engine {
@@ -250,6 +285,21 @@ impl Server {
             Backend::Remote(worker) => (worker.kv().len(), worker.kv().is_synced()),
         }
     }
+}
+
+/// Where routing learns what a server's KV cache holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheView {
+    /// An engine in this process: read directly.
+    InProcess,
+    /// A `ringmaster worker`'s `/kv/events`.
+    WorkerEvents,
+    /// A vLLM or SGLang engine's KV events, matched through the configured tokenizer.
+    EngineEvents,
+    /// Neither (no events, no tokenizer, or the stream is down): the gateway's estimate from
+    /// where it sent each prefix.
+    RoutingHistory,
 }
 
 /// Holds one request's slot on a server; dropping it releases the slot.
@@ -418,6 +468,9 @@ pub(crate) fn start_server(
                 templates.upstream.clone(),
                 // A server whose models the config names needs no discovery.
                 spec.models.is_none().then(|| models_epoch.clone()),
+                spec.kv_events
+                    .clone()
+                    .map(|feed| (feed, spec.tokenizer.clone())),
             ))
         }
     };

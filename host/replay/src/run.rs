@@ -297,6 +297,7 @@ fn apply_scale(
                     id: None,
                     weight: None,
                     models: None,
+                    ..Default::default()
                 })
                 .and_then(|spec| pool.add(&spec).map_err(|e| e.to_string()));
             let id = added

@@ -276,6 +276,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             id: Some(name.clone()),
             weight: None,
             models: None,
+            ..Default::default()
         }]);
         raw.models = Some(vec![name]);
     }

@@ -32,6 +32,7 @@
 
 mod chunks;
 mod conn;
+pub mod engine_events;
 mod follow;
 mod health;
 mod reader;
@@ -106,6 +107,8 @@ pub struct RemoteWorker {
     reachable: AtomicBool,
     health: Health,
     kv: Arc<ReportedCache>,
+    /// The engine's own KV event stream, when configured (then `/kv/events` is not asked).
+    engine_feed: Option<Arc<engine_events::EngineFeed>>,
     /// What `/v1/models` lists (empty until known), and whom to tell when it changes.
     models: Mutex<Vec<String>>,
     models_epoch: Option<Arc<AtomicU64>>,
@@ -115,7 +118,7 @@ impl RemoteWorker {
     /// A client of the server at `url` (`http://HOST:PORT`) with `settings`, polling its load
     /// in the background while the client lives. Needs a tokio runtime.
     pub fn start_with(url: &str, settings: UpstreamSettings) -> Arc<Self> {
-        Self::start_in_pool(url, settings, None)
+        Self::start_in_pool(url, settings, None, None)
     }
 
     /// A client of the server at `url` with `settings` that also follows the models it
@@ -124,6 +127,10 @@ impl RemoteWorker {
         url: &str,
         settings: UpstreamSettings,
         models_epoch: Option<Arc<AtomicU64>>,
+        engine: Option<(
+            ringmaster_config::KvEventsSpec,
+            Option<ringmaster_config::TokenizerSource>,
+        )>,
     ) -> Arc<Self> {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(settings.connect_timeout)
@@ -183,12 +190,30 @@ impl RemoteWorker {
             reachable: AtomicBool::new(true),
             health: Health::default(),
             kv: Arc::new(ReportedCache::default()),
+            engine_feed: engine
+                .map(|(spec, tokenizer)| Arc::new(engine_events::EngineFeed::new(spec, tokenizer))),
             models: Mutex::new(Vec::new()),
             models_epoch,
         });
         tokio::spawn(follow::poll_load(Arc::downgrade(&worker)));
-        tokio::spawn(follow::follow_kv(Arc::downgrade(&worker)));
+        match &worker.engine_feed {
+            Some(feed) => {
+                tokio::spawn(engine_events::follow(
+                    Arc::downgrade(&worker),
+                    worker.kv.clone(),
+                    feed.clone(),
+                ));
+            }
+            None => {
+                tokio::spawn(follow::follow_kv(Arc::downgrade(&worker)));
+            }
+        }
         worker
+    }
+
+    /// The engine's KV event feed, when the server has one configured.
+    pub fn engine_feed(&self) -> Option<&engine_events::EngineFeed> {
+        self.engine_feed.as_deref()
     }
 
     /// The server's prefix cache as its event stream reports it.

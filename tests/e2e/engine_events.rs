@@ -1,0 +1,370 @@
+//! vLLM's and SGLang's KV event streams (a test publisher sending their wire) followed by the
+//! gateway: decisions checked through `POST /admin/route/explain`; gaps repaired from the
+//! replay socket, gaps older than the buffer and publisher restarts resetting the view,
+//! garbage and oversized batches refused without stopping the follower.
+
+use std::time::Duration;
+
+use reqwest::Method;
+use ringmaster_gpu_runtime::{ChatMessage, Role, SimTokenizer, Tokenizer};
+use ringmaster_kv_events::{Batch, BlockRemoved, BlockStored, Encoding, EngineHash, Event};
+use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+use ringmaster_tests::kv_publisher::{KvPublisher, ReplayShape};
+use serde_json::{Value, json};
+
+use crate::support::{TestGateway, eventually, metric_sum};
+
+fn system() -> String {
+    "You are a careful assistant for a fleet of GPU servers. ".repeat(12)
+}
+
+fn body() -> Value {
+    json!({
+        "model": "fake", "max_tokens": 4,
+        "system": system(),
+        "messages": [{"role": "user", "content": "What is a ring?"}],
+    })
+}
+
+/// The prompt's tokens as the engine (the simulated tokenizer here) renders them.
+fn prompt_tokens() -> Vec<u32> {
+    SimTokenizer::new().encode_chat(
+        Some(&system()),
+        &[ChatMessage {
+            role: Role::User,
+            text: "What is a ring?".into(),
+            ..Default::default()
+        }],
+    )
+}
+
+fn batch(events: Vec<Event>) -> Batch {
+    Batch {
+        ts: 1.0,
+        events,
+        data_parallel_rank: Some(0),
+    }
+}
+
+/// The prompt's full 16-token blocks as engine blocks of `size`, hashed `first..` (the
+/// engine's own numbering, unrelated to the gateway's).
+fn stored(size: usize, first: i128) -> (Event, Vec<EngineHash>) {
+    let tokens = prompt_tokens();
+    let full = tokens.len() / 16 * 16;
+    let n = full / size;
+    let hashes: Vec<EngineHash> = (first..first + n as i128).map(EngineHash::Int).collect();
+    (
+        Event::Stored(BlockStored {
+            block_hashes: hashes.clone(),
+            token_ids: tokens[..n * size].to_vec(),
+            block_size: size as u32,
+            medium: Some("GPU".into()),
+            ..BlockStored::default()
+        }),
+        hashes,
+    )
+}
+
+fn removed(hashes: Vec<EngineHash>) -> Event {
+    Event::Removed(BlockRemoved {
+        block_hashes: hashes,
+        medium: Some("GPU".into()),
+        group_idx: None,
+    })
+}
+
+async fn explain(gw: &TestGateway) -> Value {
+    gw.admin(Method::POST, "/admin/route/explain")
+        .await
+        .json(&body())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Leading prompt tokens each server holds, by id.
+async fn held(gw: &TestGateway) -> Vec<(String, u64)> {
+    explain(gw).await["prefix_matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert_eq!(m["source"], "reported", "{m}");
+            (
+                m["server"].as_str().unwrap().to_owned(),
+                m["tokens"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+async fn held_by(gw: &TestGateway, id: &str) -> u64 {
+    held(gw)
+        .await
+        .into_iter()
+        .find(|(s, _)| s == id)
+        .map_or(0, |(_, t)| t)
+}
+
+async fn feed(gw: &TestGateway, id: &str) -> Value {
+    let servers = gw.servers().await;
+    servers["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap()["kv_events"]
+        .clone()
+}
+
+async fn gateway(servers: &[(&str, &FakeUpstream, &KvPublisher, &str)]) -> TestGateway {
+    let mut toml = String::from("models = [\"fake\"]\n");
+    for (id, upstream, publisher, format) in servers {
+        toml.push_str(&format!(
+            "[[servers]]\nid = \"{id}\"\naddress = \"{}\"\nkv_events = \"{}\"\n\
+             kv_events_replay = \"{}\"\nkv_events_format = \"{format}\"\ntokenizer = \"sim\"\n",
+            upstream.url(),
+            publisher.endpoint,
+            publisher.replay_endpoint,
+        ));
+    }
+    let gw = TestGateway::start(&toml).await;
+    for (id, ..) in servers {
+        assert!(
+            eventually(Duration::from_secs(20), async || {
+                let feed = feed(&gw, id).await;
+                feed["live"] == true && feed["feed"]["connected"] == true
+            })
+            .await,
+            "{id}'s feed connects: {}",
+            feed(&gw, id).await
+        );
+    }
+    gw
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_goes_where_the_engine_reports_its_blocks_and_not_after_they_are_removed() {
+    let (a_up, b_up) = (
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+    );
+    // vLLM: positional msgspec structs, 16-token blocks. SGLang: maps, 1-token pages.
+    let mut vllm = KvPublisher::start(Encoding::Positional, ReplayShape::VllmWithTopic, 64).await;
+    let mut sglang =
+        KvPublisher::start(Encoding::Tagged, ReplayShape::SglangWithoutTopic, 64).await;
+    let gw = gateway(&[("a", &a_up, &vllm, "vllm"), ("b", &b_up, &sglang, "sglang")]).await;
+    let servers = gw.servers().await;
+    for s in servers["servers"].as_array().unwrap() {
+        assert_eq!(s["cache_view"], "engine_events", "{s}");
+        assert_eq!(s["kv_events"]["tokenizer"], "sim");
+    }
+    assert_eq!(held(&gw).await, vec![("a".into(), 0), ("b".into(), 0)]);
+    let full = (prompt_tokens().len() / 16 * 16) as u64;
+
+    // SGLang's pages: one token each, one event per page, each chained to the one before.
+    let tokens = prompt_tokens();
+    let pages: Vec<Event> = (0..full as usize)
+        .map(|i| {
+            Event::Stored(BlockStored {
+                block_hashes: vec![EngineHash::Int(10_000 + i as i128)],
+                parent_block_hash: i
+                    .checked_sub(1)
+                    .map(|p| EngineHash::Int(10_000 + p as i128)),
+                token_ids: vec![tokens[i]],
+                block_size: 1,
+                ..BlockStored::default()
+            })
+        })
+        .collect();
+    sglang.publish(&batch(pages)).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "b").await
+            == full)
+        .await,
+        "b holds the prompt: {:?}",
+        held(&gw).await
+    );
+    let explained = explain(&gw).await;
+    assert_eq!(explained["chosen"], "b", "{explained}");
+    // Removed page by page from the end: b holds none of it past the first block's end.
+    let gone: Vec<EngineHash> = (16..full as i128)
+        .rev()
+        .map(|i| EngineHash::Int(10_000 + i))
+        .collect();
+    sglang.publish(&batch(vec![removed(gone)])).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "b").await
+            == 16)
+        .await,
+        "b keeps only the first block: {:?}",
+        held(&gw).await
+    );
+
+    // vLLM's 16-token blocks with byte-string hashes on a.
+    let (event, hashes) = stored(16, 0);
+    let Event::Stored(mut as_bytes) = event else {
+        unreachable!()
+    };
+    as_bytes.block_hashes = hashes
+        .iter()
+        .map(|h| match h {
+            EngineHash::Int(n) => EngineHash::Bytes(n.to_be_bytes().to_vec()),
+            other => other.clone(),
+        })
+        .collect();
+    let bytes_hashes = as_bytes.block_hashes.clone();
+    vllm.publish(&batch(vec![Event::Stored(as_bytes)])).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == full)
+        .await,
+        "a holds the prompt: {:?}",
+        held(&gw).await
+    );
+    assert_eq!(explain(&gw).await["chosen"], "a");
+    vllm.publish(&batch(vec![removed(bytes_hashes)])).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == 0)
+        .await,
+        "a's removal applied: {:?}",
+        held(&gw).await
+    );
+    // b's first block is all that is left anywhere: the prompt goes there.
+    assert_eq!(explain(&gw).await["chosen"], "b");
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_engine_kv_event_batches_total", ""),
+        4.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_engine_kv_event_connected", ""),
+        2.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gaps_restarts_and_garbage_are_handled_and_said() {
+    let up = FakeUpstream::start(Behavior::Vllm, 3).await;
+    // A replay buffer of 4 batches.
+    let mut publisher =
+        KvPublisher::start(Encoding::Positional, ReplayShape::VllmWithTopic, 4).await;
+    // Published before the gateway starts: the join replays it.
+    let (first, first_hashes) = stored(16, 0);
+    publisher.publish(&batch(vec![first])).await;
+    let gw = gateway(&[("a", &up, &publisher, "vllm")]).await;
+    let full = (prompt_tokens().len() / 16 * 16) as u64;
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == full)
+        .await,
+        "the join replayed the first batch: {}",
+        feed(&gw, "a").await
+    );
+    let counter = async |name: &str| {
+        metric_sum(
+            &gw.metrics().await,
+            &format!("ringmaster_engine_kv_event_{name}_total"),
+            "",
+        )
+    };
+
+    // A lost batch (the removal) is repaired from the replay before the next one applies.
+    publisher.lose(&batch(vec![removed(first_hashes)]));
+    publisher.publish(&batch(vec![Event::AllCleared])).await;
+    let (again, again_hashes) = stored(16, 100);
+    publisher.publish(&batch(vec![again])).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || counter("gaps_repaired")
+            .await
+            == 1.0)
+        .await,
+        "{}",
+        feed(&gw, "a").await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == full)
+        .await
+    );
+    assert_eq!(counter("resets").await, 0.0);
+
+    // Six batches lost with a buffer of four: older than the buffer, so the view resets.
+    for _ in 0..6 {
+        publisher.lose(&batch(vec![removed(vec![EngineHash::Int(7)])]));
+    }
+    let (_, last) = stored(16, 200);
+    let sequence = publisher
+        .publish(&batch(vec![Event::Unknown("Heartbeat".into())]))
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), async || counter("resets").await
+            == 1.0)
+        .await,
+        "{}",
+        feed(&gw, "a").await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == 0)
+        .await
+    );
+    assert_eq!(
+        feed(&gw, "a").await["feed"]["last_sequence"],
+        json!(sequence)
+    );
+    drop((again_hashes, last));
+
+    // Garbage, a batch that is not msgpack, and an oversized batch: refused, counted.
+    publisher.send(vec![b"only one part".to_vec()]).await;
+    publisher
+        .send(vec![
+            b"kv".to_vec(),
+            1u64.to_be_bytes().to_vec(),
+            b"\xc1\xc1".to_vec(),
+        ])
+        .await;
+    let huge = batch(vec![Event::AllCleared; 70_000]);
+    publisher
+        .send(vec![
+            b"kv".to_vec(),
+            99u64.to_be_bytes().to_vec(),
+            ringmaster_kv_events::encode_batch(&huge, Encoding::Positional),
+        ])
+        .await;
+    assert!(
+        eventually(Duration::from_secs(10), async || counter("refused_frames")
+            .await
+            == 3.0)
+        .await,
+        "{}",
+        feed(&gw, "a").await
+    );
+
+    // The engine restarts: its sequence starts over and its cache is empty.
+    publisher.restart();
+    let (fresh, _) = stored(16, 300);
+    publisher.publish(&batch(vec![fresh])).await;
+    assert!(
+        eventually(Duration::from_secs(10), async || counter(
+            "publisher_restarts"
+        )
+        .await
+            == 1.0)
+        .await,
+        "{}",
+        feed(&gw, "a").await
+    );
+    assert!(
+        eventually(Duration::from_secs(10), async || held_by(&gw, "a").await
+            == full)
+        .await
+    );
+    let feed = feed(&gw, "a").await;
+    assert_eq!(feed["feed"]["last_sequence"], 0, "{feed}");
+    assert_eq!(feed["live"], true);
+}
