@@ -71,6 +71,8 @@ pub struct FakeUpstream {
     pub requests: Arc<AtomicUsize>,
     /// The body of the last request (chat, completions and messages).
     pub last_request: Arc<std::sync::Mutex<Bytes>>,
+    /// What `GET /metrics` answers (Prometheus text); `None`: no such endpoint.
+    pub metrics: Arc<std::sync::Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -88,22 +90,31 @@ impl FakeUpstream {
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
         let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
-        let (conns, reqs, last) = (connections.clone(), requests.clone(), last_request.clone());
+        let metrics = Arc::new(std::sync::Mutex::new(None));
+        let (conns, reqs, last, served) = (
+            connections.clone(),
+            requests.clone(),
+            last_request.clone(),
+            metrics.clone(),
+        );
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             while let Ok((stream, _)) = listener.accept().await {
                 conns.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.set_nodelay(true);
-                let (reqs, conns, last) = (reqs.clone(), conns.clone(), last.clone());
+                let (reqs, conns, last, served) =
+                    (reqs.clone(), conns.clone(), last.clone(), served.clone());
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let (reqs, conns, last) = (reqs.clone(), conns.clone(), last.clone());
+                        let (reqs, conns, last, served) =
+                            (reqs.clone(), conns.clone(), last.clone(), served.clone());
                         async move {
                             let counts = Counts {
                                 requests: &reqs,
                                 connections: &conns,
                                 last_request: &last,
+                                metrics: &served,
                             };
                             Ok::<_, Infallible>(answer(req, behavior, tokens, counts).await)
                         }
@@ -119,8 +130,17 @@ impl FakeUpstream {
             connections,
             requests,
             last_request,
+            metrics,
             task,
         }
+    }
+
+    /// Answers `GET /metrics` with `text` from now on (`None`: as a server without it).
+    pub fn set_metrics(&self, text: Option<&str>) {
+        *self
+            .metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = text.map(str::to_owned);
     }
 
     /// The last request's body as JSON (`null` before any).
@@ -202,8 +222,9 @@ fn done() -> Result<Bytes, std::io::Error> {
     Ok(Bytes::from_static(openai::DONE))
 }
 
-/// What the server counts and keeps of its requests.
+/// What the server counts and keeps of its requests, and what it answers at `/metrics`.
 struct Counts<'a> {
+    metrics: &'a std::sync::Mutex<Option<String>>,
     requests: &'a AtomicUsize,
     connections: &'a AtomicUsize,
     last_request: &'a std::sync::Mutex<Bytes>,
@@ -338,9 +359,19 @@ async fn answer(
         requests,
         connections,
         last_request,
+        metrics,
     } = counts;
     let path = req.uri().path().to_owned();
     if req.method() == hyper::Method::GET {
+        let served_metrics = metrics
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if path == "/metrics"
+            && let Some(text) = served_metrics
+        {
+            return full(StatusCode::OK, "text/plain; version=0.0.4", text);
+        }
         return match path.as_str() {
             // For the benchmark: connections accepted and requests answered so far.
             "/stats" => json(

@@ -368,3 +368,76 @@ async fn gaps_restarts_and_garbage_are_handled_and_said() {
     assert_eq!(feed["feed"]["last_sequence"], 0, "{feed}");
     assert_eq!(feed["live"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_s_own_metrics_are_its_load() {
+    let vllm = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let plain = FakeUpstream::start(Behavior::Vllm, 3).await;
+    vllm.set_metrics(Some(
+        "# TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{engine=\"0\",model_name=\"fake\"} 3.0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{engine=\"0\",model_name=\"fake\"} 7.0\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"fake\"} 0.25\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"4000\"} 1.0\n",
+    ));
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\nid = \"vllm\"\naddress = \"{}\"\n\
+         [[servers]]\nid = \"plain\"\naddress = \"{}\"\n",
+        vllm.url(),
+        plain.url()
+    ))
+    .await;
+    let server = async |id: &str| {
+        gw.servers().await["servers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap()
+            .clone()
+    };
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            let s = server("vllm").await;
+            s["load_source"] == json!({"metrics": "vllm"}) && s["engine"]["waiting"] == 7
+        })
+        .await,
+        "{}",
+        server("vllm").await
+    );
+    let s = server("vllm").await;
+    assert_eq!(s["engine"]["running"], 3);
+    assert_eq!(s["engine"]["kv_blocks_used"], 1000);
+    assert_eq!(s["engine"]["kv_blocks_total"], 4000);
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_waiting", "server=\"vllm\""),
+        7.0
+    );
+    // A server whose /metrics holds no engine's families keeps the gateway's own view.
+    assert!(
+        eventually(
+            Duration::from_secs(10),
+            async || server("plain").await["load_source"] == "in_flight_only"
+        )
+        .await,
+        "{}",
+        server("plain").await
+    );
+    assert_eq!(server("plain").await["engine"]["waiting"], 0);
+    // The engine's queue drains: the gateway follows within a poll or two.
+    vllm.set_metrics(Some(
+        "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n\
+         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 0\n",
+    ));
+    assert!(
+        eventually(
+            Duration::from_secs(10),
+            async || server("vllm").await["engine"]["waiting"] == 0
+        )
+        .await
+    );
+}

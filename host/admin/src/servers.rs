@@ -68,6 +68,7 @@ fn server_json(server: &Server) -> serde_json::Value {
         "peak_in_flight": server.peak_in_flight(),
         "requests_total": server.requests_total(),
         "cache_view": server.cache_view(),
+        "load_source": server.load_source(),
         "kv_events": kv_events_json(server),
         "engine": {
             "running": load.running,

@@ -243,6 +243,13 @@ impl Server {
             Backend::Remote(worker) => (worker.kv().events_total(), worker.kv().resyncs_total()),
         }
     }
+    /// Where a remote server's load figures come from (`None` for an engine in this process).
+    pub fn load_source(&self) -> Option<crate::remote::LoadSource> {
+        match &self.engine {
+            Backend::Remote(worker) => Some(worker.load_source()),
+            Backend::Local(_) => None,
+        }
+    }
     /// Which view of the server's cache routing reads now.
     pub fn cache_view(&self) -> CacheView {
         match &self.engine {

@@ -168,6 +168,10 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
     let mut interval = tokio::time::interval(LOAD_POLL_INTERVAL);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut ticks = 0u64;
+    // Whether `/load` is there (a `ringmaster worker`), and else whether `/metrics` holds an
+    // engine's families; a server with neither is asked for `/metrics` again only now and then.
+    let mut has_load_endpoint = true;
+    let mut metrics_retry_at: Option<tokio::time::Instant> = None;
     loop {
         interval.tick().await;
         let Some(worker) = worker.upgrade() else {
@@ -181,37 +185,108 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
             worker.set_models(models);
         }
         ticks += 1;
-        let fetched = async {
-            let response = worker
-                .client
-                .get(format!("{}/load", worker.url))
-                .timeout(LOAD_POLL_TIMEOUT)
-                .send()
-                .await?;
-            if response.status() == reqwest::StatusCode::NOT_FOUND {
-                // Any OpenAI server that is not a `ringmaster worker`: it answered, so it is
-                // up; its load is what the gateway counts in flight there.
-                return Ok(None);
-            }
-            response.error_for_status()?.json::<Load>().await.map(Some)
-        }
-        .await;
+        let scrape_now = !has_load_endpoint
+            && metrics_retry_at.is_none_or(|at| tokio::time::Instant::now() >= at);
+        let fetched = if scrape_now {
+            scrape_metrics(&worker).await
+        } else {
+            fetch_load(&worker).await
+        };
         match fetched {
-            Ok(load) => {
-                if let Some(load) = load {
-                    *worker.load.lock().unwrap_or_else(PoisonError::into_inner) = load;
-                }
-                if !worker.reachable.swap(true, Ordering::Relaxed) {
-                    info!(worker = %worker.url, "remote.reachable");
-                }
+            Ok(Fetched::Load(load, source)) => {
+                *worker.load.lock().unwrap_or_else(PoisonError::into_inner) = load;
+                worker.set_load_source(source);
+                metrics_retry_at = None;
+            }
+            Ok(Fetched::NoLoadEndpoint) => has_load_endpoint = false,
+            Ok(Fetched::NoMetrics) => {
+                // Any OpenAI server without either: it answered, so it is up; its load is what
+                // the gateway counts in flight there.
+                worker.set_load_source(LoadSource::InFlightOnly);
+                metrics_retry_at = Some(tokio::time::Instant::now() + METRICS_ABSENT_RETRY);
             }
             Err(e) => {
                 if worker.reachable.swap(false, Ordering::Relaxed) {
                     warn!(worker = %worker.url, error = %e, "remote.unreachable");
                 }
+                continue;
             }
         }
+        if !worker.reachable.swap(true, Ordering::Relaxed) {
+            info!(worker = %worker.url, "remote.reachable");
+        }
     }
+}
+
+/// How often a server without `/load` or known `/metrics` is scraped again.
+const METRICS_ABSENT_RETRY: Duration = Duration::from_secs(60);
+
+/// Where a remote server's load figures come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadSource {
+    /// Not polled yet.
+    Unknown,
+    /// A `ringmaster worker`'s `/load`.
+    Worker,
+    /// An engine's Prometheus `/metrics`.
+    Metrics(super::engine_metrics::EngineKind),
+    /// Neither: only the requests the gateway has in flight there.
+    InFlightOnly,
+}
+
+/// One poll's answer.
+enum Fetched {
+    Load(Load, LoadSource),
+    NoLoadEndpoint,
+    NoMetrics,
+}
+
+async fn fetch_load(worker: &RemoteWorker) -> reqwest::Result<Fetched> {
+    let response = worker
+        .client
+        .get(format!("{}/load", worker.url))
+        .timeout(LOAD_POLL_TIMEOUT)
+        .send()
+        .await?;
+    if response.status() == reqwest::StatusCode::NOT_FOUND {
+        return Ok(Fetched::NoLoadEndpoint);
+    }
+    let load = response.error_for_status()?.json::<Load>().await?;
+    Ok(Fetched::Load(load, LoadSource::Worker))
+}
+
+/// Most bytes of a `/metrics` answer read (vLLM's is tens of kilobytes).
+const METRICS_LIMIT: usize = 4 * 1024 * 1024;
+
+async fn scrape_metrics(worker: &RemoteWorker) -> reqwest::Result<Fetched> {
+    let response = worker
+        .client
+        .get(format!("{}/metrics", worker.url))
+        .timeout(LOAD_POLL_TIMEOUT)
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        // The server answered: up, but with nothing to read.
+        return Ok(Fetched::NoMetrics);
+    }
+    if response
+        .content_length()
+        .is_some_and(|n| n > METRICS_LIMIT as u64)
+    {
+        return Ok(Fetched::NoMetrics);
+    }
+    let body = response.bytes().await?;
+    if body.len() > METRICS_LIMIT {
+        return Ok(Fetched::NoMetrics);
+    }
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return Ok(Fetched::NoMetrics);
+    };
+    Ok(match super::engine_metrics::read_metrics(text) {
+        Some((kind, load)) => Fetched::Load(load, LoadSource::Metrics(kind)),
+        None => Fetched::NoMetrics,
+    })
 }
 
 /// Load polls between two reads of `/v1/models` (every 5 s).

@@ -33,6 +33,7 @@
 mod chunks;
 mod conn;
 pub mod engine_events;
+pub mod engine_metrics;
 mod follow;
 mod health;
 mod reader;
@@ -49,6 +50,7 @@ use ringmaster_gpu_runtime::{GenerateEvent, GenerationStream, LoadReport};
 use tracing::warn;
 
 pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
+pub use follow::LoadSource;
 pub use health::{Health, RemoteError};
 pub use reader::ReplyReader;
 pub use request::UpstreamRequest;
@@ -104,6 +106,7 @@ pub struct RemoteWorker {
     transport: Transport,
     settings: UpstreamSettings,
     load: Mutex<LoadReport>,
+    load_source: Mutex<LoadSource>,
     reachable: AtomicBool,
     health: Health,
     kv: Arc<ReportedCache>,
@@ -186,6 +189,7 @@ impl RemoteWorker {
             transport,
             settings,
             load: Mutex::new(LoadReport::default()),
+            load_source: Mutex::new(LoadSource::Unknown),
             // Unknown until the first poll: assume reachable so the first requests are tried.
             reachable: AtomicBool::new(true),
             health: Health::default(),
@@ -238,6 +242,25 @@ impl RemoteWorker {
             if let Some(epoch) = &self.models_epoch {
                 epoch.fetch_add(1, Ordering::AcqRel);
             }
+        }
+    }
+
+    /// Where the server's load figures come from.
+    pub fn load_source(&self) -> LoadSource {
+        *self
+            .load_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set_load_source(&self, source: LoadSource) {
+        let mut held = self
+            .load_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *held != source {
+            tracing::info!(server = %self.url, from = ?*held, to = ?source, "remote.load_source");
+            *held = source;
         }
     }
 
