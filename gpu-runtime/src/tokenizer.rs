@@ -30,6 +30,8 @@
 //! of a conversation hits the prefix cache on everything before it, its own earlier replies
 //! included.
 
+pub mod hugging_face;
+
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,6 +69,8 @@ pub enum TokenizerSpec {
     Sim,
     /// A GGUF model's byte-level BPE tokenizer.
     Bpe(Box<crate::model::BpeSpec>),
+    /// A Hugging Face folder's `tokenizer.json` and chat template.
+    HuggingFace(Box<hugging_face::HfSpec>),
 }
 
 impl TokenizerSpec {
@@ -75,6 +79,9 @@ impl TokenizerSpec {
         Ok(match self {
             Self::Sim => Arc::new(SimTokenizer::new()),
             Self::Bpe(spec) => Arc::new(crate::model::GgufTokenizer::from_spec((**spec).clone())?),
+            Self::HuggingFace(spec) => {
+                Arc::new(hugging_face::HfTokenizer::from_spec((**spec).clone())?)
+            }
         })
     }
 

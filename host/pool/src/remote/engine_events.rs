@@ -155,13 +155,11 @@ pub(crate) fn build_scheme(source: &TokenizerSource) -> Result<Scheme, String> {
                     .map_err(|e| format!("{}: {e}", path.display()))?,
             )
         }
-        TokenizerSource::HuggingFace(path) => {
-            return Err(format!(
-                "{}: Hugging Face tokenizer folders are not read yet; give the model's .gguf file \
-                 or leave tokenizer unset (the routing-history estimate)",
-                path.display()
-            ));
-        }
+        TokenizerSource::HuggingFace(path) => Arc::new(
+            ringmaster_gpu_runtime::tokenizer::hugging_face::HfTokenizer::from_spec(
+                ringmaster_gpu_runtime::tokenizer::hugging_face::HfSpec::from_dir(path)?,
+            )?,
+        ),
     };
     Ok(Scheme::of(tokenizer))
 }
