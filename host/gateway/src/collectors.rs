@@ -437,17 +437,6 @@ fn encode_engine_feeds(
             |r| r.refused_frames,
         ),
     ];
-    for (name, help, read) in counters {
-        let mut family = encoder.encode_descriptor(
-            name,
-            help,
-            None,
-            prometheus_client::metrics::MetricType::Counter,
-        )?;
-        for (label, report) in &feeds {
-            ConstCounter::new(read(report)).encode(family.encode_family(*label)?)?;
-        }
-    }
     let gauges: [(&str, &str, Read); 2] = [
         (
             "engine_kv_event_connected",
@@ -460,15 +449,24 @@ fn encode_engine_feeds(
             |r| r.engine_blocks,
         ),
     ];
-    for (name, help, read) in gauges {
-        let mut family = encoder.encode_descriptor(
-            name,
-            help,
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
+    let families = counters
+        .into_iter()
+        .map(|c| (true, c))
+        .chain(gauges.into_iter().map(|g| (false, g)));
+    for (is_counter, (name, help, read)) in families {
+        let kind = if is_counter {
+            prometheus_client::metrics::MetricType::Counter
+        } else {
+            prometheus_client::metrics::MetricType::Gauge
+        };
+        let mut family = encoder.encode_descriptor(name, help, None, kind)?;
         for (label, report) in &feeds {
-            ConstGauge::new(read(report) as f64).encode(family.encode_family(*label)?)?;
+            let metric = family.encode_family(*label)?;
+            if is_counter {
+                ConstCounter::new(read(report)).encode(metric)?;
+            } else {
+                ConstGauge::new(read(report) as f64).encode(metric)?;
+            }
         }
     }
     Ok(())

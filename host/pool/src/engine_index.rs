@@ -105,6 +105,9 @@ pub struct Applied {
     pub orphans: u64,
     /// Whether the engine cleared its cache (or the index outgrew [`MAX_INDEXED_BLOCKS`]).
     pub cleared: bool,
+    /// Whether the index outgrew [`MAX_INDEXED_BLOCKS`] and was cleared (a reset of the view,
+    /// not the engine's own clear).
+    pub overflowed: bool,
 }
 
 /// One engine's blocks, keyed for routing.
@@ -156,6 +159,7 @@ impl EngineIndex {
                 self.ours.clear();
                 changes.clear();
                 applied.cleared = true;
+                applied.overflowed = true;
             }
         }
         if applied.cleared {

@@ -367,9 +367,9 @@ impl Follower {
         feed.orphans.fetch_add(applied.orphans, Ordering::Relaxed);
         feed.engine_blocks
             .store(self.index.engine_blocks() as u64, Ordering::Relaxed);
-        if applied.cleared && self.index.engine_blocks() >= crate::engine_index::MAX_INDEXED_BLOCKS
-        {
+        if applied.overflowed {
             feed.resets.fetch_add(1, Ordering::Relaxed);
+            warn!(server = %self.url, bound = crate::engine_index::MAX_INDEXED_BLOCKS, "engine.index_overflowed");
         }
     }
 
