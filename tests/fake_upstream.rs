@@ -60,6 +60,9 @@ pub enum Behavior {
     EndlessLine,
 }
 
+/// The models a fake server lists: ids with their `parent`.
+pub type Listed = Vec<(String, Option<String>)>;
+
 /// A running fake server; it stops when dropped.
 #[derive(Debug)]
 pub struct FakeUpstream {
@@ -73,6 +76,8 @@ pub struct FakeUpstream {
     pub last_request: Arc<std::sync::Mutex<Bytes>>,
     /// What `GET /metrics` answers (Prometheus text); `None`: no such endpoint.
     pub metrics: Arc<std::sync::Mutex<Option<String>>>,
+    /// What `GET /v1/models` lists: ids with their `parent` (a LoRA adapter's base model).
+    pub models: Arc<std::sync::Mutex<Listed>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -91,30 +96,43 @@ impl FakeUpstream {
         let requests = Arc::new(AtomicUsize::new(0));
         let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
         let metrics = Arc::new(std::sync::Mutex::new(None));
-        let (conns, reqs, last, served) = (
+        let models = Arc::new(std::sync::Mutex::new(vec![("fake".to_owned(), None)]));
+        let (conns, reqs, last, served, listed) = (
             connections.clone(),
             requests.clone(),
             last_request.clone(),
             metrics.clone(),
+            models.clone(),
         );
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             while let Ok((stream, _)) = listener.accept().await {
                 conns.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.set_nodelay(true);
-                let (reqs, conns, last, served) =
-                    (reqs.clone(), conns.clone(), last.clone(), served.clone());
+                let (reqs, conns, last, served, listed) = (
+                    reqs.clone(),
+                    conns.clone(),
+                    last.clone(),
+                    served.clone(),
+                    listed.clone(),
+                );
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let (reqs, conns, last, served) =
-                            (reqs.clone(), conns.clone(), last.clone(), served.clone());
+                        let (reqs, conns, last, served, listed) = (
+                            reqs.clone(),
+                            conns.clone(),
+                            last.clone(),
+                            served.clone(),
+                            listed.clone(),
+                        );
                         async move {
                             let counts = Counts {
                                 requests: &reqs,
                                 connections: &conns,
                                 last_request: &last,
                                 metrics: &served,
+                                models: &listed,
                             };
                             Ok::<_, Infallible>(answer(req, behavior, tokens, counts).await)
                         }
@@ -131,8 +149,21 @@ impl FakeUpstream {
             requests,
             last_request,
             metrics,
+            models,
             task,
         }
+    }
+
+    /// Lists `models` at `GET /v1/models` from now on: `(id, parent)`, a parent naming a LoRA
+    /// adapter's base model as vLLM lists it.
+    pub fn set_models(&self, models: &[(&str, Option<&str>)]) {
+        *self
+            .models
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = models
+            .iter()
+            .map(|(id, parent)| ((*id).to_owned(), parent.map(str::to_owned)))
+            .collect();
     }
 
     /// Answers `GET /metrics` with `text` from now on (`None`: as a server without it).
@@ -225,9 +256,60 @@ fn done() -> Result<Bytes, std::io::Error> {
 /// What the server counts and keeps of its requests, and what it answers at `/metrics`.
 struct Counts<'a> {
     metrics: &'a std::sync::Mutex<Option<String>>,
+    models: &'a std::sync::Mutex<Listed>,
     requests: &'a AtomicUsize,
     connections: &'a AtomicUsize,
     last_request: &'a std::sync::Mutex<Bytes>,
+}
+
+/// vLLM's runtime LoRA endpoints (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a load adds the adapter
+/// to `/v1/models` with `fake` as its parent, an unload takes it off; as vLLM, 400 for an
+/// adapter already loaded or not there.
+fn lora_adapter(path: &str, body: &[u8], models: &std::sync::Mutex<Listed>) -> Response<Body> {
+    let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let Some(name) = request["lora_name"].as_str() else {
+        return full(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            "lora_name is required",
+        );
+    };
+    let mut models = models
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let held = models.iter().any(|(id, _)| id == name);
+    match (path, held) {
+        ("/v1/load_lora_adapter", false) => {
+            models.push((name.to_owned(), Some("fake".to_owned())));
+            full(
+                StatusCode::OK,
+                "text/plain",
+                format!("Success: LoRA adapter '{name}' added successfully."),
+            )
+        }
+        ("/v1/load_lora_adapter", true) => full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            format!(
+                r#"{{"object":"error","message":"The lora adapter '{name}' has already been loaded.","code":400}}"#
+            ),
+        ),
+        (_, true) => {
+            models.retain(|(id, _)| id != name);
+            full(
+                StatusCode::OK,
+                "text/plain",
+                format!("Success: LoRA adapter '{name}' removed successfully."),
+            )
+        }
+        (_, false) => full(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            format!(
+                r#"{{"object":"error","message":"The lora adapter '{name}' cannot be found.","code":400}}"#
+            ),
+        ),
+    }
 }
 
 /// The fake's prompt and cache counts: 12 prompt tokens, 4 of them cached.
@@ -360,6 +442,7 @@ async fn answer(
         connections,
         last_request,
         metrics,
+        models,
     } = counts;
     let path = req.uri().path().to_owned();
     if req.method() == hyper::Method::GET {
@@ -389,9 +472,16 @@ async fn answer(
             // `/health`, `/v1/models`, and what the peer routers ask of a worker at start
             // (SGLang's `/get_model_info`, `/get_server_info`): one answer that satisfies each.
             _ => {
-                let models = ["fake".to_owned()];
-                let mut listed =
-                    serde_json::to_value(ModelList::new(&models, "fake")).unwrap_or_default();
+                let models = models
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+                let ids: Vec<String> = models.iter().map(|(id, _)| id.clone()).collect();
+                let mut list = ModelList::new(&ids, "fake");
+                for (entry, (_, parent)) in list.data.iter_mut().zip(&models) {
+                    entry.parent = parent.as_deref().map(Into::into);
+                }
+                let mut listed = serde_json::to_value(list).unwrap_or_default();
                 for (key, value) in [
                     ("model_path", serde_json::json!("fake")),
                     ("tokenizer_path", serde_json::json!("fake")),
@@ -407,6 +497,9 @@ async fn answer(
     let Ok(body) = body else {
         return full(StatusCode::BAD_REQUEST, "application/json", "{}");
     };
+    if path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter" {
+        return lora_adapter(&path, &body, models);
+    }
     requests.fetch_add(1, Ordering::Relaxed);
     *last_request
         .lock()

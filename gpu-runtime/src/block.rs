@@ -156,9 +156,32 @@ struct SeqBlocks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KvEvent {
     /// A full, computed block was registered in the prefix cache.
-    Stored(BlockHash),
+    Stored(StoredBlock),
     /// A cached block was reused for new content; its prefix is gone.
     Evicted(BlockHash),
+}
+
+impl KvEvent {
+    /// The block's hash.
+    pub fn hash(&self) -> BlockHash {
+        match self {
+            Self::Stored(stored) => stored.hash,
+            Self::Evicted(hash) => *hash,
+        }
+    }
+}
+
+/// A block registered in the prefix cache, with what an engine's event stream says of it
+/// (vLLM's `BlockStored`): the block before it in its sequence and its tokens, so a router
+/// that keys blocks by its own hash of the tokens can place it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StoredBlock {
+    /// Its chained hash.
+    pub hash: BlockHash,
+    /// The hash of the block before it (`None` for a prompt's first block).
+    pub parent: Option<BlockHash>,
+    /// Its tokens.
+    pub tokens: [u32; BLOCK_SIZE],
 }
 
 /// The pool of KV blocks, the sequences' block tables and the prefix cache.
@@ -424,7 +447,13 @@ impl BlockManager {
             if meta.hash.is_none() && !self.cached.contains_key(&hash) {
                 meta.hash = Some(hash);
                 self.cached.insert(hash, b);
-                self.events.push(KvEvent::Stored(hash));
+                let mut block = [0; BLOCK_SIZE];
+                block.copy_from_slice(&tokens[i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE]);
+                self.events.push(KvEvent::Stored(StoredBlock {
+                    hash,
+                    parent: i.checked_sub(1).map(|p| s.hashes[p]),
+                    tokens: block,
+                }));
             }
             s.registered += 1;
         }
@@ -695,7 +724,16 @@ mod tests {
         assert!(bm.take_events().is_empty(), "nothing registered yet");
         bm.commit_computed(SeqId(1), &a, 17);
         let stored = block_hashes(&a)[0];
-        assert_eq!(bm.take_events(), [KvEvent::Stored(stored)]);
+        let mut first = [0; BLOCK_SIZE];
+        first.copy_from_slice(&a[..BLOCK_SIZE]);
+        assert_eq!(
+            bm.take_events(),
+            [KvEvent::Stored(StoredBlock {
+                hash: stored,
+                parent: None,
+                tokens: first,
+            })]
+        );
         assert!(bm.take_events().is_empty(), "taking drains");
         bm.free(SeqId(1));
         // Three new blocks: the two plain free ones, then a's cached block is evicted.

@@ -86,6 +86,9 @@ struct Shared {
     /// The hashes the prefix cache holds, as of the last published event. Events are applied
     /// and sent under this lock, so a snapshot plus a subscription taken together miss nothing.
     kv_cached: Mutex<HashSet<u64>>,
+    /// Subscribers to each step's changes as one batch, unbounded (see
+    /// [`EngineHandle::kv_subscribe_steps`]).
+    kv_steps: Mutex<Vec<mpsc::UnboundedSender<Vec<KvEvent>>>>,
 }
 
 #[derive(Debug)]
@@ -147,6 +150,7 @@ impl EngineHandle {
             wake: Arc::new(Notify::new()),
             kv_events: broadcast::channel(KV_EVENT_BUFFER).0,
             kv_cached: Mutex::new(HashSet::new()),
+            kv_steps: Mutex::new(Vec::new()),
         });
         let (tx, rx) = mpsc::unbounded_channel();
         let engine = Engine {
@@ -298,6 +302,22 @@ impl EngineHandle {
             .unwrap_or_else(PoisonError::into_inner);
         let events = shared.kv_events.subscribe();
         (cached.iter().map(|h| BlockHash(*h)).collect(), events)
+    }
+
+    /// Each step's prefix-cache changes from now on, as one batch per step (what vLLM
+    /// publishes as one KV event batch). Unlike [`Self::kv_subscribe`] nothing is ever
+    /// dropped: a step that evicts thousands of blocks for one long prompt arrives whole. The
+    /// channel is unbounded, so the subscriber must keep reading (an in-process consumer, such
+    /// as the replay's vLLM-event view); dropping the receiver unsubscribes.
+    pub fn kv_subscribe_steps(&self) -> mpsc::UnboundedReceiver<Vec<KvEvent>> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.inner
+            .shared
+            .kv_steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(tx);
+        rx
     }
 
     /// How many of `hashes` (a prompt's chained block hashes, in order) lead the prompt in
@@ -680,13 +700,21 @@ impl Engine {
             .kv_cached
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        for event in events {
+        for &event in &events {
             match event {
-                KvEvent::Stored(h) => cached.insert(h.0),
+                KvEvent::Stored(stored) => cached.insert(stored.hash.0),
                 KvEvent::Evicted(h) => cached.remove(&h.0),
             };
             // No subscriber is the common case, not an error.
             let _ = self.shared.kv_events.send(event);
+        }
+        let mut steps = self
+            .shared
+            .kv_steps
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if !steps.is_empty() {
+            steps.retain(|tx| tx.send(events.clone()).is_ok());
         }
     }
 

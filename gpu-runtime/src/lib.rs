@@ -63,7 +63,7 @@ pub mod scheduler;
 pub mod tokenizer;
 
 pub use block::BLOCK_SIZE;
-pub use block::KvEvent;
+pub use block::{KvEvent, StoredBlock};
 pub use config::EngineConfig;
 pub use cost::{DEFAULT_KV_BLOCKS, SimCostModel};
 pub use engine::{EngineHandle, KV_EVENT_BUFFER, LoadReport};

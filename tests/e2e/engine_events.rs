@@ -18,9 +18,9 @@ fn system() -> String {
     "You are a careful assistant for a fleet of GPU servers. ".repeat(12)
 }
 
-fn body() -> Value {
+fn body_for(model: &str) -> Value {
     json!({
-        "model": "fake", "max_tokens": 4,
+        "model": model, "max_tokens": 4,
         "system": system(),
         "messages": [{"role": "user", "content": "What is a ring?"}],
     })
@@ -74,9 +74,13 @@ fn removed(hashes: Vec<EngineHash>) -> Event {
 }
 
 async fn explain(gw: &TestGateway) -> Value {
+    explain_for(gw, "fake").await
+}
+
+async fn explain_for(gw: &TestGateway, model: &str) -> Value {
     gw.admin(Method::POST, "/admin/route/explain")
         .await
-        .json(&body())
+        .json(&body_for(model))
         .send()
         .await
         .unwrap()
@@ -440,4 +444,193 @@ async fn an_engine_s_own_metrics_are_its_load() {
         )
         .await
     );
+}
+
+/// Tokens of the prompt each server holds for a request of `model`.
+async fn held_for(gw: &TestGateway, model: &str) -> Vec<(String, u64)> {
+    let explained = explain_for(gw, model).await;
+    explained["prefix_matches"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{explained}"))
+        .iter()
+        .map(|m| {
+            (
+                m["server"].as_str().unwrap().to_owned(),
+                m["tokens"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// vLLM lists each LoRA adapter it has loaded at `/v1/models` with its base model as
+/// `parent`, and keys the adapter's blocks apart (their `lora_name`): a request for the
+/// adapter goes only to servers that list it, matches only the adapter's blocks, and the
+/// gateway's own `/v1/models` lists the adapter with its parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_goes_to_the_servers_that_hold_it_and_matches_its_own_blocks() {
+    let (a_up, b_up, c_up) = (
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+    );
+    for up in [&a_up, &b_up] {
+        up.set_models(&[("fake", None), ("sql-lora", Some("fake"))]);
+    }
+    let mut a = KvPublisher::start(Encoding::Positional, ReplayShape::VllmWithTopic, 64).await;
+    let mut b = KvPublisher::start(Encoding::Positional, ReplayShape::VllmWithTopic, 64).await;
+    let c = KvPublisher::start(Encoding::Positional, ReplayShape::VllmWithTopic, 64).await;
+    let gw = gateway(&[
+        ("a", &a_up, &a, "vllm"),
+        ("b", &b_up, &b, "vllm"),
+        ("c", &c_up, &c, "vllm"),
+    ])
+    .await;
+    assert!(
+        eventually(Duration::from_secs(20), async || {
+            let models: Value = gw
+                .client
+                .get(gw.url("/v1/models"))
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            models["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["id"] == "sql-lora" && m["parent"] == "fake")
+        })
+        .await,
+        "the gateway lists the adapter with its base model"
+    );
+    let servers = gw.servers().await;
+    let adapters: Vec<(String, Value)> = servers["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["id"].as_str().unwrap().to_owned(), s["adapters"].clone()))
+        .collect();
+    assert_eq!(
+        adapters,
+        [
+            ("a".to_owned(), json!({"sql-lora": "fake"})),
+            ("b".to_owned(), json!({"sql-lora": "fake"})),
+            ("c".to_owned(), json!({})),
+        ]
+    );
+
+    // a's engine stores the prompt's blocks under the adapter, b's under the base model.
+    let (Event::Stored(base), _) = stored(16, 1) else {
+        unreachable!()
+    };
+    let adapter = BlockStored {
+        lora_name: Some("sql-lora".into()),
+        ..base.clone()
+    };
+    a.publish(&batch(vec![Event::Stored(adapter)])).await;
+    b.publish(&batch(vec![Event::Stored(base)])).await;
+    let full = (prompt_tokens().len() / 16 * 16) as u64;
+    assert!(
+        eventually(Duration::from_secs(10), async || {
+            held_for(&gw, "sql-lora").await == [("a".to_owned(), full), ("b".to_owned(), 0)]
+        })
+        .await,
+        "only the adapter's blocks match the adapter's request, and c is not asked: {:?}",
+        held_for(&gw, "sql-lora").await
+    );
+    assert_eq!(explain_for(&gw, "sql-lora").await["chosen"], "a");
+    assert_eq!(
+        held_for(&gw, "fake").await,
+        [
+            ("a".to_owned(), 0),
+            ("b".to_owned(), full),
+            ("c".to_owned(), 0)
+        ],
+        "the base model's request matches none of the adapter's blocks"
+    );
+    assert_eq!(explain_for(&gw, "fake").await["chosen"], "b");
+
+    // Served: only a and b ever see the adapter's requests, under its own name.
+    for _ in 0..6 {
+        let response = gw
+            .client
+            .post(gw.url("/v1/messages"))
+            .json(&body_for("sql-lora"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(c_up.requests.load(std::sync::atomic::Ordering::Relaxed), 0);
+    assert_eq!(a_up.last_request_json()["model"], "sql-lora");
+}
+
+fn fake_models(up: &FakeUpstream) -> Vec<String> {
+    up.models
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// `[lora] load_on_demand`: a request for a configured adapter that no server holds loads it
+/// on the server routed to (vLLM's `/v1/load_lora_adapter`) and is served there under the
+/// adapter's name; past `max_per_server` the adapter asked for least recently is unloaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_are_loaded_on_demand_and_the_least_recently_used_unloaded() {
+    let up = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let toml = format!(
+        "models = [\"fake\"]\n[[servers]]\nid = \"a\"\naddress = \"{}\"\n\
+         [lora]\nload_on_demand = true\nmax_per_server = 1\nbusy_ms = 0\n\
+         [lora.adapters.sql]\npath = \"/adapters/sql\"\nbase = \"fake\"\n\
+         [lora.adapters.chat]\npath = \"/adapters/chat\"\nbase = \"fake\"\n",
+        up.url()
+    );
+    let gw = TestGateway::start(&toml).await;
+    let ask = async |model: &str| {
+        let response = gw
+            .client
+            .post(gw.url("/v1/messages"))
+            .json(&body_for(model))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{model}");
+        assert_eq!(up.last_request_json()["model"], model);
+    };
+    ask("sql").await;
+    assert_eq!(
+        fake_models(&up),
+        ["fake", "sql"],
+        "loaded where it was routed"
+    );
+    ask("sql").await;
+    ask("chat").await;
+    assert_eq!(
+        fake_models(&up),
+        ["fake", "chat"],
+        "sql, least recent, unloaded"
+    );
+    ask("sql").await;
+    assert_eq!(fake_models(&up), ["fake", "sql"]);
+    let servers = gw.servers().await;
+    let a = &servers["servers"][0];
+    assert_eq!(
+        a["adapter_loads"],
+        json!({"loaded": 3, "load_failures": 0, "unloaded": 2}),
+        "{a}"
+    );
+    assert_eq!(a["adapters"], json!({"sql": "fake"}));
+    // An adapter the config does not name is not a model here.
+    let response = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .json(&body_for("unknown-lora"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
 }

@@ -564,7 +564,7 @@ async fn concurrent_clients_on_a_multi_threaded_runtime() {
 fn apply_kv_events(view: &mut HashSet<u64>, events: &mut broadcast::Receiver<KvEvent>) {
     loop {
         match events.try_recv() {
-            Ok(KvEvent::Stored(h)) => view.insert(h.0),
+            Ok(KvEvent::Stored(stored)) => view.insert(stored.hash.0),
             Ok(KvEvent::Evicted(h)) => view.remove(&h.0),
             Err(broadcast::error::TryRecvError::Empty) => return,
             Err(e) => panic!("the subscriber fell behind: {e}"),

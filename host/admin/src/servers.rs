@@ -64,10 +64,13 @@ fn server_json(server: &Server) -> serde_json::Value {
         "address": server.address().to_string(),
         "weight": server.weight(),
         "state": if server.is_draining() { "draining" } else { "active" },
+        "routable": server.is_routable(),
         "in_flight": server.in_flight(),
         "peak_in_flight": server.peak_in_flight(),
         "requests_total": server.requests_total(),
         "cache_view": server.cache_view(),
+        "adapters": server.adapters(),
+        "adapter_loads": server.adapter_counts(),
         "load_source": server.load_source(),
         "kv_events": kv_events_json(server),
         "engine": {

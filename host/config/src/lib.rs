@@ -21,6 +21,7 @@ pub mod cluster;
 mod error;
 pub mod keys;
 pub mod limits;
+pub mod lora;
 mod model;
 pub mod policies;
 mod raw;
@@ -41,6 +42,7 @@ pub use autoscale::AutoscaleSettings;
 pub use cluster::ClusterSettings;
 pub use error::ConfigError;
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
+pub use lora::{AdapterSource, LoraSettings};
 pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
     RawAdmission, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawLimits, RawModel, RawPolicies,
@@ -48,8 +50,8 @@ pub use raw::{
 };
 pub use routing::PrefixHashing;
 pub use servers::{
-    GpuPlacement, KvEventsFormat, KvEventsSpec, ServerAddress, ServerSpec, TokenizerSource,
-    server_spec,
+    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerSpec,
+    TokenizerSource, server_spec,
 };
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
@@ -88,6 +90,8 @@ pub struct Config {
     pub autoscale: AutoscaleSettings,
     /// `[cluster]`: the Redis that replicas share (`None`: this process alone).
     pub cluster: Option<ClusterSettings>,
+    /// `[lora]`: adapters loaded on demand.
+    pub lora: LoraSettings,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Largest `max_tokens`.
@@ -114,6 +118,8 @@ pub struct Config {
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
     pub simulator: EngineConfig,
+    /// How routing learns what this process's engines hold (`[simulator] cache_view`).
+    pub local_cache_view: LocalCacheView,
     /// How model (`gguf:`) servers run.
     pub model: ModelOptions,
     /// The GPU model servers run on; `None` for the CPU.
@@ -215,6 +221,7 @@ impl RawConfig {
 
         let autoscale = autoscale::autoscale_settings(self.autoscale.unwrap_or_default())?;
         let cluster = self.cluster.map(cluster::cluster_settings).transpose()?;
+        let lora = lora::lora_settings(self.lora.unwrap_or_default())?;
         let (api_keys, tenants) = keys::keys_and_tenants(
             self.tenants.unwrap_or_default(),
             self.api_keys.unwrap_or_default(),
@@ -242,7 +249,14 @@ impl RawConfig {
             servers.push(spec);
         }
 
-        let simulator = simulator_config(self.simulator.unwrap_or_default())?;
+        let raw_simulator = self.simulator.unwrap_or_default();
+        let local_cache_view = match raw_simulator.cache_view.as_deref() {
+            None => LocalCacheView::default(),
+            Some(name) => {
+                LocalCacheView::parse(name).map_err(|e| invalid("simulator.cache_view", e))?
+            }
+        };
+        let simulator = simulator_config(raw_simulator)?;
         let raw_model = self.model.unwrap_or_default();
         let model_gpu = gpu_placement(&raw_model)?;
         let model = model_config(raw_model)?;
@@ -273,6 +287,7 @@ impl RawConfig {
             tenants,
             autoscale,
             cluster,
+            lora,
             max_body_bytes: limits.max_body_bytes,
             max_output_tokens: limits.max_output_tokens,
             max_waiting_per_server: limits.max_waiting_per_server,
@@ -286,6 +301,7 @@ impl RawConfig {
             session_headers: routing.session_headers,
             servers,
             simulator,
+            local_cache_view,
             model,
             model_gpu,
             policies,

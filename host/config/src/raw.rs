@@ -46,6 +46,8 @@ pub struct RawConfig {
     pub autoscale: Option<RawAutoscale>,
     /// `[cluster]`: replicas sharing state on Redis.
     pub cluster: Option<RawCluster>,
+    /// `[lora]`: LoRA adapters loaded on demand.
+    pub lora: Option<crate::lora::RawLora>,
 }
 
 /// `[cluster]`.
@@ -331,4 +333,7 @@ pub struct RawSimulator {
     pub decode_step_base_ms: Option<f64>,
     /// Extra decode-step time per running sequence, milliseconds.
     pub decode_step_per_seq_ms: Option<f64>,
+    /// How routing learns what this process's engines hold: `in_process` (the default),
+    /// `vllm_events` or `routing_history` (see `LocalCacheView`).
+    pub cache_view: Option<String>,
 }

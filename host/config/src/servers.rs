@@ -162,6 +162,45 @@ impl KvEventsFormat {
     }
 }
 
+/// How routing learns what this process's own engines (simulated and `gguf:` servers) hold:
+/// `[simulator] cache_view`. Anything but the default exists to measure the other views on
+/// servers whose cache is known exactly (the replay compares them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LocalCacheView {
+    /// Read from the engine directly (the default).
+    #[default]
+    InProcess,
+    /// Each engine publishes its changes as vLLM's KV event batches (msgpack, positional),
+    /// and routing reads the index the gateway builds from them, as for a real vLLM server.
+    VllmEvents,
+    /// Routing reads nothing from the engine: the estimate from where prefixes were sent.
+    RoutingHistory,
+}
+
+impl LocalCacheView {
+    /// Every view, in the order the configuration documents them.
+    pub const ALL: [Self; 3] = [Self::InProcess, Self::VllmEvents, Self::RoutingHistory];
+
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::InProcess => "in_process",
+            Self::VllmEvents => "vllm_events",
+            Self::RoutingHistory => "routing_history",
+        }
+    }
+
+    /// The view of this name.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|v| v.name() == name)
+            .ok_or_else(|| {
+                format!("{name:?} is not one of in_process, vllm_events, routing_history")
+            })
+    }
+}
+
 /// Where an engine publishes its KV-cache events.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct KvEventsSpec {

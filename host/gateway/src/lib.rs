@@ -135,7 +135,17 @@ impl Gateway {
                 models: pool::ModelCatalogueSpec {
                     defaults: config.models.clone(),
                     aliases: config.aliases.clone(),
+                    loadable: match config.lora.load_on_demand {
+                        true => config
+                            .lora
+                            .adapters
+                            .iter()
+                            .map(|(name, source)| (name.clone(), source.base.clone()))
+                            .collect(),
+                        false => Default::default(),
+                    },
                 },
+                local_cache_view: config.local_cache_view,
             },
         )?);
         let engine = PolicyEngine::new(config.policies.engine.clone())?;

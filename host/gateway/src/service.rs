@@ -291,8 +291,11 @@ async fn dispatch(
             allow(&[Method::GET])?;
             crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
             let id = &p["/v1/models/".len()..];
-            if gateway.pool.snapshot().accepted.iter().any(|m| m == id) {
-                Ok(json_response(StatusCode::OK, &Model::new(id, OWNER)))
+            let snapshot = gateway.pool.snapshot();
+            if snapshot.accepted.iter().any(|m| m == id) {
+                let mut model = Model::new(id, OWNER);
+                model.parent = snapshot.adapters.get(id).map(|p| p.as_str().into());
+                Ok(json_response(StatusCode::OK, &model))
             } else {
                 Err(ApiError::not_found(format!(
                     "model: {id:?} is not served here"
@@ -342,7 +345,12 @@ const OWNER: &str = "ringmaster";
 
 fn models_json(gateway: &Gateway) -> Vec<u8> {
     let snapshot = gateway.pool.snapshot();
-    serde_json::to_vec(&ModelList::new(&snapshot.accepted, OWNER)).unwrap_or_default()
+    let mut list = ModelList::new(&snapshot.accepted, OWNER);
+    // An adapter is listed as vLLM lists it: with its base model as `parent`.
+    for model in &mut list.data {
+        model.parent = snapshot.adapters.get(&*model.id).map(|p| p.as_str().into());
+    }
+    serde_json::to_vec(&list).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -38,6 +38,9 @@ pub struct ChatPrompt<'a> {
     pub system: Option<&'a str>,
     /// The turns.
     pub messages: &'a [ChatMessage],
+    /// The LoRA adapter the request is for, if any: its blocks are keyed apart from the base
+    /// model's, as the engines key them (vLLM's `lora_name`).
+    pub adapter: Option<&'a str>,
 }
 
 /// A server's tokenizer with the fingerprint of its description: servers with one
@@ -60,12 +63,15 @@ impl Scheme {
     }
 }
 
-/// One request's prompt, tokenized and hashed once per tokenizer it is matched under.
+/// One request's prompt, tokenized once per tokenizer and hashed once per tokenizer and
+/// salt it is matched under.
 #[derive(Debug)]
 pub struct PromptBlocks<'a> {
     chat: ChatPrompt<'a>,
-    /// (fingerprint, block hashes, prompt tokens).
-    done: Vec<(u64, Vec<BlockHash>, usize)>,
+    /// (fingerprint, tokens).
+    tokens: Vec<(u64, Vec<u32>)>,
+    /// (fingerprint, salt, block hashes, prompt tokens).
+    done: Vec<(u64, u64, Vec<BlockHash>, usize)>,
 }
 
 impl<'a> PromptBlocks<'a> {
@@ -73,28 +79,54 @@ impl<'a> PromptBlocks<'a> {
     pub fn new(chat: ChatPrompt<'a>) -> Self {
         Self {
             chat,
+            tokens: Vec::new(),
             done: Vec::new(),
         }
     }
 
     /// The prompt's full-block hashes under `scheme`, and its length in tokens.
     pub fn under(&mut self, scheme: &Scheme) -> (&[BlockHash], usize) {
+        self.salted(scheme, 0)
+    }
+
+    /// The prompt's full-block hashes as the engines key them: salted with the request's
+    /// adapter, if it names one.
+    pub fn keyed(&mut self, scheme: &Scheme) -> (&[BlockHash], usize) {
+        let salt = self.chat.adapter.map_or(0, |adapter| {
+            crate::engine_index::chain_salt(Some(adapter), None)
+        });
+        self.salted(scheme, salt)
+    }
+
+    fn salted(&mut self, scheme: &Scheme, salt: u64) -> (&[BlockHash], usize) {
+        let fingerprint = scheme.fingerprint;
         let i = match self
             .done
             .iter()
-            .position(|(f, _, _)| *f == scheme.fingerprint)
+            .position(|(f, s, _, _)| *f == fingerprint && *s == salt)
         {
             Some(i) => i,
             None => {
-                let tokens = scheme
-                    .tokenizer
-                    .encode_chat(self.chat.system, self.chat.messages);
-                self.done
-                    .push((scheme.fingerprint, block_hashes(&tokens), tokens.len()));
+                let t = match self.tokens.iter().position(|(f, _)| *f == fingerprint) {
+                    Some(t) => t,
+                    None => {
+                        let tokens = scheme
+                            .tokenizer
+                            .encode_chat(self.chat.system, self.chat.messages);
+                        self.tokens.push((fingerprint, tokens));
+                        self.tokens.len() - 1
+                    }
+                };
+                let tokens = &self.tokens[t].1;
+                let hashes = match salt {
+                    0 => block_hashes(tokens),
+                    salt => crate::engine_index::salted_block_hashes(tokens, salt),
+                };
+                self.done.push((fingerprint, salt, hashes, tokens.len()));
                 self.done.len() - 1
             }
         };
-        let (_, hashes, tokens) = &self.done[i];
+        let (_, _, hashes, tokens) = &self.done[i];
         (hashes, *tokens)
     }
 }
@@ -381,6 +413,7 @@ mod tests {
         let mut blocks = PromptBlocks::new(ChatPrompt {
             system: Some(&system),
             messages: &messages,
+            adapter: None,
         });
         let (hashes, tokens) = blocks.under(&scheme);
         let (hashes, tokens) = (hashes.to_vec(), tokens);

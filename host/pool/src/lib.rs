@@ -19,6 +19,7 @@
 pub mod engine_index;
 pub mod input;
 pub mod kv_view;
+mod local_events;
 mod pool;
 pub mod prefix_index;
 pub mod remote;

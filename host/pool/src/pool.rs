@@ -51,6 +51,7 @@ impl Pool {
         let catalogue = ModelCatalogue {
             defaults: templates.models.defaults.clone(),
             aliases: Arc::new(templates.models.aliases.clone()),
+            loadable: templates.models.loadable.clone(),
             epoch: Arc::new(AtomicU64::new(0)),
         };
         let mut servers = Vec::with_capacity(specs.len());
@@ -214,6 +215,7 @@ impl Pool {
                 models: current.models.clone(),
                 aliases: current.aliases.clone(),
                 accepted: current.accepted.clone(),
+                adapters: current.adapters.clone(),
                 models_epoch: current.models_epoch,
             }));
         }
@@ -224,6 +226,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Backend;
     use crate::input::{KeySource, RoutingInput};
     use crate::selection::DecisionReason;
     use ringmaster_config::servers::ServerAddress;
@@ -258,6 +261,88 @@ mod tests {
         let mut config = EngineConfig::simulated("t");
         config.time_scale = 0.0;
         config
+    }
+
+    /// Runs one request with a long prompt on `server`'s engine to its end and returns the
+    /// prompt's block hashes.
+    async fn serve_a_long_prompt(server: &Server) -> Vec<ringmaster_gpu_runtime::block::BlockHash> {
+        use ringmaster_gpu_runtime::{ChatMessage, GenerateEvent, GenerateRequest, Role};
+        let Backend::Local(engine) = server.engine() else {
+            panic!("a simulated server")
+        };
+        let text = (0..300)
+            .map(|i| format!("w{i}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let request = GenerateRequest {
+            request_id: "t".into(),
+            system: None,
+            messages: vec![ChatMessage {
+                role: Role::User,
+                text,
+                ..Default::default()
+            }],
+            max_tokens: 2,
+            stop_sequences: vec![],
+            sampling: Default::default(),
+            prompt: None,
+            priority: 0,
+            tools: None,
+        };
+        let prompt = engine.tokenizer().encode_chat(None, &request.messages);
+        let mut stream = engine.submit(request).unwrap();
+        while let Some(event) = stream.next().await {
+            if matches!(event, GenerateEvent::Finished { .. }) {
+                break;
+            }
+        }
+        ringmaster_gpu_runtime::block::block_hashes(&prompt)
+    }
+
+    #[tokio::test]
+    async fn a_simulated_server_can_be_read_through_vllm_events_or_not_at_all() {
+        use crate::server::CacheView;
+        use ringmaster_config::LocalCacheView;
+        for (view, expected) in [
+            (LocalCacheView::InProcess, CacheView::InProcess),
+            (LocalCacheView::VllmEvents, CacheView::EngineEvents),
+            (LocalCacheView::RoutingHistory, CacheView::RoutingHistory),
+        ] {
+            let mut templates = crate::ServerTemplates::from(sim());
+            templates.local_cache_view = view;
+            let pool = Pool::start(&specs(1), RingConfig::default(), templates).unwrap();
+            let server = pool.snapshot().servers[0].clone();
+            assert_eq!(server.cache_view(), expected);
+            let hashes = serve_a_long_prompt(&server).await;
+            assert!(hashes.len() >= 10);
+            let Backend::Local(engine) = server.engine() else {
+                unreachable!()
+            };
+            assert_eq!(engine.cached_prefix_blocks(&hashes), hashes.len());
+            match view {
+                LocalCacheView::InProcess => {
+                    assert_eq!(server.held_blocks(&hashes), Some(hashes.len()));
+                }
+                LocalCacheView::VllmEvents => {
+                    // The feed runs beside the engine: let it read the step's batch.
+                    for _ in 0..100 {
+                        if server.held_blocks(&hashes) == Some(hashes.len()) {
+                            break;
+                        }
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    }
+                    assert_eq!(server.held_blocks(&hashes), Some(hashes.len()));
+                    let (events, resyncs) = server.reported_cache_events();
+                    assert!(events >= hashes.len() as u64, "{events} events");
+                    assert_eq!(resyncs, 0);
+                    assert_eq!(server.reported_cache(), (engine.cached_block_count(), true));
+                }
+                LocalCacheView::RoutingHistory => {
+                    assert_eq!(server.held_blocks(&hashes), None, "routing reads nothing");
+                    assert!(server.cache_scheme().is_some(), "token counts stay exact");
+                }
+            }
+        }
     }
 
     #[tokio::test]

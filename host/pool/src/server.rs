@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use ringmaster_gpu_runtime::{EngineConfig, EngineError, EngineHandle};
 use ringmaster_ring::RingError;
 
+use ringmaster_config::LocalCacheView;
 use ringmaster_config::servers::{GpuPlacement, ServerAddress, ServerSpec};
 
 /// A pool change that could not be made.
@@ -55,6 +56,8 @@ pub struct ServerTemplates {
     pub upstream: crate::remote::UpstreamSettings,
     /// The model names and aliases the pools per model are built from.
     pub models: ModelCatalogueSpec,
+    /// How routing learns what the engines in this process hold.
+    pub local_cache_view: ringmaster_config::LocalCacheView,
 }
 
 /// The config's part of the [`crate::snapshot::ModelCatalogue`].
@@ -64,6 +67,8 @@ pub struct ModelCatalogueSpec {
     pub defaults: Vec<String>,
     /// `[aliases]`.
     pub aliases: BTreeMap<String, String>,
+    /// LoRA adapters the gateway may load (`[lora] load_on_demand`), each with its base model.
+    pub loadable: BTreeMap<String, String>,
 }
 
 impl From<EngineConfig> for ServerTemplates {
@@ -74,6 +79,7 @@ impl From<EngineConfig> for ServerTemplates {
             model_gpu: None,
             upstream: Default::default(),
             models: Default::default(),
+            local_cache_view: Default::default(),
         }
     }
 }
@@ -102,6 +108,8 @@ pub struct Server {
     pub(crate) model_load: Option<std::time::Duration>,
     /// A local engine's tokenizer (a remote worker's is fetched; see [`Backend::cache_scheme`]).
     pub(crate) local_scheme: Option<crate::kv_view::Scheme>,
+    /// Where routing reads a local engine's cache from (`[simulator] cache_view`).
+    pub(crate) local_view: LocalView,
     /// Prefix hashes of the requests in flight here, counted: what the server will hold once
     /// it has prefilled them, before its cache reports them.
     pub(crate) pending: Mutex<HashMap<u64, u32>>,
@@ -192,6 +200,29 @@ impl Server {
             Backend::Local(_) => None,
         }
     }
+    /// The LoRA adapters the server lists at `/v1/models`, each with its base model (none for
+    /// an engine in this process).
+    pub fn adapters(&self) -> BTreeMap<String, String> {
+        match &self.engine {
+            Backend::Remote(worker) => worker.adapters(),
+            Backend::Local(_) => BTreeMap::new(),
+        }
+    }
+    /// Adapters loaded and unloaded here at the gateway's request (`None` for an engine in
+    /// this process).
+    pub fn adapter_counts(&self) -> Option<crate::remote::adapters::AdapterCounts> {
+        match &self.engine {
+            Backend::Remote(worker) => Some(worker.adapter_counts()),
+            Backend::Local(_) => None,
+        }
+    }
+    /// Whether the server lists `model` as a LoRA adapter.
+    pub fn has_adapter(&self, model: &str) -> bool {
+        match &self.engine {
+            Backend::Remote(worker) => worker.has_adapter(model),
+            Backend::Local(_) => false,
+        }
+    }
     /// Times a remote server was ejected after consecutive failures (0 for a local engine).
     pub fn ejections_total(&self) -> u64 {
         match &self.engine {
@@ -220,9 +251,13 @@ impl Server {
         &self,
         hashes: &[ringmaster_gpu_runtime::block::BlockHash],
     ) -> Option<usize> {
-        match &self.engine {
-            Backend::Local(engine) => Some(engine.cached_prefix_blocks(hashes)),
-            Backend::Remote(worker) => worker.kv().held_blocks(hashes),
+        match (&self.engine, &self.local_view) {
+            (Backend::Local(engine), LocalView::Engine) => {
+                Some(engine.cached_prefix_blocks(hashes))
+            }
+            (Backend::Local(_), LocalView::VllmEvents(cache)) => cache.held_blocks(hashes),
+            (Backend::Local(_), LocalView::RoutingHistory) => None,
+            (Backend::Remote(worker), _) => worker.kv().held_blocks(hashes),
         }
     }
     /// How many of `hashes` (a request's prefix hashes) lead the prompt of some request in
@@ -238,9 +273,14 @@ impl Server {
     /// A worker's event stream: events applied and snapshots taken (reconnections); zeros for
     /// an engine in this process, whose cache is read directly.
     pub fn reported_cache_events(&self) -> (u64, u64) {
-        match &self.engine {
-            Backend::Local(_) => (0, 0),
-            Backend::Remote(worker) => (worker.kv().events_total(), worker.kv().resyncs_total()),
+        match (&self.engine, &self.local_view) {
+            (Backend::Local(_), LocalView::VllmEvents(cache)) => {
+                (cache.events_total(), cache.resyncs_total())
+            }
+            (Backend::Local(_), _) => (0, 0),
+            (Backend::Remote(worker), _) => {
+                (worker.kv().events_total(), worker.kv().resyncs_total())
+            }
         }
     }
     /// Where a remote server's load figures come from (`None` for an engine in this process).
@@ -253,7 +293,11 @@ impl Server {
     /// Which view of the server's cache routing reads now.
     pub fn cache_view(&self) -> CacheView {
         match &self.engine {
-            Backend::Local(_) => CacheView::InProcess,
+            Backend::Local(_) => match self.local_view {
+                LocalView::Engine => CacheView::InProcess,
+                LocalView::VllmEvents(_) => CacheView::EngineEvents,
+                LocalView::RoutingHistory => CacheView::RoutingHistory,
+            },
             Backend::Remote(worker) => {
                 let live = worker.kv().is_synced() && worker.kv().scheme().is_some();
                 match (worker.engine_feed(), live) {
@@ -287,11 +331,23 @@ impl Server {
     }
     /// Blocks in the server's reported cache, and whether the report is live.
     pub fn reported_cache(&self) -> (usize, bool) {
-        match &self.engine {
-            Backend::Local(engine) => (engine.cached_block_count(), true),
-            Backend::Remote(worker) => (worker.kv().len(), worker.kv().is_synced()),
+        match (&self.engine, &self.local_view) {
+            (Backend::Local(_), LocalView::VllmEvents(cache)) => (cache.len(), cache.is_synced()),
+            (Backend::Local(engine), _) => (engine.cached_block_count(), true),
+            (Backend::Remote(worker), _) => (worker.kv().len(), worker.kv().is_synced()),
         }
     }
+}
+
+/// Where routing reads an engine in this process from.
+#[derive(Debug)]
+pub(crate) enum LocalView {
+    /// The engine's own cache (or a remote server: unused).
+    Engine,
+    /// The index built from the engine's events written as vLLM's ([`crate::local_events`]).
+    VllmEvents(Arc<crate::kv_view::ReportedCache>),
+    /// Nothing: the routing-history estimate.
+    RoutingHistory,
 }
 
 /// Where routing learns what a server's KV cache holds.
@@ -485,6 +541,13 @@ pub(crate) fn start_server(
         Backend::Local(engine) => Some(crate::kv_view::Scheme::of(engine.tokenizer().clone())),
         Backend::Remote(_) => None,
     };
+    let local_view = match (&engine, templates.local_cache_view) {
+        (Backend::Remote(_), _) | (_, LocalCacheView::InProcess) => LocalView::Engine,
+        (Backend::Local(engine), LocalCacheView::VllmEvents) => {
+            LocalView::VllmEvents(crate::local_events::follow(&spec.id, engine))
+        }
+        (Backend::Local(_), LocalCacheView::RoutingHistory) => LocalView::RoutingHistory,
+    };
     Ok(Arc::new(Server {
         id: spec.id.clone(),
         slot,
@@ -498,6 +561,7 @@ pub(crate) fn start_server(
         released: released.clone(),
         model_load,
         local_scheme,
+        local_view,
         pending: Mutex::new(HashMap::new()),
         prefill_backlog: AtomicU64::new(0),
         remote_in_flight: AtomicU64::new(0),

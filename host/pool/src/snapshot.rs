@@ -28,6 +28,8 @@ pub struct PoolSnapshot {
     /// Every name a request may ask for (names some server takes, and the aliases of those),
     /// sorted.
     pub accepted: Vec<String>,
+    /// The LoRA adapters some server lists, each with its base model.
+    pub adapters: BTreeMap<String, String>,
     /// The servers' model sets this was built from (see [`Pool::snapshot`]).
     pub(crate) models_epoch: u64,
 }
@@ -58,6 +60,8 @@ pub(crate) fn build_snapshot(
 ) -> Result<PoolSnapshot, RingError> {
     let models_epoch = catalogue.epoch.load(Ordering::Acquire);
     let served: Vec<Option<Vec<String>>> = servers.iter().map(|s| s.served_models()).collect();
+    let mut adapters: BTreeMap<String, String> =
+        servers.iter().flat_map(|s| s.adapters()).collect();
     let mut names: BTreeSet<String> = catalogue.defaults.iter().cloned().collect();
     names.extend(served.iter().flatten().flatten().cloned());
     names.extend(catalogue.aliases.values().cloned());
@@ -80,6 +84,7 @@ pub(crate) fn build_snapshot(
                 models: BTreeMap::new(),
                 aliases: catalogue.aliases.clone(),
                 accepted: Vec::new(),
+                adapters: BTreeMap::new(),
                 models_epoch,
             }),
         );
@@ -97,6 +102,13 @@ pub(crate) fn build_snapshot(
             .filter(|(_, target)| servable(target))
             .map(|(alias, _)| alias.clone()),
     );
+    // An adapter the gateway may load is asked for by its name wherever its base is served.
+    for (adapter, base) in &catalogue.loadable {
+        if models.get(base).is_some_and(|_| servable(base)) {
+            accepted.push(adapter.clone());
+            adapters.insert(adapter.clone(), base.clone());
+        }
+    }
     accepted.sort();
     accepted.dedup();
     Ok(PoolSnapshot {
@@ -107,6 +119,7 @@ pub(crate) fn build_snapshot(
         models,
         aliases: catalogue.aliases.clone(),
         accepted,
+        adapters,
         models_epoch,
     })
 }
@@ -118,6 +131,8 @@ pub struct ModelCatalogue {
     pub defaults: Vec<String>,
     /// Public names and the served names they stand for.
     pub aliases: Arc<BTreeMap<String, String>>,
+    /// LoRA adapters the gateway may load on a server of their base model, with that base.
+    pub loadable: BTreeMap<String, String>,
     /// Bumped whenever a server's reported model set changes; the next snapshot read rebuilds.
     pub epoch: Arc<AtomicU64>,
 }

@@ -19,6 +19,7 @@ pub mod trace;
 
 use std::path::{Path, PathBuf};
 
+use ringmaster_config::LocalCacheView;
 use serde::{Deserialize, Serialize};
 
 use crate::oracle::Hits;
@@ -95,6 +96,9 @@ struct RawScenario {
     router_load_factor: Option<f64>,
     /// Record the replayed traffic as a trace (relative to the scenario file).
     record: Option<String>,
+    /// How routing learns what the servers hold, one run per view and router:
+    /// `in_process` (the default), `vllm_events`, `routing_history`.
+    cache_views: Option<Vec<String>>,
     /// Routers to compare: `native`, `builtin:NAME`, or a component path (relative to the
     /// scenario file).
     routers: Vec<String>,
@@ -162,6 +166,8 @@ pub struct Scenario {
     pub fleet: Fleet,
     /// Routers to compare.
     pub routers: Vec<String>,
+    /// The views of the servers' caches each router is run with (`[simulator] cache_view`).
+    pub cache_views: Vec<&'static str>,
     /// Servers added or removed during the replay, in time order.
     pub scale: Vec<ScaleEvent>,
 }
@@ -200,6 +206,17 @@ impl Scenario {
                 ));
             }
         }
+        let cache_views = match raw.cache_views {
+            None => vec![LocalCacheView::InProcess.name()],
+            Some(views) if views.is_empty() => {
+                return Err("cache_views: name at least one view".into());
+            }
+            Some(views) => views
+                .iter()
+                .map(|v| LocalCacheView::parse(v).map(LocalCacheView::name))
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("cache_views: {e}"))?,
+        };
         let load_factor = raw.load_factor.unwrap_or(1.25);
         if !(load_factor.is_finite() && load_factor >= 1.0) {
             return Err("load_factor: must be at least 1.0".into());
@@ -275,6 +292,7 @@ impl Scenario {
                 slowdown,
             },
             routers,
+            cache_views,
         })
     }
 
@@ -341,11 +359,25 @@ pub async fn run_scenario(
     let unbounded = oracle::unbounded(&requests);
     let mut routers = Vec::new();
     let mut runs = Vec::new();
-    for router in &scenario.routers {
-        progress(router);
-        let data = run::replay(&scenario.fleet, router, &requests, &turns, &scenario.scale).await?;
-        routers.push(report::summarise(router, &data, shared_lru, unbounded));
-        runs.push(data);
+    for view in &scenario.cache_views {
+        for router in &scenario.routers {
+            // With several views, each row says which one routing read.
+            let label = match scenario.cache_views.len() {
+                1 => router.clone(),
+                _ => format!("{router} · {view}"),
+            };
+            progress(&label);
+            let data = run::replay(
+                &scenario.fleet,
+                (router, view),
+                &requests,
+                &turns,
+                &scenario.scale,
+            )
+            .await?;
+            routers.push(report::summarise(&label, &data, shared_lru, unbounded));
+            runs.push(data);
+        }
     }
     Ok(Report {
         scenario: scenario.clone(),

@@ -122,8 +122,9 @@ pub struct RunData {
 
 /// The gateway configuration for a replay of `fleet` routed by `router` (`native`: the ring
 /// without a policy; `builtin:NAME`; or a path to a component; either followed by
-/// `?key=value&...` for the policy's own configuration).
-pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
+/// `?key=value&...` for the policy's own configuration), with routing reading the servers'
+/// caches through `cache_view` (`[simulator] cache_view`).
+pub fn gateway_config(fleet: &Fleet, (router, cache_view): (&str, &str)) -> String {
     let mut toml = format!(
         "listen = \"127.0.0.1:0\"\nmodels = [\"{REPLAY_MODEL}\"]\n\
          [limits]\nmax_body_bytes = {}\nmax_output_tokens = 1000000\nmax_waiting_per_server = 1000000000\n\
@@ -146,7 +147,10 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
         let path = toml::Value::String(path.display().to_string());
         toml.push_str(&format!("[record]\npath = {path}\n"));
     }
-    toml.push_str("[simulator]\ntime_scale = 1.0\n");
+    toml.push_str(&format!(
+        "[simulator]\ntime_scale = 1.0\ncache_view = {}\n",
+        toml::Value::String(cache_view.to_owned())
+    ));
     if let Some(blocks) = fleet.kv_blocks {
         toml.push_str(&format!("kv_blocks = {blocks}\n"));
     }
@@ -188,12 +192,12 @@ pub fn gateway_config(fleet: &Fleet, router: &str) -> String {
 /// turns) through a fresh gateway routed by `router`.
 pub async fn replay(
     fleet: &Fleet,
-    router: &str,
+    (router, cache_view): (&str, &str),
     requests: &[TraceRequest],
     turns: &[Vec<usize>],
     scale: &[ScaleEvent],
 ) -> Result<RunData, ReplayError> {
-    let config = RawConfig::from_toml(&gateway_config(fleet, router))
+    let config = RawConfig::from_toml(&gateway_config(fleet, (router, cache_view)))
         .and_then(RawConfig::validate)
         .map_err(|e| ReplayError::Config(e.to_string()))?;
     let gateway =

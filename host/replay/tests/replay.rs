@@ -253,3 +253,45 @@ fn a_learning_router_sends_less_to_a_slow_server_than_the_ring() {
     .unwrap_err();
     assert!(err.contains("replay-0..replay-3"), "{err}");
 }
+
+/// The default router reading each server's cache three ways: from the engine, from the
+/// engine's changes written and read back as vLLM's KV event batches, and not at all (the
+/// routing-history estimate). The event view is the engine's cache, so it routes exactly as
+/// the in-process view does (the whole trace's comparison is in BENCHMARKS.md).
+#[test]
+fn the_engine_event_view_routes_as_the_in_process_view_does() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = format!(
+        "trace = \"mooncake_conversation_head.jsonl\"\nrequests = {REQUESTS}\nservers = 8\n\
+         kv_blocks = 6556\nrouters = [\"builtin:prefix-affinity\"]\n\
+         cache_views = [\"in_process\", \"vllm_events\", \"routing_history\"]\n"
+    );
+    let report = replay(&Scenario::from_toml(&text, &base).unwrap());
+    eprintln!("{}", report.table());
+    let in_process = router(&report, "builtin:prefix-affinity · in_process");
+    let events = router(&report, "builtin:prefix-affinity · vllm_events");
+    let history = router(&report, "builtin:prefix-affinity · routing_history");
+    // Every step's changes arrive whole and in order: the index is the engine's cache, and
+    // every decision is the same.
+    assert_eq!(events.uncached_tokens, in_process.uncached_tokens);
+    assert_eq!(events.decisions, in_process.decisions);
+    assert_eq!(
+        (events.ttft_p50_s, events.ttft_p99_s),
+        (in_process.ttft_p50_s, in_process.ttft_p99_s)
+    );
+    // The estimate reads nothing from the engines: other decisions.
+    assert_ne!(history.uncached_tokens, in_process.uncached_tokens);
+    assert_eq!(history.failed, in_process.failed);
+}
+
+#[test]
+fn an_unknown_cache_view_is_refused_with_the_known_ones() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = "trace = \"mooncake_conversation_head.jsonl\"\nrouters = [\"native\"]\n\
+                cache_views = [\"psychic\"]\n";
+    let error = Scenario::from_toml(text, &base).unwrap_err();
+    assert!(
+        error.contains("cache_views") && error.contains("vllm_events"),
+        "{error}"
+    );
+}

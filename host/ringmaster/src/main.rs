@@ -80,6 +80,10 @@ struct ReplayArgs {
     /// results.
     #[arg(long)]
     benchmarks: Option<PathBuf>,
+    /// With --benchmarks: regenerate the section between the `replay-NAME` markers instead
+    /// (appended when the file has none yet).
+    #[arg(long, requires = "benchmarks")]
+    section: Option<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -632,7 +636,11 @@ fn bench_replay(args: ReplayArgs) -> anyhow::Result<()> {
         sections.push(section);
     }
     if let Some(doc) = &args.benchmarks {
-        ringmaster_replay::publish::splice(doc, &sections.join("\n"))?;
+        let content = sections.join("\n");
+        match &args.section {
+            Some(name) => ringmaster_replay::publish::splice_named(doc, name, &content)?,
+            None => ringmaster_replay::publish::splice(doc, &content)?,
+        }
         info!(file = %doc.display(), "replay.benchmarks_updated");
     }
     Ok(())

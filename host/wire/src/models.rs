@@ -30,6 +30,10 @@ pub struct Model<'a> {
     /// Who serves it (OpenAI).
     #[serde(default, borrow)]
     pub owned_by: Str<'a>,
+    /// The base model of a LoRA adapter (vLLM lists each loaded adapter as a model with its
+    /// base as `parent`; a base model has none).
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<Str<'a>>,
 }
 
 impl<'a> Model<'a> {
@@ -43,6 +47,7 @@ impl<'a> Model<'a> {
             object: "model".into(),
             created: 1_767_225_600,
             owned_by: owner.into(),
+            parent: None,
         }
     }
 }
@@ -94,5 +99,21 @@ mod tests {
         let ours = serde_json::to_value(ModelList::new(&["a".to_owned()], "ringmaster")).unwrap();
         assert_eq!(ours["data"][0]["display_name"], "a");
         assert_eq!(ours["first_id"], "a");
+        assert!(
+            ours["data"][0].get("parent").is_none(),
+            "a base model has none"
+        );
+    }
+
+    #[test]
+    fn vllm_s_adapters_read_with_their_parent() {
+        let listed: ModelList<'_> = serde_json::from_str(
+            r#"{"object":"list","data":[
+                {"id":"base","object":"model","root":"/models/base","parent":null},
+                {"id":"sql","object":"model","root":"/adapters/sql","parent":"base"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(listed.data[0].parent, None);
+        assert_eq!(listed.data[1].parent.as_deref(), Some("base"));
     }
 }

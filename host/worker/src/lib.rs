@@ -201,7 +201,9 @@ fn models(worker: &Worker) -> Response<ResponseBody> {
 /// One KV event as its SSE frame.
 pub fn kv_event_frame(event: &KvEvent) -> Bytes {
     sse_data(&match event {
-        KvEvent::Stored(h) => wire::KvEvent::Stored { hash: HexHash(h.0) },
+        KvEvent::Stored(stored) => wire::KvEvent::Stored {
+            hash: HexHash(stored.hash.0),
+        },
         KvEvent::Evicted(h) => wire::KvEvent::Evicted { hash: HexHash(h.0) },
     })
 }
@@ -224,12 +226,7 @@ pub fn kv_batch_frames(events: &[KvEvent]) -> Bytes {
         if run == 1 {
             out.extend_from_slice(&kv_event_frame(first));
         } else {
-            let hashes = now
-                .iter()
-                .map(|e| match e {
-                    KvEvent::Stored(h) | KvEvent::Evicted(h) => HexHash(h.0),
-                })
-                .collect();
+            let hashes = now.iter().map(|e| HexHash(e.hash().0)).collect();
             out.extend_from_slice(&sse_data(&if stored {
                 wire::KvEvent::StoredMany { hashes }
             } else {
@@ -530,15 +527,24 @@ impl Body for ChannelBody {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ringmaster_gpu_runtime::StoredBlock;
     use ringmaster_gpu_runtime::block::BlockHash;
+
+    fn stored(hash: u64) -> KvEvent {
+        KvEvent::Stored(StoredBlock {
+            hash: BlockHash(hash),
+            parent: None,
+            tokens: [7; ringmaster_gpu_runtime::BLOCK_SIZE],
+        })
+    }
 
     #[test]
     fn a_batch_of_events_is_one_frame_per_run_in_order() {
         let events = [
-            KvEvent::Stored(BlockHash(1)),
-            KvEvent::Stored(BlockHash(2)),
+            stored(1),
+            stored(2),
             KvEvent::Evicted(BlockHash(3)),
-            KvEvent::Stored(BlockHash(4)),
+            stored(4),
         ];
         let text = String::from_utf8(kv_batch_frames(&events).to_vec()).unwrap();
         let frames: Vec<wire::KvEvent> = text

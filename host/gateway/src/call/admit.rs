@@ -6,7 +6,7 @@
 use ringmaster_api::ApiError;
 
 use super::Call;
-use super::prepare::resolve_model;
+use super::prepare::model_pool;
 use crate::admission::Asking;
 
 impl Call {
@@ -25,7 +25,10 @@ impl Call {
         .map_err(crate::auth::refused)?;
         let asked_tokens =
             u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);
-        let chat = super::chat(&self.request);
+        let chat = ringmaster_pool::kv_view::ChatPrompt {
+            adapter: self.adapter.name(&self.served_model),
+            ..super::chat(&self.request)
+        };
         let waited = gateway
             .admission
             .admit(
@@ -42,7 +45,10 @@ impl Call {
             )
             .await?;
         if waited {
-            self.pool = resolve_model(&gateway.pool.snapshot(), &self.request.model)?.1;
+            let (_, pool, adapter) =
+                model_pool(&gateway, &gateway.pool.snapshot(), &self.request.model)?;
+            self.pool = pool;
+            self.adapter = adapter;
         }
         Ok(())
     }

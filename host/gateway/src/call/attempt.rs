@@ -13,7 +13,7 @@ use ringmaster_pool::remote::{ReplyMode, UpstreamRequest};
 use ringmaster_pool::{Backend, BackendError, Decision, InFlight};
 use tracing::debug;
 
-use super::Call;
+use super::{AdapterUse, Call};
 use crate::metrics::AttemptLabels;
 use crate::policy::Routed;
 
@@ -75,6 +75,26 @@ impl Call {
             .await
     }
 
+    /// A LoRA adapter's request on `worker`: the adapter's use recorded, and loaded there
+    /// first when the request was routed on the base model's pool (`[lora] load_on_demand`).
+    async fn ready_adapter(
+        &self,
+        worker: &ringmaster_pool::remote::RemoteWorker,
+    ) -> Result<(), ringmaster_pool::remote::RemoteError> {
+        match &self.adapter {
+            AdapterUse::None => Ok(()),
+            AdapterUse::Held => {
+                worker.touch_adapter(&self.served_model);
+                Ok(())
+            }
+            AdapterUse::Load(source) => {
+                worker
+                    .ensure_adapter(&self.served_model, source, &self.gateway.config.lora)
+                    .await
+            }
+        }
+    }
+
     async fn start(
         &self,
         generate: GenerateRequest,
@@ -103,7 +123,10 @@ impl Call {
                         upstream = Some(UpstreamRequest::encode(request, &self.served_model, mode));
                     }
                     match upstream.as_ref() {
-                        Some(request) => worker.submit(request).await.map_err(BackendError::Remote),
+                        Some(request) => match self.ready_adapter(worker).await {
+                            Ok(()) => worker.submit(request).await.map_err(BackendError::Remote),
+                            Err(error) => Err(BackendError::Remote(error)),
+                        },
                         None => Err(BackendError::Engine(EngineError::Stopped)),
                     }
                 }

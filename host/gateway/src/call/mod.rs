@@ -73,6 +73,9 @@ pub struct Call {
     pub request: Request,
     /// The name its model's servers serve it under (an alias's target).
     pub served_model: String,
+    /// Whether that name is a LoRA adapter, and whether the server it goes to may have to
+    /// load it first.
+    pub adapter: AdapterUse,
     /// The request's one view of its model's pool (a new one after a wait in the queue).
     pub pool: Arc<PoolSnapshot>,
     /// The routing key and prefix hashes.
@@ -86,7 +89,10 @@ pub struct Call {
 impl Call {
     /// The prompt, as the pool matches it against the caches servers report.
     pub fn chat(&self) -> ChatPrompt<'_> {
-        chat(&self.request)
+        ChatPrompt {
+            adapter: self.adapter.name(&self.served_model),
+            ..chat(&self.request)
+        }
     }
 }
 
@@ -95,6 +101,29 @@ pub(crate) fn chat(request: &Request) -> ChatPrompt<'_> {
     ChatPrompt {
         system: request.system.as_deref(),
         messages: &request.messages,
+        adapter: None,
+    }
+}
+
+/// A request's model as a LoRA adapter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdapterUse {
+    /// A base model (or one no server lists as an adapter).
+    None,
+    /// An adapter its pool's servers hold.
+    Held,
+    /// An adapter none with room holds (`[lora] load_on_demand`): the base model's pool is
+    /// routed, and the chosen server loads it first.
+    Load(ringmaster_config::AdapterSource),
+}
+
+impl AdapterUse {
+    /// The adapter's name (`served`) if the request's model is one.
+    pub fn name<'a>(&self, served: &'a str) -> Option<&'a str> {
+        match self {
+            Self::None => None,
+            Self::Held | Self::Load(_) => Some(served),
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use ringmaster_api::{ApiError, ErrorKind, Request};
 use ringmaster_policy_engine::PolicyRequest;
 use ringmaster_pool::PoolSnapshot;
 
-use super::{Call, CallInput};
+use super::{AdapterUse, Call, CallInput};
 use crate::Gateway;
 use crate::routing::routing_input;
 
@@ -38,8 +38,7 @@ impl Call {
         let fleet = gateway.pool.snapshot();
         let request = door.parse(&body, gateway.limits(&fleet))?;
         drop(body);
-        let (served_model, pool) = resolve_model(&fleet, &request.model)?;
-        let served_model = served_model.to_owned();
+        let (served_model, pool, adapter) = model_pool(gateway, &fleet, &request.model)?;
         if pool
             .servers
             .iter()
@@ -75,6 +74,7 @@ impl Call {
             caller,
             request,
             served_model,
+            adapter,
             pool,
             input,
             policy,
@@ -118,6 +118,45 @@ fn serving_now(
         .with_retry_after(Duration::from_secs(1)));
     }
     Ok(())
+}
+
+/// The pool a request for `model` is routed in, the name it is served under, and whether it
+/// is a LoRA adapter: the pool of the servers that hold it, or, with `[lora]
+/// load_on_demand` when none of those has room, the base model's pool (the chosen server
+/// loads it).
+pub(crate) fn model_pool(
+    gateway: &Gateway,
+    fleet: &PoolSnapshot,
+    model: &str,
+) -> Result<(String, Arc<PoolSnapshot>, AdapterUse), ApiError> {
+    if let Some(source) = gateway.config.lora.loadable(model)
+        && let Some((_, base)) = fleet.model(&source.base)
+        && !base.servers.is_empty()
+    {
+        let routable: Vec<_> = base.servers.iter().filter(|s| s.is_routable()).collect();
+        let total: u64 = routable.iter().map(|s| s.fleet_in_flight()).sum();
+        // The ring's bounded-load cap over the base model's servers.
+        let cap = (gateway.config.ring.load_factor * (total + 1) as f64
+            / routable.len().max(1) as f64)
+            .ceil() as u64;
+        let holder_with_room = routable
+            .iter()
+            .any(|s| s.has_adapter(model) && s.fleet_in_flight() < cap);
+        if !holder_with_room {
+            return Ok((
+                model.to_owned(),
+                base.clone(),
+                AdapterUse::Load(source.clone()),
+            ));
+        }
+    }
+    let (served, pool) = resolve_model(fleet, model)?;
+    let adapter = if fleet.adapters.contains_key(served) {
+        AdapterUse::Held
+    } else {
+        AdapterUse::None
+    };
+    Ok((served.to_owned(), pool, adapter))
 }
 
 /// The pool of the model a request names, and the name it is served under.

@@ -192,7 +192,7 @@ pub fn prefix_matches(
         .iter()
         .map(|s| {
             let reported = s.cache_scheme().and_then(|scheme| {
-                let (prompt_blocks, prompt_tokens) = blocks.under(&scheme);
+                let (prompt_blocks, prompt_tokens) = blocks.keyed(&scheme);
                 let held = s.held_blocks(prompt_blocks)?;
                 Some((held, prompt_tokens))
             });

@@ -292,8 +292,11 @@ async fn scrape_metrics(worker: &RemoteWorker) -> reqwest::Result<Fetched> {
 /// Load polls between two reads of `/v1/models` (every 5 s).
 const MODELS_POLL_EVERY: u64 = 20;
 
-/// The model ids a server lists at `/v1/models`; `None` when it has no such endpoint.
-async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<String>>> {
+/// The model ids a server lists at `/v1/models`, each with its `parent` (a LoRA adapter's
+/// base model); `None` when it has no such endpoint.
+async fn fetch_models(
+    worker: &RemoteWorker,
+) -> reqwest::Result<Option<Vec<(String, Option<String>)>>> {
     let response = worker
         .client
         .get(format!("{}/v1/models", worker.url))
@@ -308,6 +311,10 @@ async fn fetch_models(worker: &RemoteWorker) -> reqwest::Result<Option<Vec<Strin
         return Ok(None);
     };
     Ok(Some(
-        listed.data.into_iter().map(|m| m.id.into_owned()).collect(),
+        listed
+            .data
+            .into_iter()
+            .map(|m| (m.id.into_owned(), m.parent.map(|p| p.into_owned())))
+            .collect(),
     ))
 }

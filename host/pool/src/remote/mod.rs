@@ -30,6 +30,7 @@
 //! tokenizer (`/tokenizer`) and its event stream (`/kv/events`) feed a [`ReportedCache`].
 //! A server without these endpoints is asked again only every [`KV_UNSUPPORTED_RETRY`].
 
+pub mod adapters;
 mod chunks;
 mod conn;
 pub mod engine_events;
@@ -41,6 +42,7 @@ mod reply;
 mod request;
 mod sse;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -114,6 +116,13 @@ pub struct RemoteWorker {
     engine_feed: Option<Arc<engine_events::EngineFeed>>,
     /// What `/v1/models` lists (empty until known), and whom to tell when it changes.
     models: Mutex<Vec<String>>,
+    /// Of those, the LoRA adapters, each with its base model.
+    adapters: Mutex<BTreeMap<String, String>>,
+    /// When each adapter was last asked for here (`[lora] load_on_demand`).
+    adapter_use: Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+    /// Held while an adapter is being loaded here.
+    adapter_loads: tokio::sync::Mutex<()>,
+    adapter_counts: Mutex<adapters::AdapterCounts>,
     models_epoch: Option<Arc<AtomicU64>>,
 }
 
@@ -197,6 +206,10 @@ impl RemoteWorker {
             engine_feed: engine
                 .map(|(spec, tokenizer)| Arc::new(engine_events::EngineFeed::new(spec, tokenizer))),
             models: Mutex::new(Vec::new()),
+            adapters: Mutex::new(BTreeMap::new()),
+            adapter_use: Mutex::new(std::collections::HashMap::new()),
+            adapter_loads: tokio::sync::Mutex::new(()),
+            adapter_counts: Mutex::new(adapters::AdapterCounts::default()),
             models_epoch,
         });
         tokio::spawn(follow::poll_load(Arc::downgrade(&worker)));
@@ -231,14 +244,43 @@ impl RemoteWorker {
         (!models.is_empty()).then(|| models.clone())
     }
 
-    /// Records what `/v1/models` listed; tells the pool when it changed.
-    fn set_models(&self, mut listed: Vec<String>) {
-        listed.sort();
-        listed.dedup();
+    /// The LoRA adapters the server lists, each with its base model.
+    pub fn adapters(&self) -> BTreeMap<String, String> {
+        self.adapters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Whether the server lists `model` as a LoRA adapter.
+    pub fn has_adapter(&self, model: &str) -> bool {
+        self.adapters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(model)
+    }
+
+    /// Records what `/v1/models` listed (ids with their `parent`); tells the pool when it
+    /// changed.
+    pub(crate) fn set_models(&self, listed: Vec<(String, Option<String>)>) {
+        let adapters: BTreeMap<String, String> = listed
+            .iter()
+            .filter_map(|(id, parent)| {
+                parent
+                    .as_ref()
+                    .filter(|p| *p != id)
+                    .map(|p| (id.clone(), p.clone()))
+            })
+            .collect();
+        let mut ids: Vec<String> = listed.into_iter().map(|(id, _)| id).collect();
+        ids.sort();
+        ids.dedup();
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        if *models != listed {
-            tracing::info!(server = %self.url, models = ?listed, "remote.models");
-            *models = listed;
+        let mut held = self.adapters.lock().unwrap_or_else(PoisonError::into_inner);
+        if *models != ids || *held != adapters {
+            tracing::info!(server = %self.url, models = ?ids, adapters = ?adapters, "remote.models");
+            *models = ids;
+            *held = adapters;
             if let Some(epoch) = &self.models_epoch {
                 epoch.fetch_add(1, Ordering::AcqRel);
             }
