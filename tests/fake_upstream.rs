@@ -97,45 +97,24 @@ impl FakeUpstream {
         let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
         let metrics = Arc::new(std::sync::Mutex::new(None));
         let models = Arc::new(std::sync::Mutex::new(vec![("fake".to_owned(), None)]));
-        let (conns, reqs, last, served, listed) = (
-            connections.clone(),
-            requests.clone(),
-            last_request.clone(),
-            metrics.clone(),
-            models.clone(),
-        );
+        let state = State {
+            requests: requests.clone(),
+            connections: connections.clone(),
+            last_request: last_request.clone(),
+            metrics: metrics.clone(),
+            models: models.clone(),
+        };
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             while let Ok((stream, _)) = listener.accept().await {
-                conns.fetch_add(1, Ordering::Relaxed);
+                state.connections.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.set_nodelay(true);
-                let (reqs, conns, last, served, listed) = (
-                    reqs.clone(),
-                    conns.clone(),
-                    last.clone(),
-                    served.clone(),
-                    listed.clone(),
-                );
+                let state = state.clone();
                 let builder = builder.clone();
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req| {
-                        let (reqs, conns, last, served, listed) = (
-                            reqs.clone(),
-                            conns.clone(),
-                            last.clone(),
-                            served.clone(),
-                            listed.clone(),
-                        );
-                        async move {
-                            let counts = Counts {
-                                requests: &reqs,
-                                connections: &conns,
-                                last_request: &last,
-                                metrics: &served,
-                                models: &listed,
-                            };
-                            Ok::<_, Infallible>(answer(req, behavior, tokens, counts).await)
-                        }
+                        let state = state.clone();
+                        async move { Ok::<_, Infallible>(answer(req, behavior, tokens, &state).await) }
                     });
                     let _ = builder
                         .serve_connection(TokioIo::new(stream), service)
@@ -254,12 +233,13 @@ fn done() -> Result<Bytes, std::io::Error> {
 }
 
 /// What the server counts and keeps of its requests, and what it answers at `/metrics`.
-struct Counts<'a> {
-    metrics: &'a std::sync::Mutex<Option<String>>,
-    models: &'a std::sync::Mutex<Listed>,
-    requests: &'a AtomicUsize,
-    connections: &'a AtomicUsize,
-    last_request: &'a std::sync::Mutex<Bytes>,
+#[derive(Clone, Debug)]
+struct State {
+    metrics: Arc<std::sync::Mutex<Option<String>>>,
+    models: Arc<std::sync::Mutex<Listed>>,
+    requests: Arc<AtomicUsize>,
+    connections: Arc<AtomicUsize>,
+    last_request: Arc<std::sync::Mutex<Bytes>>,
 }
 
 /// vLLM's runtime LoRA endpoints (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a load adds the adapter
@@ -435,15 +415,15 @@ async fn answer(
     req: Request<Incoming>,
     behavior: Behavior,
     tokens: usize,
-    counts: Counts<'_>,
+    state: &State,
 ) -> Response<Body> {
-    let Counts {
+    let State {
         requests,
         connections,
         last_request,
         metrics,
         models,
-    } = counts;
+    } = state;
     let path = req.uri().path().to_owned();
     if req.method() == hyper::Method::GET {
         let served_metrics = metrics

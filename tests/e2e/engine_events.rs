@@ -487,15 +487,7 @@ async fn an_adapter_goes_to_the_servers_that_hold_it_and_matches_its_own_blocks(
     .await;
     assert!(
         eventually(Duration::from_secs(20), async || {
-            let models: Value = gw
-                .client
-                .get(gw.url("/v1/models"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let models = gw.get_json("/v1/models").await;
             models["data"]
                 .as_array()
                 .unwrap()
@@ -554,13 +546,7 @@ async fn an_adapter_goes_to_the_servers_that_hold_it_and_matches_its_own_blocks(
 
     // Served: only a and b ever see the adapter's requests, under its own name.
     for _ in 0..6 {
-        let response = gw
-            .client
-            .post(gw.url("/v1/messages"))
-            .json(&body_for("sql-lora"))
-            .send()
-            .await
-            .unwrap();
+        let response = gw.post_messages(&body_for("sql-lora")).await;
         assert_eq!(response.status(), 200);
     }
     assert_eq!(c_up.requests.load(std::sync::atomic::Ordering::Relaxed), 0);
@@ -591,13 +577,7 @@ async fn adapters_are_loaded_on_demand_and_the_least_recently_used_unloaded() {
     );
     let gw = TestGateway::start(&toml).await;
     let ask = async |model: &str| {
-        let response = gw
-            .client
-            .post(gw.url("/v1/messages"))
-            .json(&body_for(model))
-            .send()
-            .await
-            .unwrap();
+        let response = gw.post_messages(&body_for(model)).await;
         assert_eq!(response.status(), 200, "{model}");
         assert_eq!(up.last_request_json()["model"], model);
     };
@@ -625,12 +605,6 @@ async fn adapters_are_loaded_on_demand_and_the_least_recently_used_unloaded() {
     );
     assert_eq!(a["adapters"], json!({"sql": "fake"}));
     // An adapter the config does not name is not a model here.
-    let response = gw
-        .client
-        .post(gw.url("/v1/messages"))
-        .json(&body_for("unknown-lora"))
-        .send()
-        .await
-        .unwrap();
+    let response = gw.post_messages(&body_for("unknown-lora")).await;
     assert_eq!(response.status(), 404);
 }
