@@ -608,3 +608,46 @@ async fn adapters_are_loaded_on_demand_and_the_least_recently_used_unloaded() {
     let response = gw.post_messages(&body_for("unknown-lora")).await;
     assert_eq!(response.status(), 404);
 }
+
+/// Policies see which adapters each server holds (`cluster.adapters`): a router fixture that
+/// sends everything to the first server holding an adapter gets base-model requests to the
+/// one server that lists one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_sees_each_server_s_adapters() {
+    let ups = [
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+    ];
+    ups[2].set_models(&[("fake", None), ("sql-lora", Some("fake"))]);
+    let fixture = format!(
+        "{}/../policies/dist/fixtures/adapter-holder.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut toml = format!(
+        "models = [\"fake\"]\n[[policies.router]]\nname = \"holder\"\nsource = {}\n",
+        toml::Value::String(fixture)
+    );
+    for (id, up) in ["a", "b", "c"].iter().zip(&ups) {
+        toml.push_str(&format!(
+            "[[servers]]\nid = \"{id}\"\naddress = \"{}\"\n",
+            up.url()
+        ));
+    }
+    let gw = TestGateway::start(&toml).await;
+    assert!(
+        eventually(Duration::from_secs(20), async || {
+            gw.servers().await["servers"][2]["adapters"] == json!({"sql-lora": "fake"})
+        })
+        .await,
+        "c's adapter is discovered"
+    );
+    for _ in 0..4 {
+        assert_eq!(gw.post_messages(&body_for("fake")).await.status(), 200);
+    }
+    let served: Vec<usize> = ups
+        .iter()
+        .map(|up| up.requests.load(std::sync::atomic::Ordering::Relaxed))
+        .collect();
+    assert_eq!(served, [0, 0, 4], "every request to the adapter's holder");
+}

@@ -325,6 +325,9 @@ impl wit::cluster::Host for Bare {
     fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
         self.cluster.prefill_backlog()
     }
+    fn adapters(&mut self) -> Vec<(String, Vec<String>)> {
+        Vec::new()
+    }
 }
 
 impl wit::log::Host for Bare {

@@ -157,7 +157,7 @@ impl p1::types::Host for StoreData {}
 /// `cluster`, `log`, `metrics`, `config`) for one version's generated module: only the
 /// generated types differ.
 macro_rules! shared_imports {
-    ($p:ident) => {
+    ($p:ident { $($cluster_only:tt)* }) => {
         impl $p::ring::Host for StoreData {
             fn lookup(&mut self, key: u64) -> Option<String> {
                 host::ask(|h| h.ring_lookup(key))
@@ -186,6 +186,7 @@ macro_rules! shared_imports {
             fn prefill_backlog(&mut self) -> Vec<(String, u64)> {
                 host::ask(|h| h.prefill_backlog())
             }
+            $($cluster_only)*
         }
 
         impl From<ServerView> for $p::types::Server {
@@ -231,5 +232,10 @@ macro_rules! shared_imports {
     };
 }
 
-shared_imports!(p1);
-shared_imports!(p2);
+shared_imports!(p1 {});
+// 0.2.0's `cluster` also has `adapters`.
+shared_imports!(p2 {
+    fn adapters(&mut self) -> Vec<(String, Vec<String>)> {
+        host::ask(|h| h.adapters())
+    }
+});

@@ -91,6 +91,10 @@ pub trait RouterHost: Send + Sync {
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
         Vec::new()
     }
+    /// `cluster.adapters`: the LoRA adapters each server holds (servers with none left out).
+    fn adapters(&self) -> Vec<(String, Vec<String>)> {
+        Vec::new()
+    }
     /// Whether a router may send a request to `id`: a server in the pool that is healthy.
     ///
     /// The engine checks every `route(id)` answer with it. The default asks

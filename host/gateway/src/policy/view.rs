@@ -106,6 +106,17 @@ impl RouterHost for PoolView<'_> {
             .clone()
     }
 
+    fn adapters(&self) -> Vec<(String, Vec<String>)> {
+        self.snapshot
+            .servers
+            .iter()
+            .filter_map(|s| {
+                let held: Vec<String> = s.adapters().into_keys().collect();
+                (!held.is_empty()).then(|| (s.id().to_owned(), held))
+            })
+            .collect()
+    }
+
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
         self.snapshot
             .servers
