@@ -74,6 +74,8 @@ pub struct FakeUpstream {
     pub requests: Arc<AtomicUsize>,
     /// The body of the last request (chat, completions and messages).
     pub last_request: Arc<std::sync::Mutex<Bytes>>,
+    /// Each generation request's `traceparent` header, in order of arrival.
+    pub traceparents: Arc<std::sync::Mutex<Vec<Option<String>>>>,
     /// What `GET /metrics` answers (Prometheus text); `None`: no such endpoint.
     pub metrics: Arc<std::sync::Mutex<Option<String>>>,
     /// What `GET /v1/models` lists: ids with their `parent` (a LoRA adapter's base model).
@@ -95,12 +97,14 @@ impl FakeUpstream {
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
         let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
+        let traceparents = Arc::new(std::sync::Mutex::new(Vec::new()));
         let metrics = Arc::new(std::sync::Mutex::new(None));
         let models = Arc::new(std::sync::Mutex::new(vec![("fake".to_owned(), None)]));
         let state = State {
             requests: requests.clone(),
             connections: connections.clone(),
             last_request: last_request.clone(),
+            traceparents: traceparents.clone(),
             metrics: metrics.clone(),
             models: models.clone(),
         };
@@ -127,6 +131,7 @@ impl FakeUpstream {
             connections,
             requests,
             last_request,
+            traceparents,
             metrics,
             models,
             task,
@@ -240,6 +245,7 @@ struct State {
     requests: Arc<AtomicUsize>,
     connections: Arc<AtomicUsize>,
     last_request: Arc<std::sync::Mutex<Bytes>>,
+    traceparents: Arc<std::sync::Mutex<Vec<Option<String>>>>,
 }
 
 /// vLLM's runtime LoRA endpoints (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a load adds the adapter
@@ -421,10 +427,16 @@ async fn answer(
         requests,
         connections,
         last_request,
+        traceparents,
         metrics,
         models,
     } = state;
     let path = req.uri().path().to_owned();
+    let traceparent = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if req.method() == hyper::Method::GET {
         let served_metrics = metrics
             .lock()
@@ -481,6 +493,10 @@ async fn answer(
         return lora_adapter(&path, &body, models);
     }
     requests.fetch_add(1, Ordering::Relaxed);
+    traceparents
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(traceparent);
     *last_request
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = body.clone();

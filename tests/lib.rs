@@ -5,3 +5,4 @@
 
 pub mod fake_upstream;
 pub mod kv_publisher;
+pub mod otlp_receiver;

@@ -16,6 +16,7 @@ mod model;
 mod policies;
 mod rollout;
 mod support;
+mod telemetry;
 mod tools;
 mod upstream;
 mod worker;

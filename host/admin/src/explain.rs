@@ -52,6 +52,7 @@ pub(crate) async fn explain(
         caller: Caller::unlimited(&tier, "admin-explain"),
         passed_headers,
         queue_timeout: None,
+        trace_context: Vec::new(),
     };
     let call = Call::prepare(gateway, input, std::time::Instant::now(), "explain")?;
     let snapshot = &call.pool;

@@ -28,6 +28,7 @@ mod raw;
 pub mod rollout;
 pub mod routing;
 pub mod servers;
+pub mod telemetry;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -53,6 +54,7 @@ pub use servers::{
     GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerSpec,
     TokenizerSource, server_spec,
 };
+pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
 use error::invalid;
@@ -92,6 +94,8 @@ pub struct Config {
     pub cluster: Option<ClusterSettings>,
     /// `[lora]`: adapters loaded on demand.
     pub lora: LoraSettings,
+    /// `[telemetry]`: request traces.
+    pub telemetry: TelemetrySettings,
     /// Largest request body, bytes.
     pub max_body_bytes: usize,
     /// Largest `max_tokens`.
@@ -222,6 +226,7 @@ impl RawConfig {
         let autoscale = autoscale::autoscale_settings(self.autoscale.unwrap_or_default())?;
         let cluster = self.cluster.map(cluster::cluster_settings).transpose()?;
         let lora = lora::lora_settings(self.lora.unwrap_or_default())?;
+        let telemetry = telemetry::telemetry_settings(self.telemetry.unwrap_or_default(), &env)?;
         let (api_keys, tenants) = keys::keys_and_tenants(
             self.tenants.unwrap_or_default(),
             self.api_keys.unwrap_or_default(),
@@ -288,6 +293,7 @@ impl RawConfig {
             autoscale,
             cluster,
             lora,
+            telemetry,
             max_body_bytes: limits.max_body_bytes,
             max_output_tokens: limits.max_output_tokens,
             max_waiting_per_server: limits.max_waiting_per_server,

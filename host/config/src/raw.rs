@@ -48,6 +48,8 @@ pub struct RawConfig {
     pub cluster: Option<RawCluster>,
     /// `[lora]`: LoRA adapters loaded on demand.
     pub lora: Option<crate::lora::RawLora>,
+    /// `[telemetry]`: request traces over OTLP.
+    pub telemetry: Option<crate::telemetry::RawTelemetry>,
 }
 
 /// `[cluster]`.

@@ -32,10 +32,12 @@ pub(crate) async fn answer(
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
+    let trace_context = ringmaster_telemetry::trace_headers(req.headers());
     let body = read_json_body(gateway, req).await?;
     let input = CallInput {
         door,
         queue_timeout,
+        trace_context,
         body,
         session,
         caller,

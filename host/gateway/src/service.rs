@@ -179,7 +179,19 @@ async fn handle(
     peer: SocketAddr,
 ) -> Response<ResponseBody> {
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
-    let span = info_span!("request", request_id = %request_id);
+    // With traces on, the span is an OpenTelemetry server span continuing the client's
+    // `traceparent`; with them off it is only the log lines' request id.
+    let span = if ringmaster_telemetry::enabled() {
+        let span = info_span!(
+            "request",
+            request_id = %request_id,
+            otel.kind = "server",
+        );
+        ringmaster_telemetry::continue_trace(&span, req.headers());
+        span
+    } else {
+        info_span!("request", request_id = %request_id)
+    };
     async move {
         let started = Instant::now();
         let method = req.method().clone();
@@ -197,6 +209,11 @@ async fn handle(
             let hold = e.retry_after().map_or(delay, |after| after.min(delay));
             tokio::time::sleep(jittered(hold, &request_id)).await;
         }
+        let error_type = result
+            .as_ref()
+            .err()
+            .filter(|_| ringmaster_telemetry::enabled())
+            .map(|e| e.kind().anthropic_type().to_owned());
         let mut response = result.unwrap_or_else(|e| {
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");
@@ -209,6 +226,9 @@ async fn handle(
             HeaderValue::from_str(&request_id).expect("request ids are ASCII"),
         );
         let status = response.status().as_u16();
+        if ringmaster_telemetry::enabled() {
+            describe_response(&method, route, status, error_type.as_deref());
+        }
         gateway
             .metrics
             .responses
@@ -223,6 +243,22 @@ async fn handle(
     }
     .instrument(span)
     .await
+}
+
+/// The answer on the request's span (it stays open while a streamed reply runs).
+fn describe_response(method: &Method, route: &'static str, status: u16, error: Option<&str>) {
+    use ringmaster_telemetry::SpanExt;
+    use ringmaster_telemetry::semconv as k;
+    let span = tracing::Span::current();
+    span.attribute(k::HTTP_REQUEST_METHOD, method.as_str().to_owned());
+    span.attribute(k::HTTP_ROUTE, route);
+    span.attribute(k::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
+    if let Some(error) = error {
+        span.attribute(k::ERROR_TYPE, error.to_owned());
+        if status >= 500 {
+            span.failed(error.to_owned());
+        }
+    }
 }
 
 /// `hold` shortened by up to half, by the request's own (random) id: a flood's connections,

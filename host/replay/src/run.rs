@@ -352,6 +352,7 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         session: None,
         caller: Caller::unlimited("replay", "replay"),
         passed_headers: Vec::new(),
+        trace_context: Vec::new(),
     };
     let request_id = format!("replay-{index}");
     let response = match handle(&gateway, call, std::time::Instant::now(), &request_id).await {

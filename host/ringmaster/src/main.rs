@@ -166,9 +166,12 @@ struct ServeArgs {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    // `serve` sets up its logs itself, after its configuration says where traces go.
+    if !matches!(cli.command, Command::Serve(_)) {
+        init_logging(cli.log_format, None)?;
+    }
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(args, cli.log_format),
         Command::Bench(BenchCommand::Replay(args)) => bench_replay(args),
         Command::Policy(command) => policy_cmd::run(command),
         Command::CheckConfig { config } => {
@@ -234,7 +237,7 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
+fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let process_started = std::time::Instant::now();
     let mut raw = match &args.config {
         Some(path) => RawConfig::from_file(path)?,
@@ -290,13 +293,11 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(url) = args.cluster {
         raw.cluster.get_or_insert_with(Default::default).url = Some(url);
     }
+    let mut unused_replica = None;
     if let Some(name) = args.replica {
         match raw.cluster.as_mut() {
             Some(cluster) => cluster.name = Some(name),
-            None => tracing::warn!(
-                replica = %name,
-                "--replica names a replica of a cluster; without --cluster or [cluster] it has no effect"
-            ),
+            None => unused_replica = Some(name),
         }
     }
     if let Some(scale) = args.sim_time_scale {
@@ -305,15 +306,35 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .time_scale = Some(scale);
     }
     let config = raw.validate()?;
-    for warning in &config.warnings {
-        tracing::warn!(%warning, "config.deprecated");
-    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("ringmaster")
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(async move {
+    // The gRPC exporter's channel lives on the runtime.
+    let telemetry = {
+        let _entered = runtime.enter();
+        init_logging(log_format, Some(&config.telemetry))?
+    };
+    if let Some(name) = unused_replica {
+        tracing::warn!(
+            replica = %name,
+            "--replica names a replica of a cluster; without --cluster or [cluster] it has no effect"
+        );
+    }
+    for warning in &config.warnings {
+        tracing::warn!(%warning, "config.deprecated");
+    }
+    if let Some(export) = &config.telemetry.export {
+        info!(
+            endpoint = %export.endpoint,
+            protocol = export.protocol.as_str(),
+            sample_ratio = config.telemetry.sample_ratio.unwrap_or(1.0),
+            propagate = config.telemetry.propagate,
+            "telemetry.exporting"
+        );
+    }
+    let served = runtime.block_on(async move {
         let listen = config.listen;
         let listener = TcpListener::bind(listen)
             .await
@@ -373,7 +394,14 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         info!("gateway.stopped");
         Ok(())
-    })
+    });
+    // The spans still buffered go out before the runtime (the gRPC channel's home) stops.
+    if let Some(telemetry) = telemetry {
+        runtime.block_on(async move {
+            let _ = tokio::task::spawn_blocking(move || drop(telemetry)).await;
+        });
+    }
+    served
 }
 
 fn worker(args: WorkerArgs) -> anyhow::Result<()> {
@@ -585,21 +613,56 @@ async fn reload_on_sighup(gateway: std::sync::Weak<Gateway>) {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+/// Logs to stderr as `RUST_LOG` says, and, when `telemetry` names a collector, the gateway's
+/// request spans to it. Returns the trace pipeline, which flushes when dropped.
+fn init_logging(
+    format: LogFormat,
+    telemetry: Option<&ringmaster_config::TelemetrySettings>,
+) -> anyhow::Result<Option<ringmaster_telemetry::Telemetry>> {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    let filter = || {
+        tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"))
+    };
     // Colour codes only for a person at a terminal: a log file or a collector reads them as
     // noise (and `NO_COLOR` turns them off anyway).
     use std::io::IsTerminal;
     let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let traces = match telemetry {
+        Some(settings) => ringmaster_telemetry::layer(settings)?,
+        None => None,
+    };
+    let Some((traces, pipeline)) = traces else {
+        // No traces: one global filter, exactly as before there were any.
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(filter())
+            .with_ansi(colour)
+            .with_writer(std::io::stderr);
+        match format {
+            LogFormat::Text => builder.init(),
+            LogFormat::Json => builder.json().init(),
+        }
+        return Ok(None);
+    };
+    // The log lines keep `RUST_LOG`; the exporter takes the gateway's spans at INFO (and the
+    // warnings inside them as span events) whatever the log level is.
+    let logs = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let logs = match format {
+        LogFormat::Text => logs.with_filter(filter()).boxed(),
+        LogFormat::Json => logs.json().with_filter(filter()).boxed(),
+    };
+    let spans = tracing_subscriber::filter::Targets::new()
+        .with_target("ringmaster_gateway", tracing::Level::INFO)
+        .with_target("ringmaster_pool", tracing::Level::WARN);
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(traces.with_filter(spans))
+        .init();
+    Ok(Some(pipeline))
 }
 
 /// `ringmaster bench replay`: each scenario's table to stdout, its JSON and Markdown under

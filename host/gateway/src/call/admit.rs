@@ -44,6 +44,11 @@ impl Call {
                 },
             )
             .await?;
+        if self.trace.is_some() {
+            use ringmaster_telemetry::SpanExt;
+            let span = tracing::Span::current();
+            span.attribute(ringmaster_telemetry::semconv::ADMISSION_QUEUED, waited);
+        }
         if waited {
             let (_, pool, adapter) =
                 model_pool(&gateway, &gateway.pool.snapshot(), &self.request.model)?;

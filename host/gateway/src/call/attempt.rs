@@ -24,6 +24,8 @@ pub(crate) struct Started {
     pub(crate) decision: Decision,
     pub(crate) in_flight: InFlight,
     pub(crate) attempts: u32,
+    /// The successful attempt's span, when the request is traced.
+    pub(crate) span: Option<tracing::Span>,
 }
 
 impl Call {
@@ -109,8 +111,13 @@ impl Call {
         let mut upstream: Option<UpstreamRequest> = None;
         let mut tried: Vec<String> = Vec::new();
         let mut attempts = 0u32;
+        let mut retry_reason: Option<String> = None;
         loop {
             attempts += 1;
+            let span = self
+                .trace
+                .as_ref()
+                .map(|parent| attempt_span(parent, &decision, attempts, retry_reason.as_deref()));
             let result = match decision.server.engine() {
                 Backend::Local(engine) => match generate.take() {
                     Some(request) => engine.submit(request).map_err(BackendError::Engine),
@@ -122,12 +129,26 @@ impl Call {
                     {
                         upstream = Some(UpstreamRequest::encode(request, &self.served_model, mode));
                     }
-                    match upstream.as_ref() {
-                        Some(request) => match self.ready_adapter(worker).await {
-                            Ok(()) => worker.submit(request).await.map_err(BackendError::Remote),
-                            Err(error) => Err(BackendError::Remote(error)),
-                        },
-                        None => Err(BackendError::Engine(EngineError::Stopped)),
+                    if let Some(request) = upstream.as_mut() {
+                        request.set_trace_context(self.trace_context_for(span.as_ref()));
+                    }
+                    let submitted = async {
+                        match upstream.as_ref() {
+                            Some(request) => match self.ready_adapter(worker).await {
+                                Ok(()) => {
+                                    worker.submit(request).await.map_err(BackendError::Remote)
+                                }
+                                Err(error) => Err(BackendError::Remote(error)),
+                            },
+                            None => Err(BackendError::Engine(EngineError::Stopped)),
+                        }
+                    };
+                    match &span {
+                        Some(span) => {
+                            use tracing::Instrument;
+                            submitted.instrument(span.clone()).await
+                        }
+                        None => submitted.await,
                     }
                 }
             };
@@ -138,11 +159,16 @@ impl Call {
                         .upstream_attempts
                         .get_or_create(&AttemptLabels { outcome: "ok" })
                         .inc();
+                    if let Some(span) = &span {
+                        use ringmaster_telemetry::SpanExt;
+                        span.attribute(ringmaster_telemetry::semconv::ATTEMPT_OUTCOME, "ok");
+                    }
                     return Ok(Started {
                         generation,
                         decision,
                         in_flight,
                         attempts,
+                        span,
                     });
                 }
                 Err(error) => error,
@@ -157,6 +183,13 @@ impl Call {
                 .get_or_create(&AttemptLabels { outcome })
                 .inc();
             debug!(server = decision.server.id(), attempt = attempts, outcome, error = %error, "upstream.attempt_failed");
+            if let Some(span) = &span {
+                use ringmaster_telemetry::SpanExt;
+                span.attribute(ringmaster_telemetry::semconv::ATTEMPT_OUTCOME, outcome);
+                span.attribute(ringmaster_telemetry::semconv::ERROR_TYPE, outcome);
+                span.failed(error.to_string());
+            }
+            retry_reason = Some(format!("{outcome}: {error}"));
             if !retryable || attempts >= retry.attempts || self.started.elapsed() >= retry.deadline
             {
                 return Err(backend_error(error, attempts));
@@ -173,6 +206,41 @@ impl Call {
             }
         }
     }
+}
+
+impl Call {
+    /// The trace context a server is sent: this attempt's span when the request is traced,
+    /// else the client's own as it came (`[telemetry] propagate = false`: none).
+    fn trace_context_for(
+        &self,
+        span: Option<&tracing::Span>,
+    ) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        if !self.gateway.config.telemetry.propagate {
+            return Vec::new();
+        }
+        match span {
+            Some(span) => ringmaster_telemetry::context_headers(span),
+            None => self.trace_context.clone(),
+        }
+    }
+}
+
+/// One upstream attempt's span: the server, the attempt's number, why it is a retry.
+fn attempt_span(
+    parent: &tracing::Span,
+    decision: &Decision,
+    attempt: u32,
+    retry_reason: Option<&str>,
+) -> tracing::Span {
+    use ringmaster_telemetry::SpanExt;
+    use ringmaster_telemetry::semconv as k;
+    let span = tracing::info_span!(parent: parent, "upstream", otel.kind = "client");
+    span.attribute(k::SERVER_ADDRESS, decision.server.id().to_owned());
+    span.attribute(k::ATTEMPT, i64::from(attempt));
+    if let Some(reason) = retry_reason {
+        span.attribute(k::RETRY_REASON, reason.to_owned());
+    }
+    span
 }
 
 fn backend_error(error: BackendError, attempts: u32) -> ApiError {

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::HeaderValue;
+use http::header::{HeaderName, HeaderValue};
 use http::{Response, StatusCode};
 use ringmaster_api::{ApiError, Door, Request};
 use ringmaster_policy_engine::PolicyRequest;
@@ -56,6 +56,9 @@ pub struct CallInput {
     /// The request's own limit on its wait in the admission queue
     /// (`x-ringmaster-queue-timeout-ms`), when it sets one.
     pub queue_timeout: Option<Duration>,
+    /// The client's `traceparent` and `tracestate`, passed on to the server as they came when
+    /// the gateway records no span of its own for the request.
+    pub trace_context: Vec<(HeaderName, HeaderValue)>,
 }
 
 /// One request between its phases.
@@ -84,6 +87,11 @@ pub struct Call {
     pub policy: PolicyRequest,
     /// Its own limit on its wait in the admission queue.
     pub queue_timeout: Option<Duration>,
+    /// The request's span when its trace is recorded and exported (`None`: tracing is off or
+    /// the trace was not sampled, and no phase builds spans or attributes for it).
+    pub trace: Option<tracing::Span>,
+    /// The client's trace context, for the server when there is no span of our own.
+    pub trace_context: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Call {
@@ -143,15 +151,24 @@ pub async fn handle(
 impl Call {
     /// Every phase after prepare, in order, to the answer with the gateway's headers.
     pub async fn run(mut self) -> Result<Response<ResponseBody>, ApiError> {
-        self.admit().await?;
+        match self.trace.clone() {
+            Some(parent) => {
+                use tracing::Instrument;
+                let span = tracing::info_span!(parent: &parent, "admission");
+                self.admit().instrument(span).await?;
+            }
+            None => self.admit().await?,
+        }
         let (routed, mut tracker) = self.route()?;
-        let started = match self.attempt(routed).await {
+        let mut started = match self.attempt(routed).await {
             Ok(started) => started,
             Err(e) => {
                 tracker.failed(e.message());
                 return Err(e);
             }
         };
+        // The successful attempt's span lasts as long as the reply it carries.
+        tracker.attempt_span = started.span.take();
         if let Some(observation) = tracker.observation.as_mut() {
             started
                 .decision

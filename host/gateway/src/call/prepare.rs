@@ -32,6 +32,7 @@ impl Call {
             caller,
             passed_headers,
             queue_timeout,
+            trace_context,
         } = input;
         // The request's one view of the pool: admission, the router, assignment and the
         // metrics all decide on it.
@@ -67,6 +68,15 @@ impl Call {
             stream: request.stream,
             headers: passed_headers,
         };
+        // The request's span (opened by the HTTP layer) is described once its trace is known
+        // to be recorded; otherwise nothing is built for it.
+        let trace = {
+            let span = tracing::Span::current();
+            ringmaster_telemetry::is_sampled(&span).then_some(span)
+        };
+        if let Some(span) = &trace {
+            describe(span, request_id, &request, &served_model, &caller, &input);
+        }
         Ok(Self {
             gateway: gateway.clone(),
             id: request_id.to_owned(),
@@ -79,6 +89,8 @@ impl Call {
             input,
             policy,
             queue_timeout,
+            trace,
+            trace_context,
         })
     }
 }
@@ -196,4 +208,42 @@ pub(crate) fn unserved_in_process(request: &Request) -> Option<ApiError> {
         )));
     }
     None
+}
+
+/// The request's span: what was asked, by whom, keyed how (the GenAI semantic conventions'
+/// request attributes and `ringmaster.*`).
+fn describe(
+    span: &tracing::Span,
+    request_id: &str,
+    request: &Request,
+    served_model: &str,
+    caller: &crate::auth::Caller,
+    input: &ringmaster_pool::RoutingInput,
+) {
+    use ringmaster_telemetry::SpanExt;
+    use ringmaster_telemetry::semconv as k;
+    span.rename(format!("chat {}", request.model));
+    span.attribute(k::GEN_AI_OPERATION_NAME, "chat");
+    span.attribute(
+        k::GEN_AI_PROVIDER_NAME,
+        if request.door.is_openai() {
+            "openai"
+        } else {
+            "anthropic"
+        },
+    );
+    span.attribute(k::GEN_AI_REQUEST_MODEL, request.model.clone());
+    span.attribute(k::GEN_AI_RESPONSE_MODEL, served_model.to_owned());
+    span.attribute(k::GEN_AI_REQUEST_MAX_TOKENS, i64::from(request.max_tokens));
+    if let Some(temperature) = request.sampling.temperature {
+        span.attribute(k::GEN_AI_REQUEST_TEMPERATURE, f64::from(temperature));
+    }
+    span.attribute(k::GEN_AI_REQUEST_STREAM, request.stream);
+    span.attribute(k::GEN_AI_RESPONSE_ID, request_id.to_owned());
+    span.attribute(k::REQUEST_ID, request_id.to_owned());
+    span.attribute(k::DOOR, request.door.route());
+    span.attribute(k::TENANT, caller.tenant.to_string());
+    span.attribute(k::TIER, caller.tier.to_string());
+    span.attribute(k::ROUTING_KEY_SOURCE, input.source.as_str());
+    span.attribute(k::PREFIX_BLOCKS, input.prefix_hashes.len() as i64);
 }

@@ -22,6 +22,11 @@ impl Call {
     /// Phase 3: see the module's documentation.
     pub(crate) fn route(&self) -> Result<(Routed, Tracker), ApiError> {
         let gateway = &self.gateway;
+        let span = self
+            .trace
+            .as_ref()
+            .map(|parent| tracing::info_span!(parent: parent, "route"));
+        let _entered = span.as_ref().map(tracing::Span::enter);
         let routing_started = Instant::now();
         let routed = match gateway.router.route(
             &gateway.pool,
@@ -46,13 +51,16 @@ impl Call {
             }
         };
         let tracker = self.tracker(&routed);
-        record_decision(
+        let reason = record_decision(
             gateway,
             &tracker,
             &routed.decision,
             routed.fault.as_ref(),
             routing_started.elapsed(),
         );
+        if let Some(span) = &span {
+            describe_decision(span, &routed, &tracker, reason);
+        }
         debug!(
             server = routed.decision.server.id(),
             reason = routed.decision.reason.as_str(),
@@ -105,6 +113,8 @@ impl Call {
             },
             variant: variant.clone(),
             started: self.started,
+            trace: self.trace.clone(),
+            attempt_span: None,
             record: gateway.recorder().map(|r| {
                 r.start(
                     self.started,
@@ -116,14 +126,67 @@ impl Call {
     }
 }
 
+/// The routing decision on its span: which policy version decided, the server, what it saw
+/// of that server's cache and load, whether the bounded-load walk spilled, the call's time.
+fn describe_decision(
+    span: &tracing::Span,
+    routed: &crate::policy::Routed,
+    tracker: &Tracker,
+    reason: &'static str,
+) {
+    use ringmaster_telemetry::SpanExt;
+    use ringmaster_telemetry::semconv as k;
+    let decision = &routed.decision;
+    span.attribute(k::POLICY_SLOT, "router");
+    span.attribute(k::POLICY_VARIANT, tracker.label.variant.clone());
+    if let Some(variant) = &routed.variant {
+        span.attribute(k::POLICY_VERSION, variant.policy.info().hash.clone());
+    }
+    if let Some(time) = routed.seen.policy_time {
+        span.attribute(k::POLICY_DURATION_US, time.as_micros() as i64);
+    }
+    if let Some(fault) = &routed.fault {
+        span.attribute(k::POLICY_FAULT, fault.kind());
+    }
+    span.attribute(k::ROUTING_SERVER, decision.server.id().to_owned());
+    span.attribute(k::ROUTING_REASON, reason);
+    span.attribute(
+        k::ROUTING_SPILLED,
+        !decision.skipped.is_empty()
+            || matches!(
+                decision.reason,
+                DecisionReason::BoundedLoadSpill | DecisionReason::PolicyOverCap
+            ),
+    );
+    span.attribute(k::ROUTING_CANDIDATES, routed.seen.candidates as i64);
+    if let Some(held) = routed.seen.cached_hashes {
+        span.attribute(k::ROUTING_CACHED_BLOCKS, i64::from(held));
+    }
+    span.attribute(
+        k::ROUTING_UNCACHED_TOKENS,
+        routed.seen.uncached_tokens as i64,
+    );
+    span.attribute(k::ROUTING_IN_FLIGHT, decision.load_after as i64);
+    if let Some(capacity) = decision.capacity {
+        span.attribute(k::ROUTING_CAPACITY, capacity as i64);
+    }
+    let load = decision.server.engine().load();
+    span.attribute(k::ROUTING_WAITING, i64::from(load.waiting));
+    span.attribute(
+        k::ROUTING_PREFILL_BACKLOG,
+        decision.server.fleet_prefill_backlog() as i64,
+    );
+}
+
 /// Counts a routing decision: its reason, the policy call's time, a fault, the load to cap.
+/// Returns the reason as counted.
 fn record_decision(
     gateway: &Gateway,
     tracker: &Tracker,
     decision: &Decision,
     fault: Option<&PolicyFault>,
     elapsed: Duration,
-) {
+) -> &'static str {
     let reason = match (fault, decision.reason) {
         (Some(_), _) => "fallback",
         (None, DecisionReason::Policy) => {
@@ -170,4 +233,5 @@ fn record_decision(
             .routing_load_to_cap
             .observe(decision.load_after as f64 / capacity.max(1) as f64);
     }
+    reason
 }

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ringmaster_policy_engine::Outcome;
+use ringmaster_telemetry::SpanExt;
 use tracing::debug;
 
 use crate::Gateway;
@@ -42,6 +43,10 @@ pub(crate) struct Tracker {
     pub(crate) started: Instant,
     /// The request's start as the traffic recording has it, when recording.
     pub(crate) record: Option<crate::record::RecordStart>,
+    /// The request's span when traced: held until the reply ends, so it ends with it.
+    pub(crate) trace: Option<tracing::Span>,
+    /// The successful upstream attempt's span, held as long as the reply.
+    pub(crate) attempt_span: Option<tracing::Span>,
 }
 
 impl Tracker {
@@ -82,6 +87,11 @@ impl Tracker {
             let micros = u64::try_from(self.started.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
             observation.ttft_us.store(micros, Ordering::Relaxed);
         }
+        if let Some(span) = &self.trace {
+            use ringmaster_telemetry::semconv as k;
+            span.event(k::EVENT_FIRST_TOKEN, Vec::new());
+            span.attribute(k::GEN_AI_TIME_TO_FIRST_TOKEN, ttft);
+        }
     }
 
     /// Tells a learning router how the request went. Runs once the last token (or the failure)
@@ -109,7 +119,22 @@ impl Tracker {
         }
     }
 
-    pub(crate) fn finished(&self, prompt_tokens: u32, cached_tokens: u32, output_tokens: u32) {
+    /// The reply ended with `finish` (`end_turn`, `max_tokens`, …) after the tokens counted.
+    pub(crate) fn finished(
+        &self,
+        (prompt_tokens, cached_tokens, output_tokens): (u32, u32, u32),
+        finish: &'static str,
+    ) {
+        if let Some(span) = &self.trace {
+            use ringmaster_telemetry::semconv as k;
+            span.attribute(k::GEN_AI_USAGE_INPUT_TOKENS, i64::from(prompt_tokens));
+            span.attribute(k::GEN_AI_USAGE_OUTPUT_TOKENS, i64::from(output_tokens));
+            span.attribute(k::USAGE_CACHED_TOKENS, i64::from(cached_tokens));
+            span.attribute(
+                k::GEN_AI_RESPONSE_FINISH_REASONS,
+                opentelemetry_array(finish),
+            );
+        }
         if let (Some(recorder), Some(start)) = (self.gateway.recorder(), &self.record) {
             recorder.finish(start, prompt_tokens, output_tokens);
         }
@@ -125,9 +150,17 @@ impl Tracker {
     }
 
     pub(crate) fn failed(&self, why: &str) {
+        if let Some(span) = &self.trace {
+            span.failed(why);
+        }
         if let Some(variant) = &self.variant {
             variant.stats.errors.fetch_add(1, Ordering::Relaxed);
         }
         self.observe((0, 0, 0), Some(why));
     }
+}
+
+/// A one-element string array attribute (`gen_ai.response.finish_reasons` is a list).
+fn opentelemetry_array(item: &'static str) -> ringmaster_telemetry::Value {
+    ringmaster_telemetry::Value::Array(ringmaster_telemetry::Array::String(vec![item.into()]))
 }

@@ -141,6 +141,22 @@ pub struct Routed {
     pub variant: Option<Arc<Variant>>,
     /// The fault that made the ring decide instead, if any.
     pub fault: Option<PolicyFault>,
+    /// What the decision saw of the chosen server (for the request's trace).
+    pub seen: Seen,
+}
+
+/// What a routing decision saw of the server it chose.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    /// The prompt's leading prefix hashes the server was found to hold (`None`: no policy
+    /// asked for the prefix matches).
+    pub cached_hashes: Option<u32>,
+    /// The prompt tokens it was charged to compute (after that credit).
+    pub uncached_tokens: u64,
+    /// The policy call's own time (`None`: the native ring decided alone).
+    pub policy_time: Option<std::time::Duration>,
+    /// Servers in the snapshot it decided on.
+    pub candidates: usize,
 }
 
 /// What routing can answer besides a server.

@@ -11,7 +11,7 @@ use ringmaster_pool::{Decision, Pool, PoolSnapshot};
 use tracing::warn;
 
 use super::view::PoolView;
-use super::{RouteOutcome, Routed, RouterSlot, Variant};
+use super::{RouteOutcome, Routed, RouterSlot, Seen, Variant};
 use crate::routing::RoutingInput;
 
 impl RouterSlot {
@@ -33,9 +33,11 @@ impl RouterSlot {
         let view = PoolView::new(snapshot, pool, input, chat);
         let variant = set.pick(input.key).cloned();
         let mut fault = None;
+        let mut policy_time = None;
         let routed = match &variant {
             None => pool.route_on(snapshot, input),
-            Some(variant) => match variant.policy.route(&view, request) {
+            Some(variant) => match timed(&mut policy_time, || variant.policy.route(&view, request))
+            {
                 Ok(RouteDecision::Route(id)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
                     pool.assign_on(snapshot, &id, input, self.guard)
@@ -57,7 +59,8 @@ impl RouterSlot {
         let Some((decision, mut in_flight)) = routed else {
             return RouteOutcome::NoServers;
         };
-        in_flight.charge_prefill(view.uncached_tokens(decision.server.id(), request.prompt_tokens));
+        let uncached = view.uncached_tokens(decision.server.id(), request.prompt_tokens);
+        in_flight.charge_prefill(uncached);
         if let Some(variant) = &variant {
             variant.stats.requests.fetch_add(1, Ordering::Relaxed);
         }
@@ -65,6 +68,12 @@ impl RouterSlot {
             self.run_shadow(shadow, &view, request, decision.server.id());
         }
         RouteOutcome::Routed(Box::new(Routed {
+            seen: Seen {
+                cached_hashes: view.matched(decision.server.id()),
+                uncached_tokens: uncached,
+                policy_time,
+                candidates: snapshot.servers.len(),
+            },
             decision,
             in_flight,
             variant,
@@ -162,4 +171,12 @@ impl RouterSlot {
         }
         explained
     }
+}
+
+/// `call`'s answer, its time kept in `took`.
+fn timed<T>(took: &mut Option<std::time::Duration>, call: impl FnOnce() -> T) -> T {
+    let started = std::time::Instant::now();
+    let answer = call();
+    *took = Some(started.elapsed());
+    answer
 }

@@ -147,6 +147,15 @@ impl PoolView<'_> {
     }
 }
 
+impl PoolView<'_> {
+    /// The leading prefix hashes `server` was found to hold, when a call asked.
+    pub(crate) fn matched(&self, server: &str) -> Option<u32> {
+        self.matches
+            .get()
+            .map(|matches| matched_hashes(matches, server))
+    }
+}
+
 fn matched_hashes(matches: &[(String, u32)], server: &str) -> u32 {
     matches
         .iter()

@@ -204,14 +204,16 @@ impl ReplyMachine {
                         Err(why) => return Some(self.refuse(tracker, why, sink)),
                     }
                 }
-                tracker.finished(prompt_tokens, cached_tokens, output_tokens);
-                let (reason, stop_sequence) = match &reason {
-                    FinishReason::EndOfTurn => (StopReason::EndTurn, None),
-                    FinishReason::MaxTokens => (StopReason::MaxTokens, None),
-                    FinishReason::StopSequence(s) => (StopReason::StopSequence, Some(s.as_str())),
-                    FinishReason::ToolCalls => (StopReason::ToolUse, None),
-                    FinishReason::ContentFilter => (StopReason::Refusal, None),
+                let (reason, stop_sequence, finish) = match &reason {
+                    FinishReason::EndOfTurn => (StopReason::EndTurn, None, "end_turn"),
+                    FinishReason::MaxTokens => (StopReason::MaxTokens, None, "max_tokens"),
+                    FinishReason::StopSequence(s) => {
+                        (StopReason::StopSequence, Some(s.as_str()), "stop_sequence")
+                    }
+                    FinishReason::ToolCalls => (StopReason::ToolUse, None, "tool_use"),
+                    FinishReason::ContentFilter => (StopReason::Refusal, None, "refusal"),
                 };
+                tracker.finished((prompt_tokens, cached_tokens, output_tokens), finish);
                 sink.event(ReplyEvent::Stop {
                     reason,
                     stop_sequence,
@@ -243,9 +245,12 @@ impl ReplyMachine {
         info!(reason = %why.reason, "reply.output_blocked");
         self.usage.output_tokens = self.generated;
         tracker.finished(
-            self.usage.prompt_tokens,
-            self.usage.cached_tokens,
-            self.generated,
+            (
+                self.usage.prompt_tokens,
+                self.usage.cached_tokens,
+                self.generated,
+            ),
+            "refusal",
         );
         sink.event(ReplyEvent::Stop {
             reason: StopReason::Refusal,

@@ -361,13 +361,18 @@ impl RemoteWorker {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
         };
-        let http_request = http::Request::post(endpoint)
+        let mut http_request = http::Request::post(endpoint)
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(http_body_util::Full::new(request.body.clone()))
             .map_err(|e| RemoteError::Broken {
                 url: self.url.clone(),
                 why: format!("could not build the request: {e}"),
             })?;
+        for (name, value) in &request.trace_context {
+            http_request
+                .headers_mut()
+                .insert(name.clone(), value.clone());
+        }
         let (response, mut lease) = tokio::time::timeout(headers_timeout, self.send(http_request))
             .await
             .map_err(|_| RemoteError::Unreachable {

@@ -24,6 +24,9 @@ pub struct UpstreamRequest {
     pub(super) body: bytes::Bytes,
     pub(super) mode: ReplyMode,
     pub(super) request_id: String,
+    /// `traceparent` (and `tracestate`) for this attempt: the gateway's span, or the client's
+    /// own context passed on.
+    pub(super) trace_context: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl UpstreamRequest {
@@ -37,7 +40,13 @@ impl UpstreamRequest {
             body: bytes::Bytes::from(body),
             mode,
             request_id: request.request_id.clone(),
+            trace_context: Vec::new(),
         }
+    }
+
+    /// The trace context the next attempt sends (each attempt is its own span).
+    pub fn set_trace_context(&mut self, headers: Vec<(http::HeaderName, http::HeaderValue)>) {
+        self.trace_context = headers;
     }
 
     /// The encoded body.
