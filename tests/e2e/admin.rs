@@ -318,3 +318,83 @@ async fn traffic_is_recorded_as_a_trace_and_switched_from_the_admin_api() {
         409
     );
 }
+
+#[tokio::test]
+async fn the_status_document_streams_as_events_behind_the_token_and_ends_when_the_gateway_stops() {
+    let mut gw = TestGateway::simulated(2, 0.01, "").await;
+    for path in ["/admin/status", "/admin/events"] {
+        let refused = gw.client.get(gw.url(path)).send().await.unwrap();
+        assert_eq!(refused.status(), 401, "{path}");
+    }
+    // The page's files need no token and hold no data.
+    let page = gw.client.get(gw.url("/ui")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    assert!(
+        page.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("script-src 'self'")
+    );
+    assert!(!page.text().await.unwrap().contains("gpu-0"));
+
+    let status = gw.admin_json(reqwest::Method::GET, "/admin/status").await;
+    let ids: Vec<&str> = status["servers"]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["gpu-0", "gpu-1"]);
+    let shares: f64 = status["servers"]["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["ring_share"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (shares - 1.0).abs() < 1e-9,
+        "the ring shares sum to one: {shares}"
+    );
+
+    let events = gw.admin_call(reqwest::Method::GET, "/admin/events").await;
+    assert_eq!(events.status(), 200);
+    assert_eq!(events.headers()["content-type"], "text/event-stream");
+    let mut body = events.bytes_stream();
+    let mut text = String::new();
+    // The first document at once; after a request fails, the next one lists the error.
+    while !text.contains("\n\n") {
+        text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+    }
+    assert!(text.starts_with("event: status\ndata: {"), "{text}");
+    let refused = gw
+        .client
+        .post(gw.url("/v1/messages"))
+        .header("content-type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    let request_id = refused.headers()["request-id"].to_str().unwrap().to_owned();
+    let next = tokio::time::timeout(Duration::from_secs(10), async {
+        let mut text = String::new();
+        while !text.contains(&request_id) {
+            text.push_str(std::str::from_utf8(&body.next().await.unwrap().unwrap()).unwrap());
+        }
+        text
+    })
+    .await
+    .expect("the error arrives as an event");
+    assert!(next.contains("invalid_request_error"), "{next}");
+
+    // Stopping the gateway ends the stream (a graceful shutdown does not wait on the page).
+    gw.stop();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(chunk) = body.next().await {
+            if chunk.is_err() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the event stream outlived the gateway");
+}

@@ -130,11 +130,18 @@ impl TestGateway {
     }
 }
 
-impl Drop for TestGateway {
-    fn drop(&mut self) {
+impl TestGateway {
+    /// Stops taking connections and drains, as on SIGTERM.
+    pub fn stop(&mut self) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
+    }
+}
+
+impl Drop for TestGateway {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

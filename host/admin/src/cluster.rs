@@ -17,11 +17,18 @@ use crate::changes::unavailable;
 pub(crate) async fn cluster_json(
     gateway: &Arc<Gateway>,
 ) -> Result<Response<ResponseBody>, ApiError> {
+    Ok(json_response(
+        StatusCode::OK,
+        &cluster_value(gateway).await?,
+    ))
+}
+
+/// What `GET /admin/cluster` answers, as a value (the status page's replicas too).
+pub(crate) async fn cluster_value(gateway: &Arc<Gateway>) -> Result<serde_json::Value, ApiError> {
     let Some(cluster) = gateway.cluster() else {
-        return Ok(json_response(
-            StatusCode::OK,
-            &json!({ "cluster": null, "replicas": [], "note": "this gateway runs alone (no --cluster)" }),
-        ));
+        return Ok(
+            json!({ "cluster": null, "replicas": [], "note": "this gateway runs alone (no --cluster)" }),
+        );
     };
     let head = cluster.head().await.map_err(unavailable)?;
     let mut replicas = cluster.replicas().await.map_err(unavailable)?;
@@ -41,9 +48,7 @@ pub(crate) async fn cluster_json(
         })
         .collect();
     let spec = cluster.spec();
-    Ok(json_response(
-        StatusCode::OK,
-        &json!({
+    Ok(json!({
             "cluster": {
                 "replica": cluster.replica(),
                 "namespace": spec.namespace,
@@ -56,8 +61,7 @@ pub(crate) async fn cluster_json(
                 "other_replicas_reporting_load": cluster.fleet_load().reporting(),
             },
             "replicas": replicas,
-        }),
-    ))
+    }))
 }
 
 /// The other live replicas' figures per router variant, summed (empty alone, or when Redis

@@ -12,7 +12,9 @@
 //! - [`policies`]: `GET /admin/policies`, `PUT|POST|DELETE /admin/policies/…`;
 //! - [`experiments`]: `GET /admin/experiments`;
 //! - [`explain`]: `POST /admin/route/explain`;
-//! - [`cluster`]: `GET /admin/cluster` (the replicas, their revisions and views).
+//! - [`cluster`]: `GET /admin/cluster` (the replicas, their revisions and views);
+//! - [`status`]: `GET /admin/status` and `GET /admin/events` (the status page's data, whole
+//!   and as server-sent events); the page's own files at `/ui` (no data in them).
 //!
 //! Every change is a [`changes::Change`], made by [`changes::make`]: at once on a gateway
 //! alone; as the next revision of the configuration log in a cluster, which every replica
@@ -29,6 +31,8 @@ mod guardrails;
 pub mod policies;
 pub mod rollout;
 pub mod servers;
+pub mod status;
+mod ui;
 
 use std::sync::Arc;
 
@@ -109,6 +113,16 @@ pub async fn handle(
             "the admin API is disabled: set admin_token in the config or RINGMASTER_ADMIN_TOKEN",
         ));
     };
+    let path = req.uri().path();
+    if path == "/ui" || path.starts_with("/ui/") {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return Err(ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("method {} is not allowed on {path}", req.method()),
+            ));
+        }
+        return ui::serve(path);
+    }
     if !presented_token_matches(req.headers(), token) {
         return Err(ApiError::new(
             ErrorKind::Authentication,
@@ -128,6 +142,8 @@ pub async fn handle(
             remove_server(gateway, applier, id, wait).await
         }
         (Method::GET, "/admin/cluster") => cluster_json(gateway).await,
+        (Method::GET, "/admin/status") => status::status(gateway).await,
+        (Method::GET, "/admin/events") => Ok(status::events(gateway)),
         (Method::POST, "/admin/route/explain") => explain(gateway, req).await,
         (Method::GET, "/admin/record") => record_json(gateway, None),
         (Method::PUT, "/admin/record") => record_json(gateway, Some(true)),
@@ -235,6 +251,8 @@ pub async fn handle(
             | "/admin/policies"
             | "/admin/experiments"
             | "/admin/cluster"
+            | "/admin/status"
+            | "/admin/events"
             | "/admin/record",
         ) => Err(ApiError::new(
             ErrorKind::MethodNotAllowed,

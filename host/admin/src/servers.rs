@@ -68,6 +68,7 @@ fn server_json(server: &Server) -> serde_json::Value {
         "in_flight": server.in_flight(),
         "peak_in_flight": server.peak_in_flight(),
         "requests_total": server.requests_total(),
+        "prefill_backlog_tokens": server.fleet_prefill_backlog(),
         "cache_view": server.cache_view(),
         "adapters": server.adapters(),
         "adapter_loads": server.adapter_counts(),

@@ -22,6 +22,7 @@ pub mod fleet;
 pub mod metrics;
 pub mod policy;
 pub mod queue;
+pub mod recent;
 pub mod record;
 mod reply;
 pub mod respond;
@@ -41,6 +42,7 @@ pub use ringmaster_pool as pool;
 pub use ringmaster_pool::{kv_view, prefix_index, remote};
 
 pub use body::ResponseBody;
+pub use body::full as full_body;
 /// The configuration (its own crate), re-exported under the gateway's old paths.
 pub use ringmaster_config as config;
 pub use ringmaster_config::{Config, RawConfig};
@@ -108,6 +110,13 @@ pub struct Gateway {
     admin: std::sync::OnceLock<Arc<dyn AdminRoutes>>,
     /// The fleet this gateway is a replica of (`None`: a process alone).
     cluster: Option<Arc<ringmaster_cluster::Cluster>>,
+    /// The last error answers, for the status page.
+    recent_errors: recent::RecentErrors,
+    /// When it started (the status page's uptime).
+    started: std::time::Instant,
+    /// Cancelled when the gateway stops accepting: long-lived streams of its own (the
+    /// status page's events) end then, so a graceful shutdown does not wait out its grace.
+    stopping: tokio_util::sync::CancellationToken,
 }
 
 impl Gateway {
@@ -195,6 +204,9 @@ impl Gateway {
                 as Arc<dyn ringmaster_tenancy::SharedBuckets>
         });
         let gateway = Arc::new(Self {
+            recent_errors: recent::RecentErrors::default(),
+            started: std::time::Instant::now(),
+            stopping: tokio_util::sync::CancellationToken::new(),
             cluster: cluster.clone(),
             recorder,
             streams: reply::resume::Streams::new(config.resume_window),
@@ -243,7 +255,22 @@ impl Gateway {
         &self.safety
     }
 
-    /// The router slot.
+    /// The last error answers (the status page's).
+    pub fn recent_errors(&self) -> &recent::RecentErrors {
+        &self.recent_errors
+    }
+
+    /// Cancelled once the gateway stops taking connections.
+    pub fn stopping(&self) -> &tokio_util::sync::CancellationToken {
+        &self.stopping
+    }
+
+    /// How long it has run.
+    pub fn uptime(&self) -> std::time::Duration {
+        self.started.elapsed()
+    }
+
+    /// The router slot: its variants, versions and experiment.
     pub fn router(&self) -> &Arc<RouterSlot> {
         &self.router
     }

@@ -85,6 +85,7 @@ pub async fn serve(
         }
     }
     drop(listener);
+    gateway.stopping.cancel();
     info!(
         grace_s = gateway.config.shutdown_grace.as_secs(),
         "gateway.draining"
@@ -218,6 +219,16 @@ async fn handle(
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");
             }
+            gateway.recent_errors.push(crate::recent::RecentError {
+                at_ms: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                request_id: request_id.clone(),
+                route,
+                status: e.kind().status().as_u16(),
+                kind: e.kind().anthropic_type(),
+                message: e.message().to_owned(),
+            });
             // Every path that is no door answers in Anthropic's shape.
             error_response(door.unwrap_or(Door::Messages), &e)
         });
@@ -282,6 +293,7 @@ fn route_name(path: &str) -> &'static str {
         "/healthz" | "/readyz" => "health",
         "/metrics" => "metrics",
         p if p.starts_with("/admin/") => "admin",
+        p if p == "/ui" || p.starts_with("/ui/") => "ui",
         _ => "other",
     }
 }
@@ -366,12 +378,16 @@ async fn dispatch(
             );
             Ok(response)
         }
-        p if p.starts_with("/admin/") => match gateway.admin_routes() {
-            Some(admin) => admin.handle(gateway, req).await,
-            None => Err(ApiError::not_found(
-                "the admin API is not mounted in this gateway",
-            )),
-        },
+        // The status page's static files: served by the admin API's crate, its data behind
+        // the admin token like every other admin call.
+        p if p.starts_with("/admin/") || p == "/ui" || p.starts_with("/ui/") => {
+            match gateway.admin_routes() {
+                Some(admin) => admin.handle(gateway, req).await,
+                None => Err(ApiError::not_found(
+                    "the admin API is not mounted in this gateway",
+                )),
+            }
+        }
         _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
     }
 }
