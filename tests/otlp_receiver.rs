@@ -66,18 +66,38 @@ impl ReceivedSpan {
 pub struct OtlpReceiver {
     /// Where it listens (both protocols on one port).
     pub addr: SocketAddr,
-    spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    spans: Arc<Received>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// What came: the spans (when kept) and how many.
+#[derive(Debug, Default)]
+struct Received {
+    keep: bool,
+    count: std::sync::atomic::AtomicUsize,
+    spans: Mutex<Vec<ReceivedSpan>>,
 }
 
 type Body = BoxBody<Bytes, Infallible>;
 
 impl OtlpReceiver {
-    /// Starts on 127.0.0.1, port 0.
+    /// Starts on 127.0.0.1, port 0, keeping every span.
     pub async fn start() -> Self {
+        Self::start_with(true).await
+    }
+
+    /// Starts on 127.0.0.1, port 0, only counting the spans (a benchmark's long run).
+    pub async fn counting() -> Self {
+        Self::start_with(false).await
+    }
+
+    async fn start_with(keep: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let spans = Arc::new(Mutex::new(Vec::new()));
+        let spans = Arc::new(Received {
+            keep,
+            ..Received::default()
+        });
         let kept = spans.clone();
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -103,12 +123,18 @@ impl OtlpReceiver {
         format!("http://{}", self.addr)
     }
 
-    /// Every span received so far.
+    /// Every span received so far (none when only counting).
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.spans
+            .spans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// How many spans came.
+    pub fn received(&self) -> usize {
+        self.spans.count.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The spans of `trace_id`, once at least `count` of them are in (or whatever came
@@ -135,7 +161,7 @@ impl Drop for OtlpReceiver {
     }
 }
 
-async fn receive(req: Request<Incoming>, kept: &Mutex<Vec<ReceivedSpan>>) -> Response<Body> {
+async fn receive(req: Request<Incoming>, kept: &Received) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let Ok(body) = req.into_body().collect().await.map(|b| b.to_bytes()) else {
         return plain(StatusCode::BAD_REQUEST, "unreadable body");
@@ -171,12 +197,19 @@ async fn receive(req: Request<Incoming>, kept: &Mutex<Vec<ReceivedSpan>>) -> Res
     }
 }
 
-fn keep(
-    kept: &Mutex<Vec<ReceivedSpan>>,
-    export: ExportTraceServiceRequest,
-    transport: &'static str,
-) {
-    let mut spans = kept.lock().unwrap_or_else(PoisonError::into_inner);
+fn keep(kept: &Received, export: ExportTraceServiceRequest, transport: &'static str) {
+    let count: usize = export
+        .resource_spans
+        .iter()
+        .flat_map(|r| &r.scope_spans)
+        .map(|s| s.spans.len())
+        .sum();
+    kept.count
+        .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+    if !kept.keep {
+        return;
+    }
+    let mut spans = kept.spans.lock().unwrap_or_else(PoisonError::into_inner);
     for resource in export.resource_spans {
         let service = resource
             .resource
@@ -254,4 +287,139 @@ fn grpc_answer(status: &'static str) -> Response<Body> {
         http::HeaderValue::from_static("application/grpc"),
     );
     response
+}
+
+/// One trace drawn as a waterfall (SVG): a row per span in tree order, its bar from start to
+/// end in milliseconds from the trace's start, labelled with its name and the attributes an
+/// operator looks at first.
+pub fn waterfall(spans: &[ReceivedSpan], path: &std::path::Path) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let plot_error = |e: &dyn std::fmt::Display| anyhow::anyhow!("plotting: {e}");
+    // Tree order: each span after its parent, siblings by start.
+    let mut ordered: Vec<(usize, &ReceivedSpan)> = Vec::new();
+    fn walk<'a>(
+        spans: &'a [ReceivedSpan],
+        parent: &str,
+        depth: usize,
+        out: &mut Vec<(usize, &'a ReceivedSpan)>,
+    ) {
+        let mut children: Vec<&ReceivedSpan> = spans
+            .iter()
+            .filter(|s| s.parent_span_id == parent)
+            .collect();
+        children.sort_by_key(|s| s.start_ns);
+        for child in children {
+            out.push((depth, child));
+            walk(spans, &child.span_id, depth + 1, out);
+        }
+    }
+    let ids: std::collections::HashSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let mut roots: Vec<&ReceivedSpan> = spans
+        .iter()
+        .filter(|s| !ids.contains(s.parent_span_id.as_str()))
+        .collect();
+    roots.sort_by_key(|s| s.start_ns);
+    for root in roots {
+        ordered.push((0, root));
+        walk(spans, &root.span_id, 1, &mut ordered);
+    }
+    let start = spans.iter().map(|s| s.start_ns).min().unwrap_or(0);
+    let end = spans.iter().map(|s| s.end_ns).max().unwrap_or(start + 1);
+    let ms = |ns: u64| (ns.saturating_sub(start)) as f64 / 1e6;
+    let width_ms = ms(end).max(0.001) * 1.02;
+    let rows = ordered.len().max(1);
+    let height = 90 + 34 * rows as u32;
+    let root = SVGBackend::new(path, (1100, height)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "One request's trace, as the OTLP receiver got it",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(10)
+        .build_cartesian_2d(0.0..width_ms, 0.0..rows as f64)
+        .map_err(|e| plot_error(&e))?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .disable_y_axis()
+        .x_desc("milliseconds from the request's arrival")
+        .draw()
+        .map_err(|e| plot_error(&e))?;
+    let colours = [
+        RGBColor(36, 87, 197),
+        RGBColor(208, 100, 27),
+        RGBColor(31, 122, 58),
+        RGBColor(142, 68, 173),
+    ];
+    for (row, (depth, span)) in ordered.iter().enumerate() {
+        let top = (rows - row) as f64 - 0.15;
+        let bottom = (rows - row - 1) as f64 + 0.15;
+        let (from, to) = (
+            ms(span.start_ns),
+            ms(span.end_ns).max(ms(span.start_ns) + width_ms / 400.0),
+        );
+        let colour = colours[depth % colours.len()];
+        chart
+            .draw_series(std::iter::once(Rectangle::new(
+                [(from, bottom), (to, top)],
+                colour.mix(0.55).filled(),
+            )))
+            .map_err(|e| plot_error(&e))?;
+        let detail = match span.name.as_str() {
+            "route" => format!(
+                "variant {} · {} → {} · {} µs",
+                span.str("ringmaster.policy.variant").unwrap_or("?"),
+                span.str("ringmaster.routing.reason").unwrap_or("?"),
+                span.str("ringmaster.routing.server").unwrap_or("?"),
+                span.int("ringmaster.policy.duration_us").unwrap_or(0)
+            ),
+            "upstream" => format!(
+                "attempt {} · {} · {}",
+                span.int("ringmaster.attempt").unwrap_or(0),
+                span.str("server.address").unwrap_or("?"),
+                span.str("ringmaster.attempt.outcome").unwrap_or("?")
+            ),
+            "admission" => format!(
+                "queued {}",
+                span.attributes
+                    .get("ringmaster.admission.queued")
+                    .cloned()
+                    .unwrap_or_default()
+            ),
+            _ if span.kind == 2 => format!(
+                "{} · in {} out {} tokens · TTFT {:.1} ms · {}",
+                span.str("ringmaster.request_id").unwrap_or(""),
+                span.int("gen_ai.usage.input_tokens").unwrap_or(0),
+                span.int("gen_ai.usage.output_tokens").unwrap_or(0),
+                span.attributes
+                    .get("gen_ai.server.time_to_first_token")
+                    .and_then(Value::as_f64)
+                    .unwrap_or(0.0)
+                    * 1e3,
+                span.int("http.response.status_code")
+                    .map(|s| s.to_string())
+                    .unwrap_or_default()
+            ),
+            _ => String::new(),
+        };
+        let label = format!(
+            "{}{}  {:.2} ms  {}",
+            "   ".repeat(*depth),
+            span.name,
+            ms(span.end_ns) - ms(span.start_ns),
+            detail
+        );
+        chart
+            .draw_series(std::iter::once(Text::new(
+                label,
+                (width_ms * 0.005, bottom + 0.12),
+                ("sans-serif", 14).into_font().color(&BLACK),
+            )))
+            .map_err(|e| plot_error(&e))?;
+    }
+    root.present().map_err(|e| plot_error(&e))?;
+    Ok(())
 }

@@ -176,6 +176,16 @@ key = "sk-light-key-0001"
     assert_eq!(ok, 5, "the flood gets exactly its 5 requests a minute");
     assert_eq!(limited.len(), 55);
     assert!(limited.iter().all(|(_, after)| after.is_some()));
+    // Each refusal is counted by tenant and bucket (a key without a tenant is its own).
+    let metrics = gw.metrics().await;
+    let counted: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("ringmaster_rate_limit_refusals_total{"))
+        .collect();
+    assert_eq!(counted.len(), 1, "{counted:?}");
+    assert!(counted[0].contains(r#"limit="requests""#), "{counted:?}");
+    assert!(counted[0].contains(r#"bucket="this API key""#), "{counted:?}");
+    assert!(counted[0].ends_with(" 55"), "{counted:?}");
 }
 
 #[tokio::test]

@@ -177,6 +177,18 @@ async fn a_request_is_one_trace_continued_from_the_client_and_sent_on_to_the_ser
         [Some(format!("00-{CLIENT_TRACE}-{}-01", attempt.span_id))]
     );
 
+    // The trace as a picture (the README's is one of these).
+    let picture = std::env::var_os("RINGMASTER_TRACE_SVG").map_or_else(
+        || std::env::temp_dir().join(format!("ringmaster-trace-{}.svg", std::process::id())),
+        std::path::PathBuf::from,
+    );
+    ringmaster_tests::otlp_receiver::waterfall(&spans, &picture).unwrap();
+    assert!(
+        std::fs::read_to_string(&picture)
+            .unwrap()
+            .contains("upstream")
+    );
+
     // A request without a trace context starts a new trace of its own (Messages door).
     let response = gateway
         .client

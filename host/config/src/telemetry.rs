@@ -75,8 +75,9 @@ pub struct OtlpExport {
 pub struct TelemetrySettings {
     /// The exporter (`None`: traces are off and the request path builds no spans for them).
     pub export: Option<OtlpExport>,
-    /// The share of new traces kept (`None`: the SDK's reading of `OTEL_TRACES_SAMPLER`).
-    pub sample_ratio: Option<f64>,
+    /// The share of new traces kept (the file's `sample_ratio`, else what
+    /// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` say, else all of them).
+    pub sample_ratio: f64,
     /// `service.name` (`None`: `OTEL_SERVICE_NAME`, else `ringmaster`).
     pub service_name: Option<String>,
     /// Whether servers are sent the trace context.
@@ -87,7 +88,7 @@ impl Default for TelemetrySettings {
     fn default() -> Self {
         Self {
             export: None,
-            sample_ratio: None,
+            sample_ratio: 1.0,
             service_name: None,
             propagate: true,
         }
@@ -147,6 +148,13 @@ pub(crate) fn telemetry_settings(
             format!("{ratio} is not between 0.0 and 1.0"),
         ));
     }
+    let sample_ratio = match raw.sample_ratio {
+        Some(ratio) => ratio,
+        None => env_sampler(
+            set("OTEL_TRACES_SAMPLER").as_deref(),
+            set("OTEL_TRACES_SAMPLER_ARG").as_deref(),
+        )?,
+    };
     let timeout_ms = raw.export_timeout_ms.unwrap_or(10_000);
     if timeout_ms == 0 {
         return Err(invalid("telemetry.export_timeout_ms", "must be positive"));
@@ -157,10 +165,43 @@ pub(crate) fn telemetry_settings(
             protocol,
             timeout: std::time::Duration::from_millis(timeout_ms),
         }),
-        sample_ratio: raw.sample_ratio,
+        sample_ratio,
         service_name: raw.service_name.filter(|s| !s.trim().is_empty()),
         propagate: raw.propagate.unwrap_or(true),
     })
+}
+
+/// The share `OTEL_TRACES_SAMPLER` keeps. Every sampler the gateway implements honours a
+/// client's sampled flag (the parent-based ones); the specification's names without
+/// `parentbased_` are read as their parent-based forms.
+fn env_sampler(sampler: Option<&str>, arg: Option<&str>) -> Result<f64, ConfigError> {
+    let ratio = || -> Result<f64, ConfigError> {
+        match arg {
+            None => Ok(1.0),
+            Some(text) => text
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|r| (0.0..=1.0).contains(r))
+                .ok_or_else(|| {
+                    invalid(
+                        "OTEL_TRACES_SAMPLER_ARG",
+                        format!("{text:?} is not a ratio between 0.0 and 1.0"),
+                    )
+                }),
+        }
+    };
+    match sampler.map(str::trim) {
+        None | Some("always_on" | "parentbased_always_on") => Ok(1.0),
+        Some("always_off" | "parentbased_always_off") => Ok(0.0),
+        Some("traceidratio" | "parentbased_traceidratio") => ratio(),
+        Some(other) => Err(invalid(
+            "OTEL_TRACES_SAMPLER",
+            format!(
+                "{other:?} is not one of always_on, always_off, traceidratio and their parentbased_ forms"
+            ),
+        )),
+    }
 }
 
 fn checked_url(url: &str, key: &str) -> Result<String, ConfigError> {
@@ -266,6 +307,31 @@ mod tests {
         )
         .unwrap();
         assert!(!disabled.enabled());
+    }
+
+    #[test]
+    fn the_sampler_variables_give_the_ratio_unless_the_file_does() {
+        assert_eq!(parse("", &[]).unwrap().sample_ratio, 1.0);
+        let env = [
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ];
+        assert_eq!(parse("", &env).unwrap().sample_ratio, 0.25);
+        assert_eq!(parse("sample_ratio = 0.5", &env).unwrap().sample_ratio, 0.5);
+        let off = [("OTEL_TRACES_SAMPLER", "always_off")];
+        assert_eq!(parse("", &off).unwrap().sample_ratio, 0.0);
+        let bad = [("OTEL_TRACES_SAMPLER", "jaeger_remote")];
+        assert!(
+            parse("", &bad)
+                .unwrap_err()
+                .to_string()
+                .contains("OTEL_TRACES_SAMPLER")
+        );
+        let bad_arg = [
+            ("OTEL_TRACES_SAMPLER", "traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "2"),
+        ];
+        assert!(parse("", &bad_arg).is_err());
     }
 
     #[test]

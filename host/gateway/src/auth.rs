@@ -11,19 +11,50 @@ use ringmaster_api::{ApiError, Door, ErrorKind};
 pub use ringmaster_tenancy::{Authenticator, Caller, key_digest};
 use ringmaster_tenancy::{LimitKind, Refusal};
 
+use crate::metrics::Metrics;
+
 /// Authenticates a request by the key it presents, charging one request.
-pub(crate) fn authenticate(auth: &Authenticator, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    auth.check(presented_key(headers)).map_err(refused)
+pub(crate) fn authenticate(
+    auth: &Authenticator,
+    metrics: &Metrics,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
+    let presented = presented_key(headers);
+    auth.check(presented).map_err(|refusal| {
+        if matches!(refusal, Refusal::RateLimited { .. }) {
+            let tenant = auth.tenant_of(presented);
+            count_refusal(metrics, tenant.as_deref().unwrap_or("unknown"), &refusal);
+        }
+        refused(refusal)
+    })
+}
+
+/// Counts a token bucket's refusal by tenant and bucket (other refusals are not counted here).
+pub(crate) fn count_refusal(metrics: &Metrics, tenant: &str, refusal: &Refusal) {
+    if let Refusal::RateLimited { whose, what, .. } = refusal {
+        metrics
+            .rate_limit_refusals
+            .get_or_create(&crate::metrics::RateLimitLabels {
+                tenant: tenant.to_owned(),
+                limit: what,
+                bucket: whose,
+            })
+            .inc();
+    }
 }
 
 /// [`authenticate`] for the endpoints that read no prompt: with the fleet's shared buckets,
 /// the request is charged there now (on the prompt paths the admit phase charges it).
 pub(crate) async fn authenticate_request(
     auth: &Authenticator,
+    metrics: &Metrics,
     headers: &HeaderMap,
 ) -> Result<Caller, ApiError> {
-    let caller = authenticate(auth, headers)?;
-    caller.take_request().await.map_err(refused)?;
+    let caller = authenticate(auth, metrics, headers)?;
+    caller.take_request().await.map_err(|refusal| {
+        count_refusal(metrics, &caller.tenant, &refusal);
+        refused(refusal)
+    })?;
     Ok(caller)
 }
 
@@ -131,13 +162,24 @@ mod tests {
             headers
         };
         assert_eq!(
-            authenticate(&auth, &HeaderMap::new()).unwrap_err().kind(),
+            authenticate(&auth, &Metrics::new(), &HeaderMap::new())
+                .unwrap_err()
+                .kind(),
             ErrorKind::Authentication
         );
-        let caller = authenticate(&auth, &with("x-api-key", "sk-good-key")).unwrap();
+        let caller =
+            authenticate(&auth, &Metrics::new(), &with("x-api-key", "sk-good-key")).unwrap();
         assert_eq!(&*caller.tier, "gold");
-        assert!(authenticate(&auth, &with("authorization", "Bearer sk-good-key")).is_ok());
-        let limited = authenticate(&auth, &with("x-api-key", "sk-good-key")).unwrap_err();
+        assert!(
+            authenticate(
+                &auth,
+                &Metrics::new(),
+                &with("authorization", "Bearer sk-good-key")
+            )
+            .is_ok()
+        );
+        let limited =
+            authenticate(&auth, &Metrics::new(), &with("x-api-key", "sk-good-key")).unwrap_err();
         assert_eq!(limited.kind(), ErrorKind::RateLimit);
         assert!(limited.retry_after().is_some());
         let mut headers = HeaderMap::new();

@@ -28,7 +28,7 @@ pub(crate) async fn answer(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
+    let caller = crate::auth::authenticate(&gateway.auth, &gateway.metrics, req.headers())?;
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
@@ -84,7 +84,8 @@ pub(crate) async fn count_tokens(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
+    let caller =
+        crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers()).await?;
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = ringmaster_api::messages::parse_count_tokens(&body, gateway.limits(&fleet))?;
@@ -130,7 +131,7 @@ pub(crate) fn resume_stream(
     req: &Request<Incoming>,
     id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate(&gateway.auth, req.headers())?;
+    let caller = crate::auth::authenticate(&gateway.auth, &gateway.metrics, req.headers())?;
     if !gateway.streams.enabled() {
         return Err(ApiError::not_found(
             "streams are not resumable on this gateway ([limits] resume_window_ms is 0)",

@@ -67,6 +67,17 @@ pub struct AttemptLabels {
     pub outcome: &'static str,
 }
 
+/// Label set of rate-limit refusals.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RateLimitLabels {
+    /// The caller's tenant (its key's name when it has none).
+    pub tenant: String,
+    /// Which bucket ran dry: `requests`, `input tokens` or `output tokens`.
+    pub limit: &'static str,
+    /// Whose bucket: `this API key` or `this API key's tenant`.
+    pub bucket: &'static str,
+}
+
 /// Label set of admission decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
@@ -112,6 +123,8 @@ pub struct Metrics {
     pub slow_client_disconnects: Counter,
     /// Attempts to start a request on a server, by outcome (a retry is one more attempt).
     pub upstream_attempts: Family<AttemptLabels, Counter>,
+    /// Requests refused by a token bucket, by tenant and bucket.
+    pub rate_limit_refusals: Family<RateLimitLabels, Counter>,
     /// Admission policy answers by verdict (a queued request is asked again on each wake-up).
     pub admission_decisions: Family<AdmissionLabels, Counter>,
     /// Time admitted requests spent in the gateway's queue.
@@ -205,6 +218,12 @@ impl Metrics {
             "Attempts to start a request on a server, by outcome; failures before the first token are retried on the next server",
             upstream_attempts.clone(),
         );
+        let rate_limit_refusals = Family::<RateLimitLabels, Counter>::default();
+        registry.register(
+            "rate_limit_refusals",
+            "Requests refused by a token bucket (429), by tenant, limit and bucket",
+            rate_limit_refusals.clone(),
+        );
         let admission_decisions = Family::<AdmissionLabels, Counter>::default();
         registry.register(
             "admission_decisions",
@@ -254,6 +273,7 @@ impl Metrics {
             client_disconnects,
             slow_client_disconnects,
             upstream_attempts,
+            rate_limit_refusals,
             admission_decisions,
             admission_queue_wait_seconds,
             admission_queue_full,

@@ -182,7 +182,11 @@ async fn handle(
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
     // With traces on, the span is an OpenTelemetry server span continuing the client's
     // `traceparent`; with them off it is only the log lines' request id.
-    let span = if ringmaster_telemetry::enabled() {
+    let span = if ringmaster_telemetry::enabled()
+        && ringmaster_telemetry::head_sampled(req.headers(), &request_id)
+    {
+        // `otel.kind` marks the spans the exporter takes; an unsampled request's span is the
+        // plain one below and costs what it costs with traces off.
         let span = info_span!(
             "request",
             request_id = %request_id,
@@ -332,12 +336,14 @@ async fn dispatch(
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
+            crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers())
+                .await?;
             Ok(crate::call::json_body(models_json(gateway)))
         }
         p if p.starts_with("/v1/models/") => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate_request(&gateway.auth, req.headers()).await?;
+            crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers())
+                .await?;
             let id = &p["/v1/models/".len()..];
             let snapshot = gateway.pool.snapshot();
             if snapshot.accepted.iter().any(|m| m == id) {

@@ -329,7 +329,7 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         info!(
             endpoint = %export.endpoint,
             protocol = export.protocol.as_str(),
-            sample_ratio = config.telemetry.sample_ratio.unwrap_or(1.0),
+            sample_ratio = config.telemetry.sample_ratio,
             propagate = config.telemetry.propagate,
             "telemetry.exporting"
         );
@@ -655,9 +655,15 @@ fn init_logging(
         LogFormat::Text => logs.with_filter(filter()).boxed(),
         LogFormat::Json => logs.json().with_filter(filter()).boxed(),
     };
-    let spans = tracing_subscriber::filter::Targets::new()
-        .with_target("ringmaster_gateway", tracing::Level::INFO)
-        .with_target("ringmaster_pool", tracing::Level::WARN);
+    // The exporter takes the spans the gateway marks with `otel.kind` (a sampled request's),
+    // and warnings and errors as events on them.
+    let spans = tracing_subscriber::filter::filter_fn(|meta| {
+        if meta.is_span() {
+            meta.fields().field("otel.kind").is_some()
+        } else {
+            *meta.level() <= tracing::Level::WARN && meta.target().starts_with("ringmaster")
+        }
+    });
     tracing_subscriber::registry()
         .with(logs)
         .with(traces.with_filter(spans))

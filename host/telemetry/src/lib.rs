@@ -32,6 +32,8 @@ pub type SpanLayer<S> = OpenTelemetryLayer<S, SdkTracer>;
 
 /// Whether an exporter is installed (set once by [`layer`]).
 static ENABLED: AtomicBool = AtomicBool::new(false);
+/// The share of new traces kept, as a threshold on 32 random bits (`u32::MAX` + 1: all).
+static KEEP_BELOW: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1 << 32);
 
 /// `traceparent`, the W3C trace context's header.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -119,16 +121,18 @@ where
             env!("CARGO_PKG_VERSION").to_owned(),
         ))
         .build();
-    let mut provider = SdkTracerProvider::builder()
+    // The gateway samples at the head ([`head_sampled`]) and opens an exported span only for a
+    // kept trace, so an unsampled request costs what it costs with traces off; the SDK keeps
+    // every span it is given (a client's unsampled parent is never given to it).
+    let provider = SdkTracerProvider::builder()
         .with_batch_exporter(exporter)
-        .with_resource(resource);
-    if let Some(ratio) = settings.sample_ratio {
-        // A client's sampled flag decides for its own trace; new traces are kept at `ratio`.
-        provider = provider.with_sampler(Sampler::ParentBased(Box::new(
-            Sampler::TraceIdRatioBased(ratio),
-        )));
-    }
-    let provider = provider.build();
+        .with_resource(resource)
+        .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
+        .build();
+    KEEP_BELOW.store(
+        (settings.sample_ratio.clamp(0.0, 1.0) * 4_294_967_296.0) as u64,
+        Ordering::Relaxed,
+    );
     let tracer = provider.tracer("ringmaster");
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
@@ -147,6 +151,29 @@ where
 #[inline]
 pub fn enabled() -> bool {
     ENABLED.load(Ordering::Relaxed)
+}
+
+/// Whether the request whose headers and id these are is traced: a client's `traceparent`
+/// decides by its sampled flag; a new trace is kept at the configured ratio, drawn from the
+/// request id's random hex (a `req_` and a v4 UUID's digits). Only meaningful when
+/// [`enabled`].
+pub fn head_sampled(headers: &HeaderMap, request_id: &str) -> bool {
+    if let Some(parent) = headers.get(TRACEPARENT).and_then(|v| v.to_str().ok()) {
+        // version-traceid-spanid-flags; a malformed one starts a new trace.
+        let parts: Vec<&str> = parent.trim().split('-').collect();
+        if parts.len() == 4
+            && parts[1].len() == 32
+            && parts[2].len() == 16
+            && let Ok(flags) = u8::from_str_radix(parts[3], 16)
+        {
+            return flags & 1 == 1;
+        }
+    }
+    let draw = request_id
+        .get(4..12)
+        .and_then(|hex| u32::from_str_radix(hex, 16).ok())
+        .unwrap_or(0);
+    u64::from(draw) < KEEP_BELOW.load(Ordering::Relaxed)
 }
 
 /// Makes `span` (just opened, before anything reads its context) a child of the trace a
@@ -231,6 +258,38 @@ mod tests {
         assert_eq!(passed.len(), 2);
         assert_eq!(passed[0].1, parent);
         assert!(trace_headers(&HeaderMap::new()).is_empty());
+    }
+
+    #[test]
+    fn a_client_decides_for_its_trace_and_new_ones_are_drawn_from_the_request_id() {
+        let mut sampled = HeaderMap::new();
+        sampled.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+        );
+        let mut unsampled = HeaderMap::new();
+        unsampled.insert(
+            TRACEPARENT,
+            HeaderValue::from_static("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00"),
+        );
+        KEEP_BELOW.store(0, Ordering::Relaxed);
+        assert!(head_sampled(&sampled, "req_00000000"));
+        assert!(!head_sampled(&HeaderMap::new(), "req_00000000"));
+        KEEP_BELOW.store(1 << 32, Ordering::Relaxed);
+        assert!(!head_sampled(&unsampled, "req_ffffffff"));
+        assert!(head_sampled(&HeaderMap::new(), "req_ffffffff"));
+        // A quarter: ids spread evenly are kept about a quarter of the time.
+        KEEP_BELOW.store(1 << 30, Ordering::Relaxed);
+        let kept = (0..4096u32)
+            .filter(|i| {
+                head_sampled(
+                    &HeaderMap::new(),
+                    &format!("req_{:08x}", i.wrapping_mul(1_048_573)),
+                )
+            })
+            .count();
+        assert!((900..1150).contains(&kept), "{kept}");
+        KEEP_BELOW.store(1 << 32, Ordering::Relaxed);
     }
 
     #[test]

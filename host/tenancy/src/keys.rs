@@ -94,6 +94,17 @@ impl Authenticator {
         !self.keys.is_empty()
     }
 
+    /// The tenant of the key presented, if it is a valid key (for counting a refusal by
+    /// tenant; charges nothing).
+    pub fn tenant_of(&self, presented: Option<&str>) -> Option<std::sync::Arc<str>> {
+        let digest = key_digest(presented?);
+        self.keys
+            .get(&prefix(&digest))?
+            .iter()
+            .find(|(account, _)| bool::from(account.digest.ct_eq(&digest)))
+            .map(|(_, caller)| caller.tenant.clone())
+    }
+
     /// Authenticates the key a request presented and charges one request to its key's and
     /// tenant's buckets (with shared limits, the request is charged with the rest of the
     /// admission: [`Caller::admit_shared`], [`Caller::take_request`]).

@@ -22,7 +22,10 @@ impl Call {
             self.caller
                 .admit(&self.request.model, self.request.estimated_tokens)
         }
-        .map_err(crate::auth::refused)?;
+        .map_err(|refusal| {
+            crate::auth::count_refusal(&gateway.metrics, &self.caller.tenant, &refusal);
+            crate::auth::refused(refusal)
+        })?;
         let asked_tokens =
             u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);
         let chat = ringmaster_pool::kv_view::ChatPrompt {

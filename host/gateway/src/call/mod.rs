@@ -154,7 +154,8 @@ impl Call {
         match self.trace.clone() {
             Some(parent) => {
                 use tracing::Instrument;
-                let span = tracing::info_span!(parent: &parent, "admission");
+                let span =
+                    tracing::info_span!(parent: &parent, "admission", otel.kind = "internal");
                 self.admit().instrument(span).await?;
             }
             None => self.admit().await?,

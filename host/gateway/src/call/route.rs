@@ -25,7 +25,7 @@ impl Call {
         let span = self
             .trace
             .as_ref()
-            .map(|parent| tracing::info_span!(parent: parent, "route"));
+            .map(|parent| tracing::info_span!(parent: parent, "route", otel.kind = "internal"));
         let _entered = span.as_ref().map(tracing::Span::enter);
         let routing_started = Instant::now();
         let routed = match gateway.router.route(
