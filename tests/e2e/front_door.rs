@@ -184,7 +184,10 @@ key = "sk-light-key-0001"
         .collect();
     assert_eq!(counted.len(), 1, "{counted:?}");
     assert!(counted[0].contains(r#"limit="requests""#), "{counted:?}");
-    assert!(counted[0].contains(r#"bucket="this API key""#), "{counted:?}");
+    assert!(
+        counted[0].contains(r#"bucket="this API key""#),
+        "{counted:?}"
+    );
     assert!(counted[0].ends_with(" 55"), "{counted:?}");
 }
 

@@ -44,6 +44,22 @@ fn child<'a>(
         .collect()
 }
 
+/// `POST /v1/chat/completions` with `body`, inside the trace `traceparent` names if any.
+async fn chat(
+    gateway: &Replica,
+    traceparent: Option<&str>,
+    body: serde_json::Value,
+) -> reqwest::Response {
+    let mut request = gateway
+        .client
+        .post(gateway.url("/v1/chat/completions"))
+        .json(&body);
+    if let Some(value) = traceparent {
+        request = request.header("traceparent", value);
+    }
+    request.send().await.unwrap()
+}
+
 #[tokio::test]
 async fn a_request_is_one_trace_continued_from_the_client_and_sent_on_to_the_server() {
     let receiver = OtlpReceiver::start().await;
@@ -59,17 +75,16 @@ async fn a_request_is_one_trace_continued_from_the_client_and_sent_on_to_the_ser
     let gateway = Replica::start(&path, None, "traced").await;
 
     // A streamed OpenAI request inside the client's own trace.
-    let response = gateway
-        .client
-        .post(gateway.url("/v1/chat/completions"))
-        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
-        .json(&json!({
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let response = chat(
+        &gateway,
+        Some(&traceparent),
+        json!({
             "model": "fake", "max_tokens": 8, "stream": true,
             "messages": [{"role": "user", "content": "trace me, please"}],
-        }))
-        .send()
-        .await
-        .unwrap();
+        }),
+    )
+    .await;
     assert_eq!(response.status(), 200);
     let request_id = response.headers()["request-id"]
         .to_str()
@@ -242,17 +257,16 @@ async fn a_retry_is_a_second_attempt_span_with_its_reason_and_a_failure_marks_th
         ),
     );
     let gateway = Replica::start(&path, None, "retried").await;
-    let response = gateway
-        .client
-        .post(gateway.url("/v1/chat/completions"))
-        .header("traceparent", format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"))
-        .json(&json!({
+    let traceparent = format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01");
+    let response = chat(
+        &gateway,
+        Some(&traceparent),
+        json!({
             "model": "fake", "max_tokens": 8,
             "messages": [{"role": "user", "content": "both servers fail"}],
-        }))
-        .send()
-        .await
-        .unwrap();
+        }),
+    )
+    .await;
     assert!(response.status().is_server_error(), "{}", response.status());
     let spans = receiver
         .trace(CLIENT_TRACE, 5, Duration::from_secs(20))
@@ -296,26 +310,22 @@ async fn unsampled_traces_export_nothing_but_a_client_s_sampled_trace_is_kept() 
         &format!("otlp_endpoint = \"{}\"\nsample_ratio = 0.0", receiver.url()),
     );
     let gateway = Replica::start(&path, None, "sampled").await;
-    let send = |traceparent: Option<String>| {
-        let mut request = gateway
-            .client
-            .post(gateway.url("/v1/chat/completions"))
-            .json(&json!({
-                "model": "fake", "max_tokens": 4,
-                "messages": [{"role": "user", "content": "sampled?"}],
-            }));
-        if let Some(value) = traceparent {
-            request = request.header("traceparent", value);
-        }
-        request.send()
-    };
+    let body = json!({
+        "model": "fake", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "sampled?"}],
+    });
     for _ in 0..5 {
-        assert_eq!(send(None).await.unwrap().status(), 200);
+        assert_eq!(chat(&gateway, None, body.clone()).await.status(), 200);
     }
     // The client decided: its sampled trace is recorded even at ratio 0.
     let kept_trace = "0af7651916cd43dd8448eb211c80319c";
     let traceparent = format!("00-{kept_trace}-b7ad6b7169203331-01");
-    assert_eq!(send(Some(traceparent)).await.unwrap().status(), 200);
+    assert_eq!(
+        chat(&gateway, Some(&traceparent), body.clone())
+            .await
+            .status(),
+        200
+    );
     let spans = receiver.trace(kept_trace, 4, Duration::from_secs(20)).await;
     assert!(spans.len() >= 4, "{spans:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;

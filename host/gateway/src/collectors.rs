@@ -104,35 +104,38 @@ impl Collector for PolicyCollector {
             }
         }
         // A swap or a rollback changes a variant's load time: `changes()` over it counts them.
-        let mut family = encoder.encode_descriptor(
-            "policy_loaded_timestamp_seconds",
-            "When the running version of each router variant was loaded (Unix seconds)",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for variant in &variants {
-            let label = VariantLabel {
-                variant: variant.name.to_string(),
-            };
-            let loaded = variant
-                .policy
-                .info()
-                .loaded_at
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64());
-            ConstGauge::new(loaded).encode(family.encode_family(&label)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "policy_previous_versions",
-            "Earlier versions each router variant can roll back to",
-            None,
-            prometheus_client::metrics::MetricType::Gauge,
-        )?;
-        for variant in &variants {
-            let label = VariantLabel {
-                variant: variant.name.to_string(),
-            };
-            ConstGauge::new(variant.history.len() as i64).encode(family.encode_family(&label)?)?;
+        type Gauge = fn(&crate::policy::Variant) -> f64;
+        let gauges: [(&str, &str, Gauge); 2] = [
+            (
+                "policy_loaded_timestamp_seconds",
+                "When the running version of each router variant was loaded (Unix seconds)",
+                |v| {
+                    v.policy
+                        .info()
+                        .loaded_at
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0.0, |d| d.as_secs_f64())
+                },
+            ),
+            (
+                "policy_previous_versions",
+                "Earlier versions each router variant can roll back to",
+                |v| v.history.len() as f64,
+            ),
+        ];
+        for (name, help, read) in gauges {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for variant in &variants {
+                let label = VariantLabel {
+                    variant: variant.name.to_string(),
+                };
+                ConstGauge::new(read(variant)).encode(family.encode_family(&label)?)?;
+            }
         }
         let family = encoder.encode_descriptor(
             "admission_queued",
