@@ -8,7 +8,7 @@ function substitute(expr, step) {
   return expr
     .replace(/\$__rate_interval/g, `${Math.max(4 * step, 30)}s`)
     .replace(/\$__interval/g, `${step}s`)
-    .replace(/\$__range/g, '10m')
+    .replace(/\$__range/g, '3m')
     .replace(/\$\{?(job|instance|variant|server)\}?/g, '.*');
 }
 
@@ -61,7 +61,7 @@ async function draw(panel, box, start, end, step) {
 
 async function main() {
   const dashboard = await (await fetch('/dashboard.json')).json();
-  const end = Math.floor(Date.now() / 1000), start = end - 600, step = 10;
+  const end = Math.floor(Date.now() / 1000), start = end - 180, step = 5;
   const grid = document.getElementById('grid');
   const width = grid.clientWidth;
   const jobs = [];
