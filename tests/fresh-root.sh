@@ -3,8 +3,10 @@
 # --variant=minbase) with nothing in it but the Rust toolchain, then `.ci/run` on a fresh clone
 # of HEAD inside it (chroot). Everything else the test command needs (a C compiler, Python,
 # Node.js, Debian's Wasm toolchain, PyPI and npm packages, the model, every cache) it must
-# install itself. Not part of tests/run: `.ci/run` in it took 2,090 s (35 min) on 2 cores
-# (2026-12-02, stop 21), 36 min with the debootstrap.
+# install itself. Not part of tests/run: `.ci/run` in it took 1,795 s (30 min) on 2 cores at
+# dfb7491 (2026-12-04); at e453868 it reached the status page's test after 2,381 s (40 min:
+# the OTLP crates, Chromium and Prometheus added) and failed there on Debian's Node.js 18
+# (playwright-core 1.65 needs 20; pinned to 1.61, which takes 18, since).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
