@@ -62,13 +62,6 @@ pub struct Telemetry {
     provider: SdkTracerProvider,
 }
 
-impl Telemetry {
-    /// Sends every finished span buffered so far (tests and shutdown).
-    pub fn flush(&self) {
-        let _ = self.provider.force_flush();
-    }
-}
-
 impl Drop for Telemetry {
     fn drop(&mut self) {
         let _ = self.provider.shutdown();

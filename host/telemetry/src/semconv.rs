@@ -23,7 +23,7 @@ pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
 /// Generated tokens.
 pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
 /// Whether the client asked for a stream.
-pub const GEN_AI_REQUEST_STREAM: &str = "ringmaster.request.stream";
+pub const REQUEST_STREAM: &str = "ringmaster.request.stream";
 /// Seconds to the first token (the span event `gen_ai.first_token` marks the moment).
 pub const GEN_AI_TIME_TO_FIRST_TOKEN: &str = "gen_ai.server.time_to_first_token";
 /// The event at the first token.

@@ -238,7 +238,7 @@ fn describe(
     if let Some(temperature) = request.sampling.temperature {
         span.attribute(k::GEN_AI_REQUEST_TEMPERATURE, f64::from(temperature));
     }
-    span.attribute(k::GEN_AI_REQUEST_STREAM, request.stream);
+    span.attribute(k::REQUEST_STREAM, request.stream);
     span.attribute(k::GEN_AI_RESPONSE_ID, request_id.to_owned());
     span.attribute(k::REQUEST_ID, request_id.to_owned());
     span.attribute(k::DOOR, request.door.route());
