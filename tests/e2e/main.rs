@@ -12,6 +12,7 @@ mod fleet;
 mod fleet_support;
 mod front_door;
 mod gates;
+mod limits;
 mod model;
 mod policies;
 mod rollout;

@@ -30,6 +30,8 @@ pub enum ErrorKind {
     NotFound,
     /// The body is over the configured limit (413).
     RequestTooLarge,
+    /// The body did not arrive in time (408).
+    RequestTimeout,
     /// The key's rate limit is used up (429).
     RateLimit,
     /// A failure inside the gateway or a GPU server (500).
@@ -52,6 +54,7 @@ impl ErrorKind {
             Self::PermissionDenied => StatusCode::FORBIDDEN,
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             Self::Api => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Overloaded => overloaded_status(),
@@ -65,7 +68,8 @@ impl ErrorKind {
             Self::InvalidRequest
             | Self::UnsupportedMediaType
             | Self::MethodNotAllowed
-            | Self::Conflict => "invalid_request_error",
+            | Self::Conflict
+            | Self::RequestTimeout => "invalid_request_error",
             Self::Authentication => "authentication_error",
             Self::PermissionDenied => "permission_error",
             Self::NotFound => "not_found_error",
@@ -165,6 +169,7 @@ mod tests {
             (ErrorKind::PermissionDenied, 403, "permission_error"),
             (ErrorKind::NotFound, 404, "not_found_error"),
             (ErrorKind::RequestTooLarge, 413, "request_too_large"),
+            (ErrorKind::RequestTimeout, 408, "invalid_request_error"),
             (
                 ErrorKind::UnsupportedMediaType,
                 415,

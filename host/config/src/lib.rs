@@ -112,6 +112,8 @@ pub struct Config {
     pub client_send_timeout: Option<Duration>,
     /// Time in-flight requests get at shutdown.
     pub shutdown_grace: Duration,
+    /// What one client connection may hold and for how long; the overload bounds.
+    pub client: limits::ClientLimits,
     /// Ring parameters.
     pub ring: RingConfig,
     /// Prefix hashing.
@@ -302,6 +304,7 @@ impl RawConfig {
             client_send_timeout: limits.client_send_timeout,
             rate_limit_delay: limits.rate_limit_delay,
             shutdown_grace: limits.shutdown_grace,
+            client: limits.client,
             ring: routing.ring,
             prefix_hashing: routing.prefix_hashing,
             session_headers: routing.session_headers,

@@ -254,6 +254,30 @@ pub struct RawLimits {
     /// A client that accepts nothing of a reply for this long is disconnected and its
     /// generation cancelled, milliseconds (30000; 0: never).
     pub client_send_timeout_ms: Option<u64>,
+    /// A connection that has not sent a whole request head this long after its first byte
+    /// (or after it opened) is closed, milliseconds (10000; 0: never).
+    pub header_read_timeout_ms: Option<u64>,
+    /// A keep-alive connection with no request for this long is closed, milliseconds
+    /// (60000; 0: never).
+    pub idle_timeout_ms: Option<u64>,
+    /// A request body not read whole this long after its head is refused with 408,
+    /// milliseconds (60000; 0: never).
+    pub body_read_timeout_ms: Option<u64>,
+    /// Largest request head (request line and headers), bytes (65536).
+    pub max_header_bytes: Option<usize>,
+    /// Most headers in one request (100).
+    pub max_headers: Option<usize>,
+    /// Most client connections open at once; new ones past it are refused (derived from
+    /// the open-files limit; 0: no cap).
+    pub max_connections: Option<usize>,
+    /// Most concurrent streams on one HTTP/2 connection (128).
+    pub max_concurrent_streams: Option<u32>,
+    /// Requests inside the gateway (arrived, not yet answered in full) past which new
+    /// requests are shed with 529/503 (10000; 0: no bound).
+    pub max_pending_requests: Option<usize>,
+    /// Resident memory past which new requests are shed, MiB (90 % of the memory the
+    /// process may use; 0: no bound).
+    pub max_memory_mb: Option<u64>,
 }
 
 /// `[routing]`.

@@ -143,6 +143,17 @@ fn keys_are_kept_as_digests_and_tenants_must_exist() {
             "scale_down",
         ),
         ("[limits]\nstream_ping_ms = 9999999", "stream_ping_ms"),
+        ("[limits]\nmax_header_bytes = 100", "max_header_bytes"),
+        ("[limits]\nmax_headers = 2", "max_headers"),
+        (
+            "[limits]\nmax_concurrent_streams = 0",
+            "max_concurrent_streams",
+        ),
+        ("[limits]\nmax_memory_mb = 10", "max_memory_mb"),
+        (
+            "[limits]\nidle_timeout_ms = 999999999999",
+            "idle_timeout_ms",
+        ),
     ] {
         let err = RawConfig::from_toml(toml)
             .unwrap()
@@ -304,4 +315,47 @@ fn the_deprecated_strategy_names_a_router() {
         PolicySource::Builtin("consistent-hash".into())
     );
     assert!(ring.warnings.is_empty());
+}
+
+#[test]
+fn client_limits_have_production_defaults_and_zero_turns_each_off() {
+    use crate::limits::{Bound, ClientLimits};
+    let config = RawConfig::default().validate_with_env(no_env).unwrap();
+    assert_eq!(config.client, ClientLimits::default());
+    assert_eq!(
+        config.client.header_read_timeout,
+        Some(std::time::Duration::from_secs(10))
+    );
+    assert_eq!(config.client.max_connections, Bound::Auto);
+    let config = RawConfig::from_toml(
+        "[limits]\nheader_read_timeout_ms = 0\nidle_timeout_ms = 0\nbody_read_timeout_ms = 0\n\
+         max_connections = 0\nmax_pending_requests = 0\nmax_memory_mb = 0",
+    )
+    .unwrap()
+    .validate_with_env(no_env)
+    .unwrap();
+    let off = config.client;
+    assert_eq!(
+        (
+            off.header_read_timeout,
+            off.idle_timeout,
+            off.body_read_timeout
+        ),
+        (None, None, None)
+    );
+    assert_eq!(off.max_connections, Bound::Off);
+    assert_eq!(off.max_pending_requests, None);
+    assert_eq!(off.max_memory_bytes, Bound::Off);
+    let config = RawConfig::from_toml(
+        "[limits]\nmax_connections = 50\nmax_memory_mb = 512\nmax_concurrent_streams = 4",
+    )
+    .unwrap()
+    .validate_with_env(no_env)
+    .unwrap();
+    assert_eq!(config.client.max_connections, Bound::At(50));
+    assert_eq!(config.client.max_memory_bytes, Bound::At(512 << 20));
+    assert_eq!(config.client.max_concurrent_streams, 4);
+    assert_eq!(Bound::At(3).resolve(|| 9), Some(3));
+    assert_eq!(Bound::Auto.resolve(|| 9), Some(9));
+    assert_eq!(Bound::<u32>::Off.resolve(|| 9), None);
 }

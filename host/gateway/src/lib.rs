@@ -17,9 +17,11 @@ pub mod autoscale;
 mod body;
 pub mod call;
 mod collectors;
+pub mod conn;
 pub mod doors;
 pub mod fleet;
 pub mod metrics;
+pub mod overload;
 pub mod policy;
 pub mod queue;
 pub mod recent;
@@ -117,6 +119,10 @@ pub struct Gateway {
     /// Cancelled when the gateway stops accepting: long-lived streams of its own (the
     /// status page's events) end then, so a graceful shutdown does not wait out its grace.
     stopping: tokio_util::sync::CancellationToken,
+    /// The open client connections under their cap.
+    connections: Arc<conn::Connections>,
+    /// The bounds past which new requests are shed.
+    overload: Arc<overload::OverloadGuard>,
 }
 
 impl Gateway {
@@ -203,7 +209,42 @@ impl Gateway {
             Arc::new(fleet::FleetBuckets::new(c.clone()))
                 as Arc<dyn ringmaster_tenancy::SharedBuckets>
         });
+        let metrics = {
+            let mut metrics = Metrics::new();
+            metrics
+                .register_collector(Box::new(collectors::ServerCollector { pool: pool.clone() }));
+            if let Some(cluster) = &cluster {
+                metrics.register_collector(Box::new(fleet::ClusterCollector {
+                    cluster: cluster.clone(),
+                }));
+            }
+            metrics.register_collector(Box::new(collectors::PolicyCollector {
+                router: router.clone(),
+                admission: admission.clone(),
+                pool: pool.clone(),
+                autoscale: config.autoscale,
+            }));
+            metrics
+        };
+        let client = config.client;
+        let connections = Arc::new(conn::Connections::new(
+            client
+                .max_connections
+                .resolve(conn::default_max_connections),
+            metrics.connections.clone(),
+        ));
+        let overload = Arc::new(overload::OverloadGuard::new(
+            client.max_pending_requests,
+            match client.max_memory_bytes {
+                ringmaster_config::limits::Bound::Auto => overload::default_max_resident(),
+                ringmaster_config::limits::Bound::At(bytes) => Some(bytes),
+                ringmaster_config::limits::Bound::Off => None,
+            },
+            metrics.overload.clone(),
+        ));
         let gateway = Arc::new(Self {
+            connections,
+            overload,
             recent_errors: recent::RecentErrors::default(),
             started: std::time::Instant::now(),
             stopping: tokio_util::sync::CancellationToken::new(),
@@ -212,24 +253,7 @@ impl Gateway {
             streams: reply::resume::Streams::new(config.resume_window),
             admin: std::sync::OnceLock::new(),
             auth: Authenticator::with_shared(&config.api_keys, &config.tenants, shared),
-            metrics: {
-                let mut metrics = Metrics::new();
-                metrics.register_collector(Box::new(collectors::ServerCollector {
-                    pool: pool.clone(),
-                }));
-                if let Some(cluster) = &cluster {
-                    metrics.register_collector(Box::new(fleet::ClusterCollector {
-                        cluster: cluster.clone(),
-                    }));
-                }
-                metrics.register_collector(Box::new(collectors::PolicyCollector {
-                    router: router.clone(),
-                    admission: admission.clone(),
-                    pool: pool.clone(),
-                    autoscale: config.autoscale,
-                }));
-                metrics
-            },
+            metrics,
             pool,
             router,
             admission,
@@ -258,6 +282,16 @@ impl Gateway {
     /// The last error answers (the status page's).
     pub fn recent_errors(&self) -> &recent::RecentErrors {
         &self.recent_errors
+    }
+
+    /// The open client connections and their cap.
+    pub fn connections(&self) -> &Arc<conn::Connections> {
+        &self.connections
+    }
+
+    /// The overload guard.
+    pub fn overload(&self) -> &Arc<overload::OverloadGuard> {
+        &self.overload
     }
 
     /// Cancelled once the gateway stops taking connections.

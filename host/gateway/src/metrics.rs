@@ -137,6 +137,12 @@ pub struct Metrics {
     pub safety_verdicts: Family<SafetyLabels, Counter>,
     /// Seconds from process start to accepting requests (set once by the binary).
     pub cold_start_seconds: Gauge<f64, AtomicU64>,
+    /// Client connections: open, and ended by the gateway (timeouts, the cap).
+    pub connections: crate::conn::ConnectionMetrics,
+    /// The overload guard: requests pending and shed, resident memory.
+    pub overload: crate::overload::OverloadMetrics,
+    /// Request bodies refused for arriving too slowly (`body_read_timeout_ms`).
+    pub body_read_timeouts: Counter,
 }
 
 impl Default for Metrics {
@@ -260,7 +266,43 @@ impl Metrics {
             "Seconds from process start to accepting requests (models loaded, policies ready)",
             cold_start_seconds.clone(),
         );
+        let connections = crate::conn::ConnectionMetrics::default();
+        registry.register(
+            "client_connections",
+            "Client connections open now",
+            connections.open.clone(),
+        );
+        registry.register(
+            "client_connections_closed",
+            "Client connections the gateway ended, by reason: header_timeout (a request head not sent in time), idle_timeout (keep-alive unused), refused (over max_connections)",
+            connections.closed.clone(),
+        );
+        let overload = crate::overload::OverloadMetrics::default();
+        registry.register(
+            "overload_shed",
+            "Requests shed at the door (529/503 with retry-after) because the gateway was over a bound, by reason: pending (requests inside it), memory (resident set)",
+            overload.shed.clone(),
+        );
+        registry.register(
+            "pending_requests",
+            "Requests inside the gateway (arrived at a door, not yet answered in full)",
+            overload.pending.clone(),
+        );
+        registry.register(
+            "resident_memory_bytes",
+            "The gateway process's resident memory, as the overload guard last sampled it",
+            overload.resident_bytes.clone(),
+        );
+        let body_read_timeouts = Counter::default();
+        registry.register(
+            "body_read_timeouts",
+            "Request bodies refused with 408 for not arriving whole within body_read_timeout_ms",
+            body_read_timeouts.clone(),
+        );
         Self {
+            connections,
+            overload,
+            body_read_timeouts,
             registry,
             responses,
             ttft_seconds,

@@ -109,7 +109,24 @@ pub async fn read_json_body(gateway: &Gateway, req: Request<Incoming>) -> Result
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(req.into_body(), limit).collect().await {
+    let read = Limited::new(req.into_body(), limit).collect();
+    let read = match gateway.config.client.body_read_timeout {
+        Some(timeout) => match tokio::time::timeout(timeout, read).await {
+            Ok(read) => read,
+            Err(_) => {
+                gateway.metrics.body_read_timeouts.inc();
+                return Err(ApiError::new(
+                    ErrorKind::RequestTimeout,
+                    format!(
+                        "the request body did not arrive within {} ms",
+                        timeout.as_millis()
+                    ),
+                ));
+            }
+        },
+        None => read.await,
+    };
+    match read {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Err(e) => Err(ApiError::invalid(format!(

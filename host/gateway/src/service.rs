@@ -43,13 +43,17 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let builder = connection_builder(&gateway.config.client);
     let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
     let watcher = tokio::spawn(crate::watch_policy_files(Arc::downgrade(&gateway)));
+    let memory = tokio::spawn(crate::overload::watch_memory(Arc::downgrade(
+        &gateway.overload,
+    )));
     // In a cluster the guardrails read the fleet's figures and stop a variant through the
     // configuration log (the admin API's applier runs them), never on one replica alone.
     let guardrails = (gateway.config.policies.guardrails && gateway.cluster().is_none())
         .then(|| tokio::spawn(watch_guardrails(Arc::downgrade(&gateway))));
+    let client = gateway.config.client;
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
@@ -57,27 +61,51 @@ pub async fn serve(
                 let (stream, peer) = match accepted {
                     Ok(conn) => conn,
                     Err(e) => {
+                        // Out of descriptors (EMFILE) or a connection reset before it was
+                        // taken: wait a little instead of spinning on the error.
                         warn!(error = %e, "accept.failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                         continue;
                     }
                 };
+                let Some(slot) = gateway.connections.try_open() else {
+                    debug!(%peer, open = gateway.connections.open(), "connection.refused");
+                    gateway.connections.refuse(stream);
+                    continue;
+                };
                 let _ = stream.set_nodelay(true);
+                let activity = crate::conn::Activity::new();
                 let served = gateway.clone();
+                let requests = activity.clone();
                 let service = hyper::service::service_fn(move |req| {
                     let gateway = served.clone();
-                    async move { Ok::<_, Infallible>(handle(gateway, req, peer).await) }
+                    let in_flight = requests.request_started();
+                    async move { Ok::<_, Infallible>(handle(gateway, req, peer, in_flight).await) }
                 });
                 let stream = crate::send_timeout::SendTimeout::new(
                     stream,
                     gateway.config.client_send_timeout,
                     gateway.metrics.slow_client_disconnects.clone(),
                 );
+                let stream = crate::conn::Watched::new(stream, activity.clone());
                 let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                 let conn = graceful.watch(conn);
+                let connections = gateway.connections.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        debug!(error = %e, %peer, "connection.closed_with_error");
+                    let _slot = slot;
+                    let watchdog = crate::conn::watchdog(
+                        &activity,
+                        &connections,
+                        client.header_read_timeout,
+                        client.idle_timeout,
+                    );
+                    // A connection the watchdog ends is dropped: its socket closes. It is
+                    // reading a head or idle then, so no request is cut short.
+                    tokio::select! {
+                        result = conn => if let Err(e) = result {
+                            debug!(error = %e, %peer, "connection.closed_with_error");
+                        },
+                        expired = watchdog => debug!(?expired, %peer, "connection.ended"),
                     }
                 });
             }
@@ -96,10 +124,36 @@ pub async fn serve(
     }
     reaper.abort();
     watcher.abort();
+    memory.abort();
     if let Some(guardrails) = guardrails {
         guardrails.abort();
     }
     Ok(())
+}
+
+/// hyper's connection settings from `[limits]`: the head's size and header count (431 past
+/// either), HTTP/2's streams per connection and header list. The head's read timeout is the
+/// connection watchdog's ([`crate::conn`]), not hyper's: hyper's would also run while a
+/// keep-alive connection is idle and close it at the head timeout, not the idle one.
+fn connection_builder(
+    limits: &ringmaster_config::limits::ClientLimits,
+) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    {
+        let mut http1 = builder.http1();
+        http1
+            .header_read_timeout(None)
+            .max_buf_size(limits.max_header_bytes.max(8192));
+        // hyper keeps up to 100 headers on the stack; any other count moves them to the heap.
+        if limits.max_headers != ringmaster_config::limits::DEFAULT_MAX_HEADERS {
+            http1.max_headers(limits.max_headers);
+        }
+    }
+    builder
+        .http2()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    builder
 }
 
 /// How often the guardrails look at the experiment.
@@ -178,13 +232,14 @@ async fn handle(
     gateway: Arc<Gateway>,
     req: Request<Incoming>,
     peer: SocketAddr,
+    in_flight: crate::conn::InFlight,
 ) -> Response<ResponseBody> {
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
     // With traces on, the span is an OpenTelemetry server span continuing the client's
     // `traceparent`; with them off it is only the log lines' request id.
-    let span = if ringmaster_telemetry::enabled()
-        && ringmaster_telemetry::head_sampled(req.headers(), &request_id)
-    {
+    let traced = ringmaster_telemetry::enabled()
+        && ringmaster_telemetry::head_sampled(req.headers(), &request_id);
+    let span = if traced {
         // `otel.kind` marks the spans the exporter takes; an unsampled request's span is the
         // plain one below and costs what it costs with traces off.
         let span = info_span!(
@@ -203,7 +258,19 @@ async fn handle(
         let path = req.uri().path().to_owned();
         let door = Door::at(&path);
         let route = door.map_or_else(|| route_name(&path), Door::route);
-        let result = dispatch(&gateway, req, door, started, &request_id).await;
+        // The doors (and token counting) are what an overloaded gateway sheds; health,
+        // metrics and the admin API stay answered so an operator can see and act.
+        let admitted = match door.is_some() || path == "/v1/messages/count_tokens" {
+            true => gateway.overload.admit().map(Some),
+            false => Ok(None),
+        };
+        let (pending, result) = match admitted {
+            Ok(pending) => (
+                pending,
+                dispatch(&gateway, req, door, started, &request_id).await,
+            ),
+            Err(shed) => (None, Err(shed)),
+        };
         if let Err(e) = &result
             && e.kind() == ErrorKind::RateLimit
             && let Some(delay) = gateway.config.rate_limit_delay
@@ -217,7 +284,7 @@ async fn handle(
         let error_type = result
             .as_ref()
             .err()
-            .filter(|_| ringmaster_telemetry::enabled())
+            .filter(|_| traced)
             .map(|e| e.kind().anthropic_type().to_owned());
         let mut response = result.unwrap_or_else(|e| {
             if e.kind() == ErrorKind::Api {
@@ -241,7 +308,7 @@ async fn handle(
             HeaderValue::from_str(&request_id).expect("request ids are ASCII"),
         );
         let status = response.status().as_u16();
-        if ringmaster_telemetry::enabled() {
+        if traced {
             describe_response(&method, route, status, error_type.as_deref());
         }
         gateway
@@ -254,7 +321,7 @@ async fn handle(
         } else {
             debug!(%method, path, status, %peer, elapsed_ms = started.elapsed().as_millis() as u64, "request.done");
         }
-        response
+        crate::body::hold_until_sent(response, (in_flight, pending))
     }
     .instrument(span)
     .await

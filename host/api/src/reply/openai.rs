@@ -205,6 +205,7 @@ fn error_type(error: &ApiError) -> (&'static str, Option<&'static str>) {
         | ErrorKind::MethodNotAllowed
         | ErrorKind::Conflict
         | ErrorKind::RequestTooLarge => ("invalid_request_error", None),
+        ErrorKind::RequestTimeout => ("invalid_request_error", Some("request_timeout")),
         ErrorKind::Authentication => ("invalid_request_error", Some("invalid_api_key")),
         ErrorKind::PermissionDenied => ("invalid_request_error", Some("model_not_allowed")),
         ErrorKind::NotFound => ("invalid_request_error", Some("not_found")),
