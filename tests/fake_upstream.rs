@@ -58,7 +58,13 @@ pub enum Behavior {
     ErrorMidStream,
     /// A `data:` line that never ends.
     EndlessLine,
+    /// vLLM's stream at a decode's pace: one token every [`PACE`] (a stream long enough to
+    /// cut in the middle).
+    Paced,
 }
+
+/// The gap between tokens of [`Behavior::Paced`].
+pub const PACE: Duration = Duration::from_millis(20);
 
 /// The models a fake server lists: ids with their `parent`.
 pub type Listed = Vec<(String, Option<String>)>;
@@ -526,6 +532,7 @@ async fn answer(
             | Behavior::UsageInFinish
             | Behavior::EofOnly
             | Behavior::Whole
+            | Behavior::Paced
             | Behavior::SlowStart => return shapes.whole(tokens, "stop", true),
             Behavior::OpenAi => return shapes.whole(tokens, "length", true),
             Behavior::ToolCalls => return shapes.whole(tokens, "tool_calls", true),
@@ -548,7 +555,7 @@ async fn answer(
         }
     };
     match behavior {
-        Behavior::Vllm | Behavior::SlowStart => {
+        Behavior::Vllm | Behavior::SlowStart | Behavior::Paced => {
             if behavior == Behavior::SlowStart {
                 tokio::time::sleep(Duration::from_millis(600)).await;
             }
@@ -657,7 +664,23 @@ async fn answer(
             return response;
         }
     }
+    if behavior == Behavior::Paced {
+        return paced(frames);
+    }
     sse(frames)
+}
+
+/// `frames` as a stream, one every [`PACE`].
+fn paced(frames: Vec<Result<Bytes, std::io::Error>>) -> Response<Body> {
+    let frames = futures_util::StreamExt::then(stream::iter(frames), |frame| async move {
+        tokio::time::sleep(PACE).await;
+        frame.map(Frame::data)
+    });
+    let mut response = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+    response
+        .headers_mut()
+        .insert("content-type", "text/event-stream".parse().unwrap());
+    response
 }
 
 /// A whole answer that calls `name`.

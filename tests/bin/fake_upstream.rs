@@ -20,9 +20,11 @@ fn main() {
                     "usage-in-finish" => Behavior::UsageInFinish,
                     "no-usage" => Behavior::NoUsage,
                     "calls-tool" => Behavior::CallsTool,
+                    "paced" => Behavior::Paced,
+                    "hang" => Behavior::Hang,
                     other => {
                         eprintln!(
-                            "unknown behavior {other:?}: vllm, openai, usage-in-finish, no-usage, calls-tool"
+                            "unknown behavior {other:?}: vllm, openai, usage-in-finish, no-usage, calls-tool, paced, hang"
                         );
                         std::process::exit(2);
                     }

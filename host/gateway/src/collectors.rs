@@ -147,6 +147,11 @@ impl Collector for PolicyCollector {
         let report = autoscale_report(&self.pool, &self.admission, &self.autoscale);
         for (name, help, value) in [
             (
+                "policy_instances",
+                "Policy component instances alive in the pooling allocator (warm and in calls), out of max_instances",
+                self.router.engine().live_instances() as f64,
+            ),
+            (
                 "admission_queued_tokens",
                 "Estimated tokens (prompt plus max_tokens) waiting in the admission queue",
                 report.queued_tokens as f64,

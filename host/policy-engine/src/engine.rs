@@ -130,6 +130,15 @@ impl PolicyEngine {
         &self.inner.config
     }
 
+    /// Component instances alive in the pooling allocator now (warm ones and those in a
+    /// call), out of [`EngineConfig::max_instances`]: what a soak watches for leaks.
+    pub fn live_instances(&self) -> u64 {
+        self.inner
+            .engine
+            .pooling_allocator_metrics()
+            .map_or(0, |m| m.component_instances())
+    }
+
     /// Hits and misses of the on-disk cache (`None` when it is off).
     pub fn cache_stats(&self) -> Option<CacheStats> {
         self.inner.cache.as_ref().map(|c| CacheStats {

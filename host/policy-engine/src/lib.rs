@@ -103,6 +103,12 @@ pub use types::{
     SafetyVerdict, ServerView,
 };
 
+/// The longest reason a policy's refusal may carry to a client (a router's `reject`, an
+/// admission `rejection`, a safety filter's `block`), in bytes; a longer one is cut at a
+/// character boundary and ends in `…`. A reason is for a person, and a policy must not be able
+/// to make the gateway send megabytes in its name.
+pub const MAX_ANSWER_TEXT_BYTES: usize = 1024;
+
 /// How long one policy call may run before it is interrupted (a [`PolicyFault::Deadline`]).
 ///
 /// A routing decision costs microseconds; 5 ms leaves room for Python and JavaScript policies

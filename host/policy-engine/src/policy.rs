@@ -12,6 +12,7 @@ use std::sync::Arc;
 use wasmtime::Store;
 use wasmtime::component::{ComponentExportIndex, Instance, Resource, TypedFunc};
 
+use crate::MAX_ANSWER_TEXT_BYTES;
 use crate::contract::{Version, World};
 use crate::engine::PolicyEngine;
 use crate::error::{FaultCounts, PolicyError, PolicyFault};
@@ -371,7 +372,10 @@ impl RouterPolicy {
                 quote(id)
             ))));
         }
-        Ok(decision)
+        Ok(match decision {
+            RouteDecision::Reject(reason) => RouteDecision::Reject(bounded(reason)),
+            route => route,
+        })
     }
 
     /// Whether it is a learning router (0.2.0, exporting `observe`).
@@ -482,7 +486,16 @@ impl AdmissionPolicy {
             }
             AdmitFn::V0_2(admit) => Ok(admit.call(store, (request_borrow(), *load))?.0),
         })?;
-        Ok(verdict.into())
+        Ok(match verdict.into() {
+            AdmissionVerdict::Reject {
+                reason,
+                retry_after_ms,
+            } => AdmissionVerdict::Reject {
+                reason: bounded(reason),
+                retry_after_ms,
+            },
+            verdict => verdict,
+        })
     }
 
     /// What was loaded.
@@ -550,7 +563,10 @@ impl SafetyPolicy {
                 Text::Input(text) => input.call(store, (text,))?,
                 Text::Output(window, last) => output.call(store, (window, last))?,
             };
-            Ok(verdict)
+            Ok(match verdict {
+                SafetyVerdict::Block(reason) => SafetyVerdict::Block(bounded(reason)),
+                allow => allow,
+            })
         })
     }
 
@@ -583,6 +599,21 @@ impl fmt::Debug for SafetyPolicy {
     }
 }
 
+/// A reason a policy gave, as the client will see it: at most [`MAX_ANSWER_TEXT_BYTES`]
+/// bytes, cut at a character boundary and marked with `…` when longer.
+pub(crate) fn bounded(mut reason: String) -> String {
+    if reason.len() <= MAX_ANSWER_TEXT_BYTES {
+        return reason;
+    }
+    let mut end = MAX_ANSWER_TEXT_BYTES - '…'.len_utf8();
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason.truncate(end);
+    reason.push('…');
+    reason
+}
+
 /// A guest string for a message: debug-quoted, at most [`QUOTE_LIMIT`] characters.
 fn quote(s: &str) -> String {
     if s.chars().count() <= QUOTE_LIMIT {
@@ -590,5 +621,22 @@ fn quote(s: &str) -> String {
     } else {
         let head: String = s.chars().take(QUOTE_LIMIT).collect();
         format!("{head:?}… ({} bytes)", s.len())
+    }
+}
+
+#[cfg(test)]
+mod bounded_tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_kept_whole_up_to_the_bound_and_cut_at_a_character_past_it() {
+        assert_eq!(bounded("short".to_owned()), "short");
+        let exact = "a".repeat(MAX_ANSWER_TEXT_BYTES);
+        assert_eq!(bounded(exact.clone()), exact);
+        let long = "é".repeat(MAX_ANSWER_TEXT_BYTES);
+        let cut = bounded(long);
+        assert!(cut.len() <= MAX_ANSWER_TEXT_BYTES);
+        assert!(cut.ends_with('…'));
+        assert!(cut.trim_end_matches('…').chars().all(|c| c == 'é'));
     }
 }
