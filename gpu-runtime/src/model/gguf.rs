@@ -3,7 +3,7 @@
 //! Q4_1, Q8_0, F16 or F32) and that every tensor's bytes are inside the file.
 
 use std::fs::File;
-use std::io::{BufReader, Seek, SeekFrom};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 use candle_core::quantized::GgmlDType;
@@ -19,6 +19,84 @@ pub const SUPPORTED_TYPES: [GgmlDType; 5] = [
     GgmlDType::F16,
     GgmlDType::F32,
 ];
+
+/// Reads a GGUF header from `reader` and checks it is a llama model this engine runs: the
+/// architecture, the hyper-parameters, every tensor's type and that its bytes lie inside
+/// what `reader` holds. `shown` names the file in errors. Any bytes give a header or a
+/// [`ModelError`] (the `gguf_metadata` fuzz target's law).
+pub fn check_header<R: Read + Seek>(
+    reader: &mut R,
+    shown: &str,
+) -> Result<(Content, LlamaConfig), ModelError> {
+    super::gguf_bounds::check_framing(reader).map_err(|why| ModelError::NotGguf {
+        path: shown.to_owned(),
+        why,
+    })?;
+    let content = Content::read(reader).map_err(|e| ModelError::NotGguf {
+        path: shown.to_owned(),
+        why: format!("{e}"),
+    })?;
+    let unsupported = |why: String| ModelError::Unsupported {
+        path: shown.to_owned(),
+        why,
+    };
+    let arch =
+        meta_str(&content, "general.architecture").map_err(|why| unsupported(why.to_string()))?;
+    if arch != "llama" {
+        return Err(unsupported(format!(
+            "architecture {arch:?} is not supported (only \"llama\")"
+        )));
+    }
+    let config = llama_config(&content).map_err(unsupported)?;
+    let file_len = reader
+        .seek(SeekFrom::End(0))
+        .map_err(|source| ModelError::Io {
+            path: shown.to_owned(),
+            source,
+        })?;
+    let mut names: Vec<_> = content.tensor_infos.keys().collect();
+    names.sort();
+    for name in names {
+        let info = &content.tensor_infos[name];
+        if !SUPPORTED_TYPES.contains(&info.ggml_dtype) {
+            return Err(unsupported(format!(
+                "tensor {name} has type {:?}; supported types are Q4_0, Q4_1, Q8_0, F16 and F32",
+                info.ggml_dtype
+            )));
+        }
+        // Offsets and sizes are the file's word: saturate rather than overflow.
+        // (candle's elem_count multiplies unchecked: a crafted shape overflowed it).
+        let elements = info
+            .shape
+            .dims()
+            .iter()
+            .fold(1usize, |count, &dim| count.saturating_mul(dim));
+        let bytes =
+            (elements / info.ggml_dtype.block_size()).saturating_mul(info.ggml_dtype.type_size());
+        let end = content
+            .tensor_data_offset
+            .saturating_add(info.offset)
+            .saturating_add(bytes as u64);
+        if end > file_len {
+            return Err(ModelError::NotGguf {
+                path: shown.to_owned(),
+                why: format!(
+                    "truncated: tensor {name} ends at byte {end}, the file has {file_len}"
+                ),
+            });
+        }
+    }
+    for required in [
+        "token_embd.weight",
+        "output_norm.weight",
+        "blk.0.attn_q.weight",
+    ] {
+        if !content.tensor_infos.contains_key(required) {
+            return Err(unsupported(format!("tensor {required} is missing")));
+        }
+    }
+    Ok((content, config))
+}
 
 /// A llama model's shape, from the GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -66,59 +144,7 @@ impl ModelFile {
             source,
         })?;
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| ModelError::NotGguf {
-            path: shown.clone(),
-            why: format!("{e}"),
-        })?;
-        let unsupported = |why: String| ModelError::Unsupported {
-            path: shown.clone(),
-            why,
-        };
-        let arch = meta_str(&content, "general.architecture")
-            .map_err(|why| unsupported(why.to_string()))?;
-        if arch != "llama" {
-            return Err(unsupported(format!(
-                "architecture {arch:?} is not supported (only \"llama\")"
-            )));
-        }
-        let config = llama_config(&content).map_err(unsupported)?;
-        let file_len = reader
-            .seek(SeekFrom::End(0))
-            .map_err(|source| ModelError::Io {
-                path: shown.clone(),
-                source,
-            })?;
-        let mut names: Vec<_> = content.tensor_infos.keys().collect();
-        names.sort();
-        for name in names {
-            let info = &content.tensor_infos[name];
-            if !SUPPORTED_TYPES.contains(&info.ggml_dtype) {
-                return Err(unsupported(format!(
-                    "tensor {name} has type {:?}; supported types are Q4_0, Q4_1, Q8_0, F16 and F32",
-                    info.ggml_dtype
-                )));
-            }
-            let bytes = info.shape.elem_count() / info.ggml_dtype.block_size()
-                * info.ggml_dtype.type_size();
-            let end = content.tensor_data_offset + info.offset + bytes as u64;
-            if end > file_len {
-                return Err(ModelError::NotGguf {
-                    path: shown,
-                    why: format!(
-                        "truncated: tensor {name} ends at byte {end}, the file has {file_len}"
-                    ),
-                });
-            }
-        }
-        for required in [
-            "token_embd.weight",
-            "output_norm.weight",
-            "blk.0.attn_q.weight",
-        ] {
-            if !content.tensor_infos.contains_key(required) {
-                return Err(unsupported(format!("tensor {required} is missing")));
-            }
-        }
+        let (content, config) = check_header(&mut reader, &shown)?;
         Ok(Self {
             path: path.to_owned(),
             content,
@@ -183,11 +209,23 @@ fn llama_config(content: &Content) -> Result<LlamaConfig, String> {
         ));
     }
     let vocab = match content.tensor_infos.get("token_embd.weight") {
-        Some(info) => info.shape.dims()[0],
+        // A crafted file can give the table any rank (found by the gguf_metadata fuzz target).
+        Some(info) => match info.shape.dims() {
+            &[vocab, width] if width == hidden && vocab > 0 => vocab,
+            dims => {
+                return Err(format!(
+                    "tensor token_embd.weight has shape {dims:?}, not [vocab, {hidden}]"
+                ));
+            }
+        },
         None => return Err("tensor token_embd.weight is missing".into()),
     };
+    let layers = meta_usize(content, "llama.block_count")?;
+    if layers == 0 {
+        return Err("llama.block_count is 0: a model needs at least one layer".into());
+    }
     Ok(LlamaConfig {
-        layers: meta_usize(content, "llama.block_count")?,
+        layers,
         hidden,
         heads,
         kv_heads,

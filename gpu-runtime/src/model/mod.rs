@@ -19,6 +19,7 @@
 
 pub mod executor;
 pub mod gguf;
+mod gguf_bounds;
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod llama;

@@ -104,6 +104,24 @@ fn an_unsupported_tensor_type_is_named() {
 }
 
 #[test]
+fn an_embedding_table_of_the_wrong_shape_is_refused() {
+    // The gguf_metadata fuzz target's first finding: a one-dimensional table panicked.
+    for (name, dims) in [("embed-1d", vec![256]), ("embed-narrow", vec![8, 128])] {
+        let table = Tensor::zeros(dims.as_slice(), candle_core::DType::F32, &Device::Cpu).unwrap();
+        let path = write_gguf(
+            name,
+            &llama_metadata("llama"),
+            &[(
+                "token_embd.weight",
+                QTensor::quantize(&table, GgmlDType::F32).unwrap(),
+            )],
+        );
+        let err = refused(&path);
+        assert!(err.contains("token_embd.weight has shape"), "{err}");
+    }
+}
+
+#[test]
 fn a_truncated_file_is_refused() {
     let path = write_gguf(
         "whole",

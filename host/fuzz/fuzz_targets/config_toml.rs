@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringmaster_gateway::RawConfig;
+use ringmaster_config::RawConfig;
 
 fuzz_target!(|text: &str| {
     if let Ok(raw) = RawConfig::from_toml(text) {

@@ -3,8 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use ringmaster_gateway::remote::ReplyReader;
 use ringmaster_gpu_runtime::GenerateEvent;
+use ringmaster_pool::remote::ReplyReader;
 
 fuzz_target!(|input: (u8, &[u8])| {
     let (split, bytes) = input;
@@ -16,7 +16,12 @@ fuzz_target!(|input: (u8, &[u8])| {
     reader.end(&mut events);
     let ends = events
         .iter()
-        .filter(|e| matches!(e, GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. }))
+        .filter(|e| {
+            matches!(
+                e,
+                GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. }
+            )
+        })
         .count();
     assert_eq!(ends, 1, "{events:?}");
     assert!(matches!(
