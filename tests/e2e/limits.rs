@@ -13,6 +13,17 @@ use tokio::net::TcpStream;
 
 use crate::support::{TestGateway, hello, metric_sum};
 
+/// Sends `head` on a new connection and checks it is answered 431 and closed.
+async fn assert_refused_431(addr: std::net::SocketAddr, head: &str) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+}
+
 /// Reads until the peer closes (`Ok(bytes)`) or `within` passes (`Err`).
 async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Result<Vec<u8>, ()> {
     let mut got = Vec::new();
@@ -231,31 +242,13 @@ async fn heads_over_the_size_or_header_count_get_431() {
         "GET /healthz HTTP/1.1\r\nhost: gw\r\nx-big: {}\r\n\r\n",
         "a".repeat(20_000)
     );
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
-    conn.write_all(big.as_bytes()).await.unwrap();
-    let answer = read_until_closed(&mut conn, Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 431"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_refused_431(gw.addr, &big).await;
     let mut many = String::from("GET /healthz HTTP/1.1\r\nhost: gw\r\n");
     for i in 0..30 {
         many.push_str(&format!("x-h{i}: v\r\n"));
     }
     many.push_str("\r\n");
-    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
-    conn.write_all(many.as_bytes()).await.unwrap();
-    let answer = read_until_closed(&mut conn, Duration::from_secs(10))
-        .await
-        .unwrap();
-    assert!(
-        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 431"),
-        "{}",
-        String::from_utf8_lossy(&answer)
-    );
+    assert_refused_431(gw.addr, &many).await;
     // Under both caps: served.
     let mut conn = TcpStream::connect(gw.addr).await.unwrap();
     let mut fine = String::from("GET /healthz HTTP/1.1\r\nhost: gw\r\n");
