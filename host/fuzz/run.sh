@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Builds the fuzz targets with libFuzzer's coverage instrumentation and runs each for a
 # bounded time from its committed corpus (host/fuzz/corpus/TARGET, read only; what the run
-# finds is kept in a scratch copy). Fails on the first crash, leak of a panic, timeout or
+# finds is kept in a scratch copy). Fails on the first panic, crash, timeout or
 # out-of-memory, naming the input that caused it. Prints and writes a table of executions per
 # target (host/fuzz/README.md says how to reproduce a finding).
 #
-#   host/fuzz/run.sh [--seconds N] [--report FILE] [TARGET ...]
+#   host/fuzz/run.sh [--seconds N] [--seed S] [--report FILE] [TARGET ...]
 #
+# S: libFuzzer's random seed (default: a new one each run). tests/run passes a fixed one, so
+# that a CI run explores what the last one did and a finding there is one the code brought,
+# not the dice; longer runs by hand leave it out to explore further.
 # N: seconds per target (default 6: nine targets in about a minute). The targets are built in
 # $CARGO_TARGET_DIR (default target/) with the dev profile, for the whole workspace with the
 # features tests/run builds (RINGMASTER_FUZZ_FEATURES, default the CUDA ones) and one test
@@ -16,13 +19,15 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 seconds=6
+seed=0
 report=
 targets=()
 while [ $# -gt 0 ]; do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
+    --seed) seed=$2; shift 2 ;;
     --report) report=$2; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) targets+=("$1"); shift ;;
   esac
 done
@@ -49,7 +54,7 @@ for t in "${targets[@]}"; do
   # -rss_limit_mb: a parser that allocates what its input claims is a finding, not a crash
   # of the machine; -timeout: one input taking 10 s is a hang.
   if ! "$target_dir/debug/$t" -max_total_time="$seconds" -rss_limit_mb=2048 -timeout=10 \
-      -print_final_stats=1 -artifact_prefix="$scratch/$t/artifacts/" \
+      -print_final_stats=1 -seed="$seed" -artifact_prefix="$scratch/$t/artifacts/" \
       "$scratch/$t/corpus" ${seeds:+"$seeds"} > "$log" 2>&1; then
     echo "fuzz: $t FAILED; the end of its log:" >&2
     tail -40 "$log" >&2
