@@ -11,7 +11,6 @@
 //! Everything stays on this machine and each namespace is removed when its test ends.
 
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -60,27 +59,55 @@ fn run(cmd: &str, args: &[&str]) {
     );
 }
 
-/// Namespaces left by a test process that is gone (a crash, a kill) are removed first, so
-/// their addresses cannot clash with this run's.
-fn sweep_stale() {
-    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
-        return;
-    };
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let Some(pid) = name
-            .strip_prefix("rmf-")
-            .and_then(|rest| rest.split('-').next())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = Command::new("ip").args(["netns", "del", name]).status();
+/// The output of a command, or an empty string where it could not run.
+fn output(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// Claims a lab number no live test process holds, across processes (nextest runs each test
+/// in its own) as well as threads: an exclusive lock on a file per number, which the kernel
+/// releases when its holder ends however it ends, so a crashed run never keeps a number.
+fn claim_lab() -> (u32, std::fs::File) {
+    let dir = std::path::Path::new("/run/ringmaster-netfaults");
+    std::fs::create_dir_all(dir).expect("the lab lock folder can be made");
+    for k in 1..250 {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(format!("{k}.lock")))
+            .expect("a lab lock file opens");
+        if file.try_lock().is_ok() {
+            return (k, file);
+        }
+    }
+    panic!("every lab number is held by a live test");
+}
+
+/// Clears whatever a run that is gone left at lab `k`: its namespace (and the processes in
+/// it) and any link in this namespace holding an address of the lab's /30. A stale link's
+/// route for the same /30 would otherwise win over the new one and carry its packets to a
+/// dead end (seen: a killed run left two, and the next run's servers "did not listen").
+fn clear_lab(k: u32, ns: &str) {
+    for pid in output("ip", &["netns", "pids", ns]).split_whitespace() {
+        let _ = Command::new("kill").args(["-KILL", pid]).status();
+    }
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(Stdio::null())
+        .status();
+    let prefix = format!("10.213.{k}.0/30");
+    for line in output("ip", &["-o", "-4", "addr", "show", "to", &prefix]).lines() {
+        if let Some(name) = line.split_whitespace().nth(1) {
+            let name = name.split('@').next().unwrap_or(name);
+            let _ = Command::new("ip").args(["link", "del", name]).status();
         }
     }
 }
-
-static NEXT_LAB: AtomicU32 = AtomicU32::new(1);
 
 /// One server behind its own link.
 struct Linked {
@@ -89,20 +116,21 @@ struct Linked {
     ns_if: String,
     addr: String,
     server: Option<Child>,
+    /// Where the server's stderr goes, for the message when it does not come up.
+    log: std::path::PathBuf,
+    /// Held for the lab's life: the number is this test's until it is dropped.
+    _claim: std::fs::File,
 }
 
 impl Linked {
     /// A namespace, its veth link, and the fake server in it (`behavior`, `tokens` a stream).
     fn start(behavior: &str, tokens: usize) -> Self {
-        sweep_stale();
-        let k = NEXT_LAB.fetch_add(1, Ordering::Relaxed);
-        assert!(k < 250, "too many links in one run");
-        let pid = std::process::id();
-        let ns = format!("rmf-{pid}-{k}");
+        let (k, claim) = claim_lab();
+        let ns = format!("rmf-{k}");
         // Interface names are at most 15 bytes.
-        let host_if = format!("rmh{}x{k}", pid % 100_000);
-        let ns_if = format!("rmn{}x{k}", pid % 100_000);
+        let (host_if, ns_if) = (format!("rmfh{k}"), format!("rmfn{k}"));
         let (host_ip, ns_ip) = (format!("10.213.{k}.1"), format!("10.213.{k}.2"));
+        clear_lab(k, &ns);
         // Whatever happens to a link, nothing for these addresses leaves this machine: with a
         // link's own route gone, the default route would carry its packets out.
         let _ = Command::new("ip")
@@ -130,25 +158,32 @@ impl Linked {
         inside(&["ip", "link", "set", "lo", "up"]);
         inside(&["ip", "addr", "add", &format!("{ns_ip}/30"), "dev", &ns_if]);
         inside(&["ip", "link", "set", &ns_if, "up"]);
+        let log = std::env::temp_dir().join(format!(
+            "ringmaster-netfaults-{}-{k}.log",
+            std::process::id()
+        ));
         let mut linked = Self {
             ns,
             host_if,
             ns_if,
             addr: format!("{ns_ip}:8000"),
             server: None,
+            log,
+            _claim: claim,
         };
         linked.spawn(behavior, tokens);
         linked
     }
 
     fn spawn(&mut self, behavior: &str, tokens: usize) {
+        let stderr = std::fs::File::create(&self.log).expect("the server's log opens");
         let child = Command::new("ip")
             .args(["netns", "exec", &self.ns])
             .arg(env!("CARGO_BIN_EXE_fake-upstream"))
             .args(["--listen", &self.addr, "--behavior", behavior])
             .args(["--tokens", &tokens.to_string()])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("the fake server starts");
         self.server = Some(child);
@@ -159,11 +194,22 @@ impl Linked {
         )
         .is_err()
         {
-            assert!(
-                Instant::now() < deadline,
-                "the server in {} did not listen",
-                self.ns
-            );
+            if Instant::now() >= deadline {
+                let exited = self
+                    .server
+                    .as_mut()
+                    .and_then(|c| c.try_wait().ok().flatten());
+                let ip = self.addr.split(':').next().unwrap_or_default();
+                panic!(
+                    "the server in {} did not listen on {} in 10 s; it {}; its stderr: {:?}; \
+                     route: {:?}",
+                    self.ns,
+                    self.addr,
+                    exited.map_or("still runs".to_string(), |s| format!("exited ({s})")),
+                    std::fs::read_to_string(&self.log).unwrap_or_default(),
+                    output("ip", &["route", "get", ip]).trim(),
+                );
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -281,7 +327,9 @@ impl Drop for Linked {
         let _ = Command::new("ip").args(["netns", "del", &self.ns]).status();
         let _ = Command::new("ip")
             .args(["link", "del", &self.host_if])
+            .stderr(Stdio::null())
             .status();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
