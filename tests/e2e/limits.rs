@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{TestGateway, hello, metric_sum};
+use crate::support::{ADMIN_TOKEN, TestGateway, hello, metric_sum};
 
 /// Sends `head` on a new connection and checks it is answered 431 and closed.
 async fn assert_refused_431(addr: std::net::SocketAddr, head: &str) {
@@ -221,12 +221,30 @@ async fn a_slow_body_is_refused_with_408() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("request_timeout"), "{answer}");
+    // An operator's component upload that trickles is refused the same way: the admin token
+    // does not buy a connection held open forever.
+    let mut conn = TcpStream::connect(gw.addr).await.unwrap();
+    conn.write_all(
+        format!(
+            "PUT /admin/policies/router?variant=slow HTTP/1.1\r\nhost: gw\r\n\
+             authorization: Bearer {ADMIN_TOKEN}\r\ncontent-length: 100000\r\n\r\n\0asm"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    let answer = read_until_closed(&mut conn, Duration::from_secs(10))
+        .await
+        .expect("answered and closed");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("did not arrive within 400 ms"), "{answer}");
     assert!(
         metric_sum(
             &gw.metrics().await,
             "ringmaster_body_read_timeouts_total",
             ""
-        ) >= 2.0
+        ) >= 3.0
     );
 }
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_api::ApiError;
 use ringmaster_gateway::policy::Variant;
-use ringmaster_gateway::respond::json_response;
+use ringmaster_gateway::respond::{json_response, read_body_under};
 use ringmaster_gateway::slot::{PolicySlot, SlotPolicy};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_policy_engine::StateMode;
@@ -22,19 +22,19 @@ use crate::query_param;
 /// run to 20 MB).
 const MAX_COMPONENT_BYTES: usize = 64 * 1024 * 1024;
 
-/// The request body as component bytes, under [`MAX_COMPONENT_BYTES`].
-pub(crate) async fn component_bytes(req: Request<Incoming>) -> Result<bytes::Bytes, ApiError> {
-    use http_body_util::{BodyExt, Limited};
-    Ok(Limited::new(req.into_body(), MAX_COMPONENT_BYTES)
-        .collect()
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorKind::RequestTooLarge,
-                format!("components are limited to {MAX_COMPONENT_BYTES} bytes"),
-            )
-        })?
-        .to_bytes())
+/// The request body as component bytes, under [`MAX_COMPONENT_BYTES`] and the body read
+/// timeout.
+pub(crate) async fn component_bytes(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+) -> Result<bytes::Bytes, ApiError> {
+    read_body_under(
+        gateway,
+        req,
+        MAX_COMPONENT_BYTES,
+        "components are limited to",
+    )
+    .await
 }
 
 /// Makes a policy change and answers with the slots' state, whether anything changed, how
@@ -105,7 +105,7 @@ pub(crate) async fn put_router(
              traffic; drop weight and shadow",
         ));
     }
-    let bytes = component_bytes(req).await?;
+    let bytes = component_bytes(gateway, req).await?;
     let component = ringmaster_cluster::blobs::content_hash(&bytes);
     let change = match plan {
         Some(plan) => Change::StartRollout {
@@ -155,7 +155,7 @@ pub(crate) async fn put_single(
         .or(current)
         .unwrap_or_else(|| default_name.to_owned());
     let everywhere = matches!(query_param(&req, "wait").as_deref(), Some("true" | "1"));
-    let bytes = component_bytes(req).await?;
+    let bytes = component_bytes(gateway, req).await?;
     let change = Change::PutSingle {
         slot,
         name,

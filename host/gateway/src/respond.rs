@@ -94,11 +94,28 @@ pub async fn read_json_body(gateway: &Gateway, req: Request<Incoming>) -> Result
             ),
         ));
     }
-    let limit = gateway.config.max_body_bytes;
+    read_body_under(
+        gateway,
+        req,
+        gateway.config.max_body_bytes,
+        "request body is larger than this gateway's limit of",
+    )
+    .await
+}
+
+/// Reads a whole request body of at most `limit` bytes (413, saying `too_large` and the
+/// limit, past it) within the body read timeout (408 past it, counted): JSON bodies and the
+/// admin API's component uploads alike, so that no route holds a connection that trickles.
+pub async fn read_body_under(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+    limit: usize,
+    too_large: &str,
+) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             ErrorKind::RequestTooLarge,
-            format!("request body is larger than this gateway's limit of {limit} bytes"),
+            format!("{too_large} {limit} bytes"),
         )
     };
     let declared = req
