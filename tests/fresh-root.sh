@@ -53,12 +53,16 @@ debian_mirror() {
 [ -n "$mirror" ] || { echo "no Debian bookworm mirror in this machine's apt sources: pass --mirror URL" >&2; exit 1; }
 command -v debootstrap >/dev/null || { apt-get update -qq && apt-get install -y -qq debootstrap; }
 
+# Everything mounted under the root, deepest first: the bound /proc, /sys and /dev, and what
+# the tests mount inside (the network-fault tests' namespaces under run/netns). A namespace
+# left mounted there outlives the run and keeps its veth link, and that link's route, in this
+# machine's namespace: a later run's link for the same addresses then loses to it.
 umount_all() {
-  for d in dev/pts dev sys proc; do
-    mountpoint -q "$root/$d" && umount "$root/$d" || true
-  done
+  awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount -l "$m" || true; done
 }
 trap umount_all EXIT
+umount_all
 
 if [ ! -x "$root/bin/bash" ]; then
   mkdir -p "$root"

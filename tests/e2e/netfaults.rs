@@ -6,7 +6,7 @@
 //! a response or a well-formed error (a JSON error body, or an SSE `error` event that ends the
 //! stream), and the health view must converge once the fault is gone.
 //!
-//! These need root, `ip` and `tc` (iproute2) and `iptables-legacy`; `tests/run` runs as root
+//! These need root, `ip` and `tc` (iproute2), `nsenter` (util-linux) and `iptables-legacy`; `tests/run` runs as root
 //! and sets `RINGMASTER_REQUIRE_NETNS`, which makes a missing piece a failure, not a skip.
 //! Everything stays on this machine and each namespace is removed when its test ends.
 
@@ -17,33 +17,61 @@ use serde_json::{Value, json};
 
 use crate::support::{TestGateway, eventually};
 
-/// Whether this machine can make namespaces (root, iproute2, iptables-legacy); a missing piece
-/// fails the test under `RINGMASTER_REQUIRE_NETNS=1`, else skips it with a note.
+/// Whether this machine can make, shape and enter namespaces (root, iproute2, util-linux's
+/// nsenter, iptables-legacy): tried once for real, a namespace made, a link set up in it and a
+/// program run inside, since having the tools is not having the right (a container without
+/// CAP_SYS_ADMIN). A missing piece fails the test under `RINGMASTER_REQUIRE_NETNS=1`, else
+/// skips it with a note saying which.
 fn netns_available() -> bool {
-    let works = |cmd: &str, args: &[&str]| {
-        Command::new(cmd)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let ok = works("ip", &["netns", "list"])
-        && works("tc", &["-V"])
-        && works("iptables-legacy", &["--version"])
-        && std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+    static FOUND: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        let works = |cmd: &str, args: &[&str]| {
+            Command::new(cmd)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let root = std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
             s.lines()
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         });
-    assert!(
-        ok || std::env::var("RINGMASTER_REQUIRE_NETNS").as_deref() != Ok("1"),
-        "RINGMASTER_REQUIRE_NETNS=1 but network namespaces cannot be made here \
-         (needs root, iproute2 and iptables-legacy)"
-    );
-    if !ok {
-        eprintln!("skipping: network namespaces need root, iproute2 and iptables-legacy");
+        if !root {
+            return Err("they need root".into());
+        }
+        for (cmd, args) in [
+            ("ip", &["netns", "list"][..]),
+            ("nsenter", &["--version"]),
+            ("tc", &["-V"]),
+            ("iptables-legacy", &["--version"]),
+        ] {
+            if !works(cmd, args) {
+                return Err(format!("`{cmd}` is missing"));
+            }
+        }
+        let probe = format!("rmf-probe-{}", std::process::id());
+        let made = works("ip", &["netns", "add", &probe]);
+        let entered = made
+            && works("ip", &["-n", &probe, "link", "set", "lo", "up"])
+            && works("nsenter", &[&format!("--net=/run/netns/{probe}"), "true"]);
+        if made {
+            let _ = works("ip", &["netns", "del", &probe]);
+        }
+        match (made, entered) {
+            (false, _) => Err("`ip netns add` is refused here".into()),
+            (true, false) => Err("a namespace is made but cannot be entered".into()),
+            (true, true) => Ok(()),
+        }
+    });
+    if let Err(why) = found {
+        assert!(
+            std::env::var("RINGMASTER_REQUIRE_NETNS").as_deref() != Ok("1"),
+            "RINGMASTER_REQUIRE_NETNS=1 but the network-fault tests cannot run here: {why}"
+        );
+        eprintln!("skipping the network-fault tests: {why}");
     }
-    ok
+    found.is_ok()
 }
 
 fn run(cmd: &str, args: &[&str]) {
@@ -131,37 +159,12 @@ impl Linked {
         let (host_if, ns_if) = (format!("rmfh{k}"), format!("rmfn{k}"));
         let (host_ip, ns_ip) = (format!("10.213.{k}.1"), format!("10.213.{k}.2"));
         clear_lab(k, &ns);
-        // Whatever happens to a link, nothing for these addresses leaves this machine: with a
-        // link's own route gone, the default route would carry its packets out.
-        let _ = Command::new("ip")
-            .args(["route", "add", "blackhole", "10.213.0.0/16"])
-            .stderr(Stdio::null())
-            .status();
-        run("ip", &["netns", "add", &ns]);
-        run(
-            "ip",
-            &[
-                "link", "add", &host_if, "type", "veth", "peer", "name", &ns_if,
-            ],
-        );
-        run("ip", &["link", "set", &ns_if, "netns", &ns]);
-        run(
-            "ip",
-            &["addr", "add", &format!("{host_ip}/30"), "dev", &host_if],
-        );
-        run("ip", &["link", "set", &host_if, "up"]);
-        let inside = |args: &[&str]| {
-            let mut all = vec!["netns", "exec", ns.as_str()];
-            all.extend_from_slice(args);
-            run("ip", &all);
-        };
-        inside(&["ip", "link", "set", "lo", "up"]);
-        inside(&["ip", "addr", "add", &format!("{ns_ip}/30"), "dev", &ns_if]);
-        inside(&["ip", "link", "set", &ns_if, "up"]);
         let log = std::env::temp_dir().join(format!(
             "ringmaster-netfaults-{}-{k}.log",
             std::process::id()
         ));
+        // Made before the lab is built, so that a step that fails still drops it: its Drop
+        // removes the namespace and the link whatever state they reached.
         let mut linked = Self {
             ns,
             host_if,
@@ -171,14 +174,51 @@ impl Linked {
             log,
             _claim: claim,
         };
+        let (ns, host_if, ns_if) = (&linked.ns, &linked.host_if, &linked.ns_if);
+        // Whatever happens to a link, nothing for these addresses leaves this machine: with a
+        // link's own route gone, the default route would carry its packets out.
+        let _ = Command::new("ip")
+            .args(["route", "add", "blackhole", "10.213.0.0/16"])
+            .stderr(Stdio::null())
+            .status();
+        run("ip", &["netns", "add", ns]);
+        run(
+            "ip",
+            &[
+                "link", "add", host_if, "type", "veth", "peer", "name", ns_if,
+            ],
+        );
+        run("ip", &["link", "set", ns_if, "netns", ns]);
+        run(
+            "ip",
+            &["addr", "add", &format!("{host_ip}/30"), "dev", host_if],
+        );
+        run("ip", &["link", "set", host_if, "up"]);
+        // `ip -n`, never `ip netns exec`: exec also remounts /sys in a mount namespace of its
+        // own, which fails where / is not a mount point (a chroot: "mount --make-rslave /"
+        // failed), and nothing here needs more than the network namespace.
+        run("ip", &["-n", ns, "link", "set", "lo", "up"]);
+        run(
+            "ip",
+            &[
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{ns_ip}/30"),
+                "dev",
+                ns_if,
+            ],
+        );
+        run("ip", &["-n", ns, "link", "set", ns_if, "up"]);
         linked.spawn(behavior, tokens);
         linked
     }
 
     fn spawn(&mut self, behavior: &str, tokens: usize) {
         let stderr = std::fs::File::create(&self.log).expect("the server's log opens");
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.ns])
+        let child = Command::new("nsenter")
+            .arg(self.net())
             .arg(env!("CARGO_BIN_EXE_fake-upstream"))
             .args(["--listen", &self.addr, "--behavior", behavior])
             .args(["--tokens", &tokens.to_string()])
@@ -214,6 +254,11 @@ impl Linked {
         }
     }
 
+    /// `nsenter`'s argument that enters this lab's network namespace (and nothing else).
+    fn net(&self) -> String {
+        format!("--net=/run/netns/{}", self.ns)
+    }
+
     fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -228,30 +273,16 @@ impl Linked {
     }
 
     fn link(&self, state: &str) {
-        run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &self.ns,
-                "ip",
-                "link",
-                "set",
-                &self.ns_if,
-                state,
-            ],
-        );
+        run("ip", &["-n", &self.ns, "link", "set", &self.ns_if, state]);
     }
 
     /// Drops `percent` % of the packets arriving at the server, at random.
     fn lose(&self, percent: u32) {
         let p = format!("{:.2}", f64::from(percent) / 100.0);
         run(
-            "ip",
+            "nsenter",
             &[
-                "netns",
-                "exec",
-                &self.ns,
+                &self.net(),
                 "iptables-legacy",
                 "-A",
                 "INPUT",
@@ -268,10 +299,7 @@ impl Linked {
     }
 
     fn lossless(&self) {
-        run(
-            "ip",
-            &["netns", "exec", &self.ns, "iptables-legacy", "-F", "INPUT"],
-        );
+        run("nsenter", &[&self.net(), "iptables-legacy", "-F", "INPUT"]);
     }
 
     /// A slow link both ways (a token bucket at `kbit` kbit/s: full frames wait in its queue).
@@ -300,7 +328,7 @@ impl Linked {
         run("tc", &["qdisc", "del", "dev", &self.host_if, "root"]);
     }
 
-    /// Signals every process in the namespace (the server; `ip netns exec` may sit between).
+    /// Signals every process in the namespace (the server, and anything it started).
     fn signal(&self, signal: &str) {
         let pids = Command::new("ip")
             .args(["netns", "pids", &self.ns])
@@ -512,7 +540,7 @@ async fn loss_a_slow_link_a_killed_a_hung_and_a_flapping_server_lose_no_request(
         std::thread::spawn(move || {
             let set = |state: &str| {
                 let _ = Command::new("ip")
-                    .args(["netns", "exec", &ns, "ip", "link", "set", &ns_if, state])
+                    .args(["-n", &ns, "link", "set", &ns_if, state])
                     .status();
             };
             for i in 0..12 {
