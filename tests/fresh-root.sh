@@ -6,7 +6,9 @@
 # install itself. Not part of tests/run: `.ci/run` in it took 1,795 s (30 min) on 2 cores at
 # dfb7491 (2026-12-04); at e453868 it reached the status page's test after 2,381 s (40 min:
 # the OTLP crates, Chromium and Prometheus added) and failed there on Debian's Node.js 18
-# (playwright-core 1.65 needs 20; pinned to 1.61, which takes 18, since).
+# (playwright-core 1.65 needs 20; pinned to 1.61, which takes 18, since). At 0a33a16
+# (2026-12-06) it passed in 2,889 s (48 min: the build 19.6 min, the fuzz build 10.8 min of
+# it, the latter cut to under a minute by e71db19).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
