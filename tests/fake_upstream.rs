@@ -1,8 +1,10 @@
 //! A fake OpenAI-compatible server on loopback, for the end-to-end tests and the overhead
 //! benchmark: it answers at once, in the stream shape of a chosen real server, or with a
-//! chosen fault. It also answers Anthropic's `/v1/messages` (for a proxy that passes requests
-//! through unchanged, like HAProxy in the benchmark) and counts the connections it accepted,
-//! so a test can tell whether a client reuses them.
+//! chosen fault. It also answers Anthropic's `/v1/messages` and OpenAI's `/v1/responses`
+//! (for a proxy that passes requests through unchanged, like HAProxy in the benchmark, and
+//! for servers of those APIs behind the gateway) and counts the connections it accepted, so a
+//! test can tell whether a client reuses them. [`Behavior::Strict`] refuses, as OpenAI does,
+//! every chat field OpenAI does not define.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -61,6 +63,69 @@ pub enum Behavior {
     /// vLLM's stream at a decode's pace: one token every [`PACE`] (a stream long enough to
     /// cut in the middle).
     Paced,
+    /// OpenAI's own strictness: a chat request with a field (or a `stream_options` field)
+    /// OpenAI does not define is refused with a 400 naming it; else OpenAI's stream shape.
+    Strict,
+    /// A reasoning model (vLLM with a reasoning parser): `reasoning_content` deltas, then the
+    /// text.
+    Reasons,
+}
+
+/// The fields of OpenAI's chat completions request (and of `stream_options`): what
+/// [`Behavior::Strict`] takes.
+pub const OPENAI_CHAT_FIELDS: [&str; 37] = [
+    "model",
+    "messages",
+    "audio",
+    "frequency_penalty",
+    "function_call",
+    "functions",
+    "logit_bias",
+    "logprobs",
+    "max_completion_tokens",
+    "max_tokens",
+    "metadata",
+    "modalities",
+    "n",
+    "parallel_tool_calls",
+    "prediction",
+    "presence_penalty",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "reasoning_effort",
+    "response_format",
+    "safety_identifier",
+    "seed",
+    "service_tier",
+    "stop",
+    "store",
+    "stream",
+    "stream_options",
+    "temperature",
+    "tool_choice",
+    "tools",
+    "top_logprobs",
+    "top_p",
+    "user",
+    "verbosity",
+    "web_search_options",
+    "include_obfuscation",
+    "include_usage",
+];
+
+/// Why a strict server refuses `body`, if it does: the first field OpenAI does not define.
+pub fn openai_strict_refusal(body: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let known = |key: &str| OPENAI_CHAT_FIELDS[..35].contains(&key);
+    if let Some(key) = object.keys().find(|k| !known(k)) {
+        return Some(format!("Unrecognized request argument supplied: {key}"));
+    }
+    let options = object.get("stream_options").and_then(|o| o.as_object())?;
+    options
+        .keys()
+        .find(|k| !OPENAI_CHAT_FIELDS[35..].contains(&k.as_str()))
+        .map(|key| format!("Unrecognized request argument supplied: stream_options.{key}"))
 }
 
 /// The gap between tokens of [`Behavior::Paced`].
@@ -513,6 +578,18 @@ async fn answer(
             .unwrap_or(false);
         return messages(streamed, tokens);
     }
+    if path == "/v1/responses" {
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        return responses(request["stream"] == true, tokens);
+    }
+    if behavior == Behavior::Strict
+        && let Some(refusal) = openai_strict_refusal(&body)
+    {
+        return json(
+            StatusCode::BAD_REQUEST,
+            &openai::ErrorResponse::new("invalid_request_error", &refusal, None),
+        );
+    }
     let request = serde_json::from_slice::<openai::Request<'_>>(&body).unwrap_or_default();
     let streamed = request.stream.unwrap_or(false);
     // The name of the first tool the request offers (`get_weather` if none).
@@ -533,8 +610,9 @@ async fn answer(
             | Behavior::EofOnly
             | Behavior::Whole
             | Behavior::Paced
+            | Behavior::Reasons
             | Behavior::SlowStart => return shapes.whole(tokens, "stop", true),
-            Behavior::OpenAi => return shapes.whole(tokens, "length", true),
+            Behavior::OpenAi | Behavior::Strict => return shapes.whole(tokens, "length", true),
             Behavior::ToolCalls => return shapes.whole(tokens, "tool_calls", true),
             Behavior::CallsTool => return whole_tool_call(&offered),
             Behavior::NoUsage => return shapes.whole(tokens, "stop", false),
@@ -564,10 +642,24 @@ async fn answer(
             frames.push(data(&shapes.usage_chunk(tokens)));
             frames.push(done());
         }
-        Behavior::OpenAi => {
+        Behavior::OpenAi | Behavior::Strict => {
             body_tokens(&mut frames, false);
             frames.push(data(&shapes.chunk("", Some("length"), None)));
             frames.push(data(&shapes.usage_chunk(tokens)));
+            frames.push(done());
+        }
+        Behavior::Reasons => {
+            for thought in ["Let me ", "think."] {
+                let mut chunk = shapes.chunk("", None, None);
+                if let Some(delta) = chunk.choices[0].delta.as_mut() {
+                    delta.content = None;
+                    delta.reasoning_content = Some(thought.into());
+                }
+                frames.push(data(&chunk));
+            }
+            body_tokens(&mut frames, false);
+            frames.push(data(&shapes.chunk("", Some("stop"), None)));
+            frames.push(data(&shapes.usage_chunk(tokens + 2)));
             frames.push(done());
         }
         Behavior::UsageInFinish => {
@@ -699,8 +791,8 @@ fn whole_tool_call(name: &str) -> Response<Body> {
                 message: Some(openai::ReplyMessage {
                     role: Some("assistant".into()),
                     content: None,
-                    refusal: None,
                     tool_calls: Some(vec![call]),
+                    ..openai::ReplyMessage::default()
                 }),
                 finish_reason: Some("tool_calls".into()),
                 ..openai::Choice::default()
@@ -709,6 +801,59 @@ fn whole_tool_call(name: &str) -> Response<Body> {
             ..openai::Chunk::default()
         },
     )
+}
+
+/// An OpenAI Responses answer, plain or streamed: `tokens` text tokens, 12 prompt tokens of
+/// which 4 cached.
+fn responses(streamed: bool, tokens: usize) -> Response<Body> {
+    let text = "tok ".repeat(tokens);
+    let usage = serde_json::json!({
+        "input_tokens": 12, "input_tokens_details": {"cached_tokens": 4},
+        "output_tokens": tokens, "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": 12 + tokens,
+    });
+    let item = serde_json::json!({
+        "type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    });
+    let response = serde_json::json!({
+        "id": "resp_fake", "object": "response", "status": "completed", "model": "fake",
+        "output": [item], "usage": usage,
+    });
+    if !streamed {
+        return json(StatusCode::OK, &response);
+    }
+    let event = |value: serde_json::Value| {
+        let mut frame = Vec::new();
+        let name = value["type"].as_str().unwrap_or_default().to_owned();
+        sse::event(&mut frame, &name, &value);
+        Ok(Bytes::from(frame))
+    };
+    let mut frames = vec![
+        event(
+            serde_json::json!({"type": "response.created", "sequence_number": 0,
+            "response": {"id": "resp_fake", "object": "response", "status": "in_progress", "output": []}}),
+        ),
+        event(
+            serde_json::json!({"type": "response.output_item.added", "sequence_number": 1, "output_index": 0,
+            "item": {"type": "message", "id": "msg_fake", "status": "in_progress", "role": "assistant", "content": []}}),
+        ),
+    ];
+    for _ in 0..tokens {
+        frames.push(event(
+            serde_json::json!({"type": "response.output_text.delta", "sequence_number": 2,
+            "item_id": "msg_fake", "output_index": 0, "content_index": 0, "delta": "tok "}),
+        ));
+    }
+    frames.push(event(
+        serde_json::json!({"type": "response.output_item.done", "sequence_number": 3,
+        "output_index": 0, "item": item}),
+    ));
+    frames.push(event(
+        serde_json::json!({"type": "response.completed", "sequence_number": 4,
+        "response": response}),
+    ));
+    sse(frames)
 }
 
 /// An Anthropic Messages answer (for a pass-through proxy), plain or streamed.

@@ -63,6 +63,8 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
             prompt: None,
             priority: 0,
             tools: None,
+            effort: None,
+            output_format: None,
         })
         .expect("submit");
     let mut first = None;
@@ -74,7 +76,9 @@ async fn stream(engine: EngineHandle, i: usize, max_tokens: u32) -> StreamResult
                 tokens += 1;
             }
             GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. } => break,
-            GenerateEvent::Started { .. } | GenerateEvent::ToolCall { .. } => {}
+            GenerateEvent::Started { .. }
+            | GenerateEvent::ToolCall { .. }
+            | GenerateEvent::Reasoning { .. } => {}
         }
     }
     let ttft = first.unwrap_or_else(|| started.elapsed());

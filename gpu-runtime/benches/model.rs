@@ -354,6 +354,8 @@ fn ttft(path: &std::path::Path, threads: usize) {
             prompt: None,
             priority: 0,
             tools: None,
+            effort: None,
+            output_format: None,
         };
         let (elapsed, cached, prompt) = runtime.block_on(async {
             let started = Instant::now();

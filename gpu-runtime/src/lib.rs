@@ -33,6 +33,8 @@
 //!     prompt: None,
 //!     priority: 0,
 //!     tools: None,
+//!     effort: None,
+//!     output_format: None,
 //! })?;
 //! while let Some(event) = stream.next().await {
 //!     if let GenerateEvent::Token { text } = event {
@@ -73,7 +75,7 @@ pub use executor::{
 };
 pub use generation::{EventSource, GenerationStream, RelayState};
 pub use request::{
-    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, Image, Role, SamplingParams,
-    ToolCall, ToolChoice, ToolOffer, ToolSpec,
+    ChatMessage, Effort, FinishReason, GenerateEvent, GenerateRequest, Image, OutputFormat, Role,
+    SamplingParams, ToolCall, ToolChoice, ToolOffer, ToolSpec,
 };
 pub use tokenizer::{SimTokenizer, Tokenizer, TokenizerSpec};

@@ -5,8 +5,8 @@
 //! behaviour; it must not depend on the scheduler, the block manager or any executor, so that
 //! the gateway can build and match these types without knowing how the engine works.
 
-/// Who wrote a chat message. The system prompt is not a message: it is
-/// [`GenerateRequest::system`].
+/// Who wrote a chat message. The leading system prompt is not a message: it is
+/// [`GenerateRequest::system`]; [`Role::System`] is an instruction later in the conversation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Role {
     /// The end user (and the results of tools the model called, which the caller runs).
@@ -14,6 +14,9 @@ pub enum Role {
     User,
     /// The model (an earlier reply, replayed in a multi-turn conversation).
     Assistant,
+    /// Instructions in the middle of a conversation (a coding agent's environment, a
+    /// developer message after the first turn).
+    System,
 }
 
 impl Role {
@@ -22,6 +25,7 @@ impl Role {
         match self {
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::System => "system",
         }
     }
 }
@@ -99,10 +103,106 @@ pub enum ToolChoice {
 pub struct ToolOffer {
     /// The tools.
     pub tools: Vec<ToolSpec>,
-    /// Whether and which one must be called.
-    pub choice: ToolChoice,
+    /// Whether and which one must be called (`None`: the client did not say, and a server is
+    /// not told either).
+    pub choice: Option<ToolChoice>,
     /// Whether several calls may come in one turn (`None`: the server's default).
     pub parallel: Option<bool>,
+}
+
+/// How hard a reasoning model thinks before it answers (OpenAI's `reasoning_effort`,
+/// Anthropic's `thinking` and `output_config.effort`). Only remote servers with reasoning
+/// take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effort {
+    /// No reasoning.
+    None,
+    /// The least.
+    Minimal,
+    /// Little.
+    Low,
+    /// The default.
+    Medium,
+    /// Much.
+    High,
+    /// The most.
+    Max,
+}
+
+impl Effort {
+    /// OpenAI's name of it (`xhigh` for the most).
+    pub fn as_openai(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Minimal => "minimal",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+            Self::Max => "xhigh",
+        }
+    }
+
+    /// Reads OpenAI's or Anthropic's name (`none`, `minimal`, `low`, `medium`, `high`,
+    /// `xhigh`, `max`).
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "none" => Self::None,
+            "minimal" => Self::Minimal,
+            "low" => Self::Low,
+            "medium" => Self::Medium,
+            "high" => Self::High,
+            "xhigh" | "max" => Self::Max,
+            _ => return None,
+        })
+    }
+
+    /// The effort a thinking budget of `tokens` asks for.
+    pub fn from_budget(tokens: u32) -> Self {
+        match tokens {
+            0 => Self::None,
+            1..=2_048 => Self::Low,
+            2_049..=16_384 => Self::Medium,
+            _ => Self::High,
+        }
+    }
+}
+
+/// Structured output: the answer is JSON (OpenAI's `response_format`, Responses'
+/// `text.format`, Anthropic's `output_config.format`). Only remote servers take it.
+#[derive(Clone, Debug)]
+pub enum OutputFormat {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON following a schema.
+    JsonSchema {
+        /// The schema's name.
+        name: String,
+        /// The schema, as the JSON text it came as.
+        schema: Box<serde_json::value::RawValue>,
+        /// Strict adherence.
+        strict: Option<bool>,
+    },
+}
+
+impl PartialEq for OutputFormat {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::JsonObject, Self::JsonObject) => true,
+            (
+                Self::JsonSchema {
+                    name,
+                    schema,
+                    strict,
+                },
+                Self::JsonSchema {
+                    name: n,
+                    schema: s,
+                    strict: t,
+                },
+            ) => name == n && schema.get() == s.get() && strict == t,
+            _ => false,
+        }
+    }
 }
 
 /// How to pick output tokens. The simulated executor accepts all of them and uses only
@@ -147,6 +247,11 @@ pub struct GenerateRequest {
     /// Tools the model may call (`None`: none offered). Only remote servers take them; a
     /// local engine refuses a request that offers any.
     pub tools: Option<Box<ToolOffer>>,
+    /// How hard a reasoning model thinks (`None`: the server's default). Only remote servers
+    /// with reasoning are told.
+    pub effort: Option<Effort>,
+    /// Structured output (`None`: text). Only remote servers take it.
+    pub output_format: Option<Box<OutputFormat>>,
 }
 
 /// Why a generation ended.
@@ -174,6 +279,12 @@ pub enum GenerateEvent {
         prompt_tokens: u32,
         /// Of those, tokens whose KV came from the prefix cache.
         cached_tokens: u32,
+    },
+    /// Reasoning before the answer (a remote reasoning model's `reasoning_content`, thinking
+    /// blocks, reasoning items). Local engines never send it.
+    Reasoning {
+        /// The text.
+        text: String,
     },
     /// Generated text. It never contains any part of a matched stop sequence: text that could
     /// be the start of one is held back until it is known not to be.

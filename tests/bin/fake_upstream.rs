@@ -21,6 +21,8 @@ fn main() {
                     "no-usage" => Behavior::NoUsage,
                     "calls-tool" => Behavior::CallsTool,
                     "paced" => Behavior::Paced,
+                    "strict" => Behavior::Strict,
+                    "reasons" => Behavior::Reasons,
                     "hang" => Behavior::Hang,
                     other => {
                         eprintln!(

@@ -67,7 +67,7 @@ async fn streaming_sends_anthropic_events_in_order() {
     assert!(response.headers().contains_key("request-id"));
     let events = sse_events(&response.text().await.unwrap());
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names[..3], ["message_start", "content_block_start", "ping"]);
+    assert_eq!(names[..3], ["message_start", "ping", "content_block_start"]);
     assert_eq!(
         names[names.len() - 3..],
         ["content_block_stop", "message_delta", "message_stop"]

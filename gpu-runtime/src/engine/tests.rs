@@ -41,6 +41,8 @@ fn request(system: Option<&str>, messages: Vec<ChatMessage>, max_tokens: u32) ->
         prompt: None,
         priority: 0,
         tools: None,
+        effort: None,
+        output_format: None,
     }
 }
 
@@ -99,6 +101,7 @@ async fn collect(mut stream: GenerationStream) -> Reply {
             GenerateEvent::Started { .. } => panic!("Started twice"),
             GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
             GenerateEvent::ToolCall { .. } => panic!("a local engine called a tool"),
+            GenerateEvent::Reasoning { .. } => panic!("a local engine reasoned apart"),
         }
     }
 }

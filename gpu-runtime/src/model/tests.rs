@@ -218,6 +218,8 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             prompt: None,
             priority: 0,
             tools: None,
+            effort: None,
+            output_format: None,
         })
         .unwrap();
     let mut text = String::new();
@@ -229,6 +231,7 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
             crate::GenerateEvent::Finished { .. } => break,
             crate::GenerateEvent::Failed { message } => panic!("a local engine failed: {message}"),
             crate::GenerateEvent::ToolCall { .. } => panic!("a local engine called a tool"),
+            crate::GenerateEvent::Reasoning { .. } => panic!("a local engine reasoned apart"),
         }
     }
     (text, cached)
@@ -274,6 +277,8 @@ async fn a_request_past_the_context_or_the_kv_pool_is_refused_at_submit() {
         prompt: None,
         priority: 0,
         tools: None,
+        effort: None,
+        output_format: None,
     };
     // Past SmolLM2's 8192-token context.
     let err = handle.submit(ask(9000)).err().unwrap();

@@ -22,7 +22,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
 
 use super::gguf::{ModelFile, meta_str};
-use crate::request::{ChatMessage, Role};
+use crate::request::ChatMessage;
 use crate::tokenizer::{Tokenizer, TokenizerSpec};
 
 /// A GGUF model's tokenizer.
@@ -214,10 +214,7 @@ impl GgufTokenizer {
             text.push_str(&format!("<|im_start|>system\n{system}<|im_end|>\n"));
         }
         for message in messages {
-            let role = match message.role {
-                Role::User => "user",
-                Role::Assistant => "assistant",
-            };
+            let role = message.role.as_str();
             text.push_str(&format!("<|im_start|>{role}\n{}<|im_end|>\n", message.text));
         }
         text.push_str("<|im_start|>assistant\n");

@@ -51,6 +51,13 @@ pub(crate) fn experiments_json(
                 "error_rate": if requests == 0 { 0.0 } else { stats.errors as f64 / requests as f64 },
                 "faults": stats.faults,
                 "prefix_cache_hit_ratio": stats.hit_ratio().unwrap_or(0.0),
+                "cached_tokens": {
+                    "reported": stats.cached_tokens,
+                    "prompt": stats.prompt_tokens,
+                    "reachable": stats.reachable_cached_tokens,
+                    "achieved": stats.achieved_cached_tokens,
+                    "achieved_of_reachable": stats.reach_ratio(),
+                },
                 "ttft_seconds": summary.as_ref().map(|s| json!({"samples": s.n, "mean": s.mean, "p50": s.p50, "p99": s.p99})),
             });
             if i > 0

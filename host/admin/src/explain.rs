@@ -19,21 +19,20 @@ use crate::query_param;
 /// through the request path's own prepare phase (the door's parser, the configured session
 /// headers, the model's pool, the routing key and prefix hashes, the request as policies see
 /// it) and the router slot's own variant pick, policy call and carrying-out, with nothing
-/// counted. `?door=chat|completions` explains an OpenAI body (Messages by default);
+/// counted. `?door=chat|completions|responses` explains an OpenAI body (Messages by default);
 /// `?tier=T` the decision for a caller of tier `T`.
 pub(crate) async fn explain(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let door = match query_param(&req, "door").as_deref() {
-        None | Some("messages") => Door::Messages,
-        Some("chat") => Door::Chat,
-        Some("completions") => Door::Completions,
-        Some(other) => {
-            return Err(ApiError::invalid(format!(
-                "door: {other:?} is not one of \"messages\", \"chat\", \"completions\""
-            )));
-        }
+        None => Door::Messages,
+        Some(name) => Door::named(name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "door: {name:?} is not one of \"messages\", \"chat\", \"completions\", \
+                 \"responses\""
+            ))
+        })?,
     };
     let tier = query_param(&req, "tier").unwrap_or_else(|| "anonymous".to_owned());
     let session = ringmaster_gateway::doors::session_header(
@@ -44,7 +43,10 @@ pub(crate) async fn explain(
         req.headers(),
         &gateway.config().policies.pass_headers,
     );
+    let relay_headers = ringmaster_gateway::doors::relay_headers(door, req.headers());
     let body = read_json_body(gateway, req).await?;
+    // Any key's stored response may be explained (the admin token is every key's).
+    let prior = ringmaster_gateway::doors::prior(gateway, door, &body, None).await?;
     let input = CallInput {
         door,
         body,
@@ -53,6 +55,8 @@ pub(crate) async fn explain(
         passed_headers,
         queue_timeout: None,
         trace_context: Vec::new(),
+        relay_headers,
+        prior,
     };
     let call = Call::prepare(gateway, input, std::time::Instant::now(), "explain")?;
     let snapshot = &call.pool;

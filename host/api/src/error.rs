@@ -100,6 +100,8 @@ pub struct ApiError {
     kind: ErrorKind,
     message: String,
     retry_after: Option<Duration>,
+    /// Headers the answer carries besides the error's own (a 429's rate-limit headers).
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 impl ApiError {
@@ -109,6 +111,7 @@ impl ApiError {
             kind,
             message: message.into(),
             retry_after: None,
+            headers: Vec::new(),
         }
     }
 
@@ -131,6 +134,17 @@ impl ApiError {
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
+    }
+
+    /// Adds headers the answer carries (a refusal's rate-limit headers).
+    pub fn with_headers(mut self, headers: Vec<(http::HeaderName, http::HeaderValue)>) -> Self {
+        self.headers.extend(headers);
+        self
+    }
+
+    /// The headers the answer carries besides the error's own.
+    pub fn headers(&self) -> &[(http::HeaderName, http::HeaderValue)] {
+        &self.headers
     }
 
     /// The error's kind.

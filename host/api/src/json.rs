@@ -2,40 +2,97 @@
 //! named for the client: bytes that are not UTF-8 or not JSON, a field the door does not
 //! know, a value of the wrong type (with its path: `messages[2].content`).
 //!
-//! The wire types refuse unknown fields where Anthropic and OpenAI do, so a good body is read
-//! by serde alone, borrowing its strings. Only a body that fails is read a second time, to
-//! find the path of what failed (`serde_path_to_error`): the cost of naming it falls on the
-//! bad request, not on every request.
+//! A good body is read by serde alone, borrowing its strings, in one pass that also notes
+//! every field the wire type does not know ([`read_tracked`], through `serde_ignored`): the
+//! door decides what becomes of them (`[api] unknown_fields`). Only a body that fails is read
+//! a second time, to find the path of what failed (`serde_path_to_error`): the cost of naming
+//! it falls on the bad request, not on every request.
 
 use serde::Deserialize;
 
 use crate::error::ApiError;
 
-/// Parses `body` into `T`.
-pub(crate) fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+/// Most unknown fields noted per body: a body with more is no client's, and the rest are
+/// dropped unnamed.
+pub const MAX_UNKNOWN_FIELDS: usize = 64;
+
+/// Parses `body` into `T`, with the path of every field `T` does not know
+/// (`messages.0.content.1.colour`), at most [`MAX_UNKNOWN_FIELDS`] of them.
+pub(crate) fn read_tracked<'a, T: Deserialize<'a>>(
+    body: &'a [u8],
+) -> Result<(T, Vec<String>), ApiError> {
+    let text = utf8(body)?;
+    let mut unknown = Vec::new();
+    let mut json = serde_json::Deserializer::from_str(text);
+    let value = serde_ignored::deserialize(&mut json, |path| {
+        if unknown.len() < MAX_UNKNOWN_FIELDS {
+            unknown.push(path_text(&path));
+        }
+    })
+    .and_then(|value| json.end().map(|()| value))
+    .map_err(|e| schema_error::<T>(text, &e))?;
+    Ok((value, unknown))
+}
+
+/// `path` as dotted segments (`tools.3.cache_control`).
+fn path_text(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    fn walk(path: &Path<'_>, out: &mut String) {
+        let segment = match path {
+            Path::Root => return,
+            Path::Seq { parent, index } => {
+                walk(parent, out);
+                index.to_string()
+            }
+            Path::Map { parent, key } => {
+                walk(parent, out);
+                key.clone()
+            }
+            Path::Some { parent }
+            | Path::NewtypeStruct { parent }
+            | Path::NewtypeVariant { parent } => return walk(parent, out),
+        };
+        if !out.is_empty() {
+            out.push('.');
+        }
+        out.push_str(&segment);
+    }
+    let mut out = String::new();
+    walk(path, &mut out);
+    out
+}
+
+fn utf8(body: &[u8]) -> Result<&str, ApiError> {
     if body.is_empty() {
         return Err(ApiError::invalid(
             "request body is empty; expected a JSON object",
         ));
     }
-    let text = std::str::from_utf8(body).map_err(|e| {
+    std::str::from_utf8(body).map_err(|e| {
         ApiError::invalid(format!(
             "request body is not valid UTF-8 (invalid byte at offset {})",
             e.valid_up_to()
         ))
-    })?;
-    serde_json::from_str(text).map_err(|e| {
-        let what = match e.classify() {
-            serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
-                "request body is not valid JSON"
-            }
-            _ => "request body does not match the expected schema",
-        };
-        match failing_path::<T>(text) {
-            Some(path) => ApiError::invalid(format!("{what}: {path}: {e}")),
-            None => ApiError::invalid(format!("{what}: {e}")),
-        }
     })
+}
+
+fn schema_error<'a, T: Deserialize<'a>>(text: &'a str, e: &serde_json::Error) -> ApiError {
+    let what = match e.classify() {
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            "request body is not valid JSON"
+        }
+        _ => "request body does not match the expected schema",
+    };
+    match failing_path::<T>(text) {
+        Some(path) => ApiError::invalid(format!("{what}: {path}: {e}")),
+        None => ApiError::invalid(format!("{what}: {e}")),
+    }
+}
+
+/// Parses `body` into `T`.
+pub(crate) fn read<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T, ApiError> {
+    let text = utf8(body)?;
+    serde_json::from_str(text).map_err(|e| schema_error::<T>(text, &e))
 }
 
 /// Where in `text` reading a `T` fails, when it is inside the top-level object.
@@ -70,14 +127,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_failure_names_its_path_and_an_unknown_field_is_refused() {
-        let err = read::<ringmaster_wire::anthropic::Request<'_>>(
-            br#"{"model":"m","messages":[{"role":"user","content":"x","colour":1}]}"#,
+    fn a_failure_names_its_path_and_unknown_fields_are_noted_by_path() {
+        let (_, unknown) = read_tracked::<ringmaster_wire::anthropic::Request<'_>>(
+            br#"{"model":"m","colour":{"a":1},"messages":[{"role":"user","content":[{"type":"text","text":"x","shade":1}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(unknown, ["colour", "messages.0.content.0.shade"]);
+        let err = read_tracked::<ringmaster_wire::anthropic::Request<'_>>(
+            br#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
         )
         .unwrap_err();
         assert!(
+            err.message().contains("messages[0].content: invalid type"),
+            "{}",
             err.message()
-                .contains("messages[0].colour: unknown field `colour`"),
+        );
+        let err = read_tracked::<ringmaster_wire::anthropic::Request<'_>>(br#"{"model":"m"} x"#)
+            .unwrap_err();
+        assert!(
+            err.message().starts_with("request body is not valid JSON"),
             "{}",
             err.message()
         );

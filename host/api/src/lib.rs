@@ -13,7 +13,7 @@
 //! use ringmaster_api::{Door, Limits};
 //!
 //! let models = ["sim-llama-3-8b".to_owned()];
-//! let limits = Limits { models: &models, max_output_tokens: 4096 };
+//! let limits = Limits::new(&models, 4096);
 //! let body = br#"{"model":"sim-llama-3-8b","messages":[{"role":"user","content":"Hi"}]}"#;
 //! let request = Door::Chat.parse(body, limits).unwrap();
 //! assert_eq!(request.messages[0].text, "Hi");
@@ -24,16 +24,22 @@
 
 mod door;
 pub mod error;
+pub mod fields;
 mod json;
 pub mod messages;
 pub mod openai;
+pub mod relay;
 pub mod reply;
 mod request;
+pub mod responses;
 mod rules;
+pub mod volatile;
 
 pub use door::Door;
 pub use error::{ApiError, ErrorKind};
+pub use fields::{FieldNotes, UnknownFields};
 pub use json::read_json;
 pub use request::{
     ESTIMATED_BYTES_PER_TOKEN, ESTIMATED_TOKENS_PER_IMAGE, Limits, MAX_SESSION_CHARS, Request,
 };
+pub use volatile::VolatileLines;

@@ -1,61 +1,148 @@
 //! The Anthropic Messages door, inbound: `POST /v1/messages` and `count_tokens` bodies into the
 //! one [`Request`]. (Its replies are written by [`crate::reply::messages`].)
 //!
-//! Text, `image`, `tool_use` and `tool_result` content; client tools and `tool_choice`. Fields
-//! current SDKs send that change nothing here are accepted (`service_tier` auto or
-//! standard_only, a top-level `cache_control`, `thinking` disabled); the features this gateway
-//! does not serve are refused by name (server tools, documents, extended thinking, MCP
-//! servers, containers, the Files API), never as unknown fields.
+//! Liberal in what it takes, as the agents that send most of this traffic need (Claude Code
+//! sends `context_management`, `thinking: adaptive`, `output_config`, system messages in the
+//! middle of the conversation, `cache_control` everywhere, tools with `defer_loading`):
+//! text, `image`, plain-text `document`, `tool_use` and `tool_result` content, client tools
+//! and `tool_choice`, thinking and effort (for servers with reasoning), structured output.
+//! What the request cannot carry and does not change the answer when left out is noted
+//! ([`crate::fields::FieldNotes`]): `cache_control`, `context_management`, hosted (server)
+//! tools, thinking blocks of earlier turns, `service_tier`. Refused, by name, only what would
+//! change the answer if ignored: MCP servers, code-execution containers, documents that are
+//! not plain text, a `tool_choice` forcing a server tool.
 
-use ringmaster_gpu_runtime::{ChatMessage, Image, Role, ToolCall, ToolChoice, ToolSpec};
+use ringmaster_gpu_runtime::{
+    ChatMessage, Effort, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
+};
 use ringmaster_wire::anthropic::{self, Block, Content};
 
 use crate::error::ApiError;
-use crate::json::read;
+use crate::fields::FieldNotes;
+use crate::json::read_tracked;
 use crate::request::{Limits, Request};
 use crate::{Door, rules};
 
 /// Parses and validates a `POST /v1/messages` body.
 pub fn parse(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let raw: anthropic::Request<'_> = read(body)?;
-    validate(raw, limits)
+    let (raw, unknown): (anthropic::Request<'_>, _) = read_tracked(body)?;
+    validate(raw, unknown, limits)
 }
 
 /// Parses and validates a `POST /v1/messages/count_tokens` body: a Messages request whose
 /// `max_tokens` may be left out (nothing is generated).
 pub fn parse_count_tokens(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: anthropic::Request<'_> = read(body)?;
+    let (mut raw, unknown): (anthropic::Request<'_>, _) = read_tracked(body)?;
     raw.max_tokens.get_or_insert(1);
-    validate(raw, limits)
+    validate(raw, unknown, limits)
 }
 
-/// Refuses, by name, the known fields this gateway cannot honour, and lets through those that
-/// change nothing here.
-fn refused_fields(raw: &anthropic::Request<'_>) -> Result<(), ApiError> {
-    if let Some(tier) = &raw.service_tier
-        && !matches!(tier.as_str(), Some("auto" | "standard_only"))
+/// Refuses, by name, the known fields whose features would change the answer if ignored;
+/// notes those that would not.
+fn known_fields(raw: &anthropic::Request<'_>, notes: &mut FieldNotes) -> Result<(), ApiError> {
+    if raw
+        .mcp_servers
+        .as_ref()
+        .is_some_and(|m| !crate::json::is_empty(Some(m)))
     {
         return Err(rules::refused(
-            "service_tier",
-            "a service tier other than \"auto\" or \"standard_only\" (tiers come from the API key)",
+            "mcp_servers",
+            "the MCP connector (the model would call tools only Anthropic can run)",
         ));
-    }
-    if let Some(thinking) = &raw.thinking
-        && thinking.get("type").and_then(|t| t.as_str()) != Some("disabled")
-    {
-        return Err(rules::refused("thinking", "extended thinking"));
-    }
-    if raw.mcp_servers.as_ref().is_some_and(|m| !m.is_null()) {
-        return Err(rules::refused("mcp_servers", "the MCP connector"));
     }
     if raw.container.as_ref().is_some_and(|c| !c.is_null()) {
         return Err(rules::refused("container", "code execution containers"));
     }
+    // Tiers come from the API key here; the answer is the same in any tier.
+    if raw.service_tier.is_some() {
+        notes.unused("service_tier");
+    }
+    if raw.cache_control.is_some() {
+        notes.unused("cache_control");
+    }
+    if raw.context_management.is_some() {
+        notes.unused("context_management");
+    }
+    if raw.inference_geo.is_some() {
+        notes.unused("inference_geo");
+    }
     Ok(())
 }
 
-fn validate(mut raw: anthropic::Request<'_>, limits: Limits<'_>) -> Result<Request, ApiError> {
-    refused_fields(&raw)?;
+/// `thinking` and `output_config.effort`: the effort a reasoning server is asked for, and
+/// whether the client shows the reasoning.
+fn reasoning(raw: &anthropic::Request<'_>, request: &mut Request) -> Result<(), ApiError> {
+    let effort = match raw.output_config.as_ref().and_then(|c| c.effort.as_deref()) {
+        None => None,
+        Some(name) => Some(Effort::parse(name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "output_config.effort: {name:?} is not one of \"low\", \"medium\", \"high\", \"max\""
+            ))
+        })?),
+    };
+    if effort.is_some() {
+        request.fields.reasoning = Some("output_config.effort");
+    }
+    request.effort = effort;
+    let Some(thinking) = &raw.thinking else {
+        return Ok(());
+    };
+    request.fields.reasoning = Some("thinking");
+    match thinking.kind.as_deref() {
+        Some("disabled") => request.effort = Some(Effort::None),
+        Some("adaptive") => request.show_reasoning = true,
+        Some("enabled") => {
+            request.show_reasoning = true;
+            let budget = thinking.budget_tokens.unwrap_or(0);
+            if budget < 1 {
+                return Err(ApiError::invalid(
+                    "thinking.budget_tokens: field required with type \"enabled\" (at least 1)",
+                ));
+            }
+            request.effort = request.effort.or(Some(Effort::from_budget(
+                u32::try_from(budget).unwrap_or(u32::MAX),
+            )));
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "thinking.type: must be one of \"enabled\", \"adaptive\", \"disabled\"",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `output_config.format`: structured output.
+fn output_format(
+    config: Option<&anthropic::OutputConfig<'_>>,
+) -> Result<Option<Box<OutputFormat>>, ApiError> {
+    let Some(format) = config.and_then(|c| c.format.as_ref()) else {
+        return Ok(None);
+    };
+    match (format.kind.as_deref(), format.schema) {
+        (Some("json_schema"), Some(schema)) if rules::is_object(schema) => {
+            Ok(Some(Box::new(OutputFormat::JsonSchema {
+                name: "output".to_owned(),
+                schema: schema.to_owned(),
+                strict: Some(true),
+            })))
+        }
+        (Some("json_schema"), _) => Err(ApiError::invalid(
+            "output_config.format.schema: field required (a JSON schema object)",
+        )),
+        _ => Err(ApiError::invalid(
+            "output_config.format.type: must be \"json_schema\"",
+        )),
+    }
+}
+
+fn validate(
+    mut raw: anthropic::Request<'_>,
+    unknown: Vec<String>,
+    limits: Limits<'_>,
+) -> Result<Request, ApiError> {
+    let mut notes = FieldNotes::default();
+    known_fields(&raw, &mut notes)?;
     if raw.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         return Err(ApiError::invalid("model: must not be empty"));
     }
@@ -71,13 +158,15 @@ fn validate(mut raw: anthropic::Request<'_>, limits: Limits<'_>) -> Result<Reque
             "messages: at least one message is required",
         ));
     }
-    let tools = tool_offer(raw.tools.take(), raw.tool_choice.take())?;
+    let (tools, hosted) = tool_offer(raw.tools.take(), raw.tool_choice.take(), &mut notes)?;
     let mut messages = Vec::with_capacity(raw_messages.len());
     for (i, m) in raw_messages.into_iter().enumerate() {
         let role = match m.role {
             anthropic::Role::User => Role::User,
             anthropic::Role::Assistant => Role::Assistant,
+            anthropic::Role::System => Role::System,
         };
+        let field = format!("messages.{i}.content");
         match m.content {
             Content::Text(text) => messages.push(ChatMessage {
                 role,
@@ -85,20 +174,14 @@ fn validate(mut raw: anthropic::Request<'_>, limits: Limits<'_>) -> Result<Reque
                 ..ChatMessage::default()
             }),
             Content::List(blocks) => {
-                message_blocks(
-                    role,
-                    blocks,
-                    &format!("messages.{i}.content"),
-                    &mut messages,
-                )?;
+                message_blocks(role, blocks, &field, &mut messages, &mut notes)?;
             }
         }
     }
-    let system = raw
-        .system
-        .map(|s| content_text(s, "system"))
-        .transpose()?
-        .filter(|s| !s.is_empty());
+    let (system, volatile) = match raw.system.take() {
+        None => (None, None),
+        Some(content) => system_text(content, limits.volatile, &mut notes)?,
+    };
     let temperature = rules::in_range(raw.temperature, "temperature", true, 1.0)?;
     let top_p = rules::in_range(raw.top_p, "top_p", false, 1.0)?;
     let top_k = match raw.top_k {
@@ -112,12 +195,20 @@ fn validate(mut raw: anthropic::Request<'_>, limits: Limits<'_>) -> Result<Reque
             u32::try_from(k).map_err(|_| ApiError::invalid(format!("top_k: {k} is too large")))?,
         ),
     };
-    let stop_sequences =
-        rules::stop_sequences(raw.stop_sequences.unwrap_or_default(), "stop_sequences")?;
-    let session = rules::session(raw.metadata.and_then(|m| m.user_id), "metadata.user_id")?;
-    let model = rules::served_model(raw.model, limits)?;
+    let stop_sequences = rules::stop_sequences(
+        raw.stop_sequences.take().unwrap_or_default(),
+        "stop_sequences",
+    )?;
+    let output_format = output_format(raw.output_config.as_ref())?;
+    let model = rules::served_model(raw.model.take(), limits)?;
     let mut request = Request::new(Door::Messages, model);
+    reasoning(&raw, &mut request)?;
+    let session = rules::session(
+        raw.metadata.take().and_then(|m| m.user_id),
+        "metadata.user_id",
+    )?;
     request.system = system;
+    request.volatile = volatile;
     request.messages = messages;
     request.max_tokens = max_tokens;
     request.stream = raw.stream.unwrap_or(false);
@@ -128,26 +219,48 @@ fn validate(mut raw: anthropic::Request<'_>, limits: Limits<'_>) -> Result<Reque
     request.stop_sequences = stop_sequences;
     request.session = session;
     request.tools = tools;
+    request.output_format = output_format;
+    notes.reasoning = request.fields.reasoning;
+    // A hosted tool's own settings are dropped with it, not named one by one.
+    notes.unknown = unknown
+        .into_iter()
+        .filter(|path| {
+            !hosted
+                .iter()
+                .any(|i| path.starts_with(&format!("tools.{i}.")))
+        })
+        .collect();
+    notes.check(limits.unknown_fields)?;
+    request.fields = notes;
     Ok(request.estimate())
 }
 
-/// The tools offered (`tools`, `tool_choice`), validated: each a client tool with a name and
-/// an input schema (server tools, which Anthropic runs itself, are refused by name).
+/// The tools offered (`tools`, `tool_choice`), validated: each client tool with a name and an
+/// input schema. Server tools (which Anthropic runs itself) are dropped and noted, unless
+/// `tool_choice` forces one, which no server here can honour. Also returns the indices of
+/// the tools dropped.
 fn tool_offer(
     tools: Option<Vec<anthropic::Tool<'_>>>,
     choice: Option<anthropic::ToolChoice<'_>>,
-) -> Result<Option<Box<ringmaster_gpu_runtime::ToolOffer>>, ApiError> {
+    notes: &mut FieldNotes,
+) -> Result<(Option<Box<ringmaster_gpu_runtime::ToolOffer>>, Vec<usize>), ApiError> {
     let tools = tools.unwrap_or_default();
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(tools.len());
+    let mut hosted = Vec::new();
+    let mut hosted_names = Vec::new();
     for (i, tool) in tools.into_iter().enumerate() {
+        if tool.cache_control.is_some() {
+            notes.unused("cache_control");
+        }
         if let Some(kind) = tool.kind.as_deref()
             && kind != "custom"
         {
-            return Err(ApiError::invalid(format!(
-                "tools.{i}.type: {kind:?} is a server tool, and server tools are not supported \
-                 by this gateway (it runs no tools itself); only client tools (with an \
-                 input_schema) are"
-            )));
+            hosted.push(i);
+            notes.unused(hosted_tool_field(kind));
+            if let Some(name) = tool.name {
+                hosted_names.push(name.into_owned());
+            }
+            continue;
         }
         specs.push(rules::tool_spec(
             &format!("tools.{i}"),
@@ -157,29 +270,59 @@ fn tool_offer(
         )?);
     }
     let (choice, parallel) = match choice {
-        None => (ToolChoice::Auto, None),
+        None => (None, None),
         Some(choice) => {
             let parallel = choice.disable_parallel_tool_use.map(|disabled| !disabled);
             let choice = match choice.kind.as_deref() {
                 Some("auto") => ToolChoice::Auto,
                 Some("none") => ToolChoice::None,
                 Some("any") => ToolChoice::Required,
-                Some("tool") => rules::named_tool(
-                    choice.name,
-                    &specs,
-                    "tool_choice.name",
-                    "with type \"tool\"",
-                )?,
+                Some("tool") => {
+                    if let Some(name) = choice.name.as_deref()
+                        && hosted_names.iter().any(|h| h == name)
+                    {
+                        return Err(ApiError::invalid(format!(
+                            "tool_choice.name: {name:?} is a server tool, which no server behind \
+                             this gateway can run; it cannot be forced"
+                        )));
+                    }
+                    rules::named_tool(
+                        choice.name,
+                        &specs,
+                        "tool_choice.name",
+                        "with type \"tool\"",
+                    )?
+                }
                 _ => {
                     return Err(ApiError::invalid(
                         "tool_choice.type: must be one of \"auto\", \"any\", \"tool\", \"none\"",
                     ));
                 }
             };
-            (choice, parallel)
+            (Some(choice), parallel)
         }
     };
-    rules::tool_offer(specs, choice, parallel)
+    Ok((rules::tool_offer(specs, choice, parallel)?, hosted))
+}
+
+/// The name a dropped server tool is counted under (`tools.web_search`): its type without
+/// its version date, so that the metric's labels stay few.
+fn hosted_tool_field(kind: &str) -> &'static str {
+    const KNOWN: [(&str, &str); 9] = [
+        ("web_search", "tools.web_search"),
+        ("web_fetch", "tools.web_fetch"),
+        ("code_execution", "tools.code_execution"),
+        ("bash", "tools.bash"),
+        ("text_editor", "tools.text_editor"),
+        ("computer", "tools.computer"),
+        ("memory", "tools.memory"),
+        ("tool_search", "tools.tool_search"),
+        ("mcp_toolset", "tools.mcp_toolset"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(prefix, _)| kind.starts_with(prefix))
+        .map_or("tools.server_tool", |(_, field)| field)
 }
 
 /// One message's content blocks as messages: an assistant's text and `tool_use` blocks make
@@ -190,6 +333,7 @@ fn message_blocks(
     blocks: Vec<Block<'_>>,
     field: &str,
     out: &mut Vec<ChatMessage>,
+    notes: &mut FieldNotes,
 ) -> Result<(), ApiError> {
     if blocks.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -203,6 +347,9 @@ fn message_blocks(
     let mut has_text = false;
     for (i, block) in blocks.into_iter().enumerate() {
         let at = format!("{field}.{i}");
+        if block.cache_control.is_some() {
+            notes.unused("cache_control");
+        }
         match (&*block.kind, role) {
             ("text", _) => {
                 let Some(text) = block.text else {
@@ -237,21 +384,49 @@ fn message_blocks(
                         "{at}.tool_use_id: field required"
                     )));
                 };
-                let mut text = match block.content {
-                    None => String::new(),
-                    Some(content) => content_text(*content, &format!("{at}.content"))?,
-                };
-                if block.is_error == Some(true) {
-                    text.insert_str(0, "Error: ");
-                }
-                out.push(ChatMessage {
+                let mut result = ChatMessage {
                     role: Role::User,
-                    text,
                     tool_call_id: Some(id.into_owned()),
                     ..ChatMessage::default()
-                });
+                };
+                if let Some(content) = block.content {
+                    tool_result_content(*content, &format!("{at}.content"), &mut result, notes)?;
+                }
+                if block.is_error == Some(true) {
+                    result.text.insert_str(0, "Error: ");
+                }
+                out.push(result);
             }
             ("image", Role::User) => message.images.push(image(block.source, &at)?),
+            ("document", Role::User | Role::System) => {
+                message.text.push_str(&document_text(block, &at, notes)?);
+                has_text = true;
+            }
+            // Earlier turns' reasoning: a server that reasons makes its own.
+            ("thinking" | "redacted_thinking", Role::Assistant) => {
+                notes.unused("messages.content.thinking");
+            }
+            // Server tools' calls and results of earlier turns: the server tools were not run
+            // here, and their results are in the text the model wrote after them.
+            (
+                "server_tool_use"
+                | "web_search_tool_result"
+                | "web_fetch_tool_result"
+                | "code_execution_tool_result"
+                | "bash_code_execution_tool_result"
+                | "text_editor_code_execution_tool_result"
+                | "tool_search_tool_result"
+                | "mcp_tool_use"
+                | "mcp_tool_result"
+                | "container_upload",
+                _,
+            ) => notes.unused("messages.content.server_tool"),
+            ("search_result", Role::User) => {
+                message
+                    .text
+                    .push_str(&search_result_text(block, &at, notes)?);
+                has_text = true;
+            }
             (kind @ ("tool_use" | "tool_result" | "image"), _) => {
                 return Err(ApiError::invalid(format!(
                     "{at}.type: a {kind:?} block belongs in {} message",
@@ -262,13 +437,91 @@ fn message_blocks(
                     }
                 )));
             }
-            (other, _) => return Err(unsupported_block(other, &at)),
+            // A block of a type no version of the API this gateway knows defines: dropped
+            // and noted as an unknown field would be.
+            (_, _) => notes.unknown.push(format!("{at}.type")),
         }
     }
     if has_text || !message.tool_calls.is_empty() || !message.images.is_empty() {
         out.push(message);
     }
     Ok(())
+}
+
+/// A `tool_result`'s content: its text (joined) and its images, onto `result`.
+fn tool_result_content(
+    content: Content<'_>,
+    field: &str,
+    result: &mut ChatMessage,
+    notes: &mut FieldNotes,
+) -> Result<(), ApiError> {
+    let blocks = match content {
+        Content::Text(text) => {
+            result.text = text.into_owned();
+            return Ok(());
+        }
+        Content::List(blocks) => blocks,
+    };
+    for (i, block) in blocks.into_iter().enumerate() {
+        let at = format!("{field}.{i}");
+        if block.cache_control.is_some() {
+            notes.unused("cache_control");
+        }
+        match &*block.kind {
+            "text" => match block.text {
+                Some(text) => result.text.push_str(&text),
+                None => return Err(ApiError::invalid(format!("{at}.text: field required"))),
+            },
+            "image" => result.images.push(image(block.source, &at)?),
+            "document" => result.text.push_str(&document_text(block, &at, notes)?),
+            "search_result" => result
+                .text
+                .push_str(&search_result_text(block, &at, notes)?),
+            // The tool search tool's references: the tools are offered here already.
+            "tool_reference" => notes.unused("messages.content.tool_reference"),
+            _ => notes.unknown.push(format!("{at}.type")),
+        }
+    }
+    Ok(())
+}
+
+/// A `document` block's text: plain-text documents only (a PDF, an image or a URL would
+/// have to be read by a server that cannot, and the answer would change without it).
+fn document_text(block: Block<'_>, at: &str, notes: &mut FieldNotes) -> Result<String, ApiError> {
+    let source = block.source.unwrap_or_default();
+    match source.kind.as_deref() {
+        Some("text") => match source.data {
+            Some(data) => Ok(data.into_owned()),
+            None => Err(ApiError::invalid(format!(
+                "{at}.source.data: field required"
+            ))),
+        },
+        Some("content") => match block.content {
+            Some(content) => content_text(*content, &format!("{at}.source.content"), notes),
+            None => Err(ApiError::invalid(format!(
+                "{at}.source.content: field required"
+            ))),
+        },
+        Some(other) => Err(ApiError::invalid(format!(
+            "{at}.source.type: {other:?} documents are not supported by this gateway (the \
+             servers behind it read text); send the document's text"
+        ))),
+        None => Err(ApiError::invalid(format!(
+            "{at}.source.type: field required"
+        ))),
+    }
+}
+
+/// A `search_result` block's text: its text blocks.
+fn search_result_text(
+    block: Block<'_>,
+    at: &str,
+    notes: &mut FieldNotes,
+) -> Result<String, ApiError> {
+    match block.content {
+        Some(content) => content_text(*content, &format!("{at}.content"), notes),
+        None => Err(ApiError::invalid(format!("{at}.content: field required"))),
+    }
 }
 
 /// An `image` block's source as the URL OpenAI servers take: `base64` data becomes a `data:`
@@ -311,34 +564,64 @@ fn image(source: Option<anthropic::ImageSource<'_>>, at: &str) -> Result<Image, 
     }
 }
 
-/// The 400 for a content block this gateway does not take, naming its feature.
-fn unsupported_block(kind: &str, at: &str) -> ApiError {
-    let feature = match kind {
-        "server_tool_use" | "web_search_tool_result" | "mcp_tool_use" | "mcp_tool_result" => {
-            " (server tools are not supported by this gateway)"
+/// The system prompt's text (its text blocks, joined) without its volatile lines, and those
+/// lines. Each block is filtered on its own: blocks are joined as they came, with no line
+/// break between them, so a volatile block's line would otherwise run into the next block's
+/// first line (Claude Code's billing line is a block of its own).
+fn system_text(
+    content: Content<'_>,
+    volatile: &crate::VolatileLines,
+    notes: &mut FieldNotes,
+) -> Result<(Option<String>, Option<String>), ApiError> {
+    let blocks = match content {
+        Content::Text(text) => {
+            let (kept, taken) = volatile.take_out(text.into_owned());
+            return Ok((Some(kept).filter(|s| !s.is_empty()), taken));
         }
-        "image" => " (images go in user messages)",
-        "document" => " (documents are not supported by this gateway yet)",
-        "thinking" | "redacted_thinking" => {
-            " (extended thinking is not supported by this gateway yet)"
-        }
-        _ => "",
+        Content::List(blocks) => blocks,
     };
-    ApiError::invalid(format!(
-        "{at}.type: content blocks of type {kind:?} are not supported here; \"text\", \
-         \"tool_use\" and \"tool_result\" are{feature}"
-    ))
+    let mut text = String::new();
+    let mut taken_all: Option<String> = None;
+    for (i, block) in blocks.into_iter().enumerate() {
+        if block.cache_control.is_some() {
+            notes.unused("cache_control");
+        }
+        if *block.kind != *"text" {
+            notes.unknown.push(format!("system.{i}.type"));
+            continue;
+        }
+        let Some(block_text) = block.text else {
+            return Err(ApiError::invalid(format!(
+                "system.{i}.text: field required"
+            )));
+        };
+        let (kept, taken) = volatile.take_out(block_text.into_owned());
+        text.push_str(&kept);
+        if let Some(taken) = taken {
+            taken_all.get_or_insert_with(String::new).push_str(&taken);
+        }
+    }
+    Ok((Some(text).filter(|s| !s.is_empty()), taken_all))
 }
 
-/// The text of a system prompt or a tool's result: its text blocks, joined.
-fn content_text(content: Content<'_>, field: &str) -> Result<String, ApiError> {
+/// The text of a document's content: its text blocks, joined (other
+/// blocks are noted and left out).
+fn content_text(
+    content: Content<'_>,
+    field: &str,
+    notes: &mut FieldNotes,
+) -> Result<String, ApiError> {
     match content {
         Content::Text(text) => Ok(text.into_owned()),
         Content::List(blocks) => {
             let mut text = String::new();
             for (i, block) in blocks.into_iter().enumerate() {
+                if block.cache_control.is_some() {
+                    notes.unused("cache_control");
+                }
                 if *block.kind != *"text" {
-                    return Err(unsupported_block(&block.kind, &format!("{field}.{i}")));
+                    notes.unknown.push(format!("{field}.{i}.type"));
+                    continue;
                 }
                 let Some(block_text) = block.text else {
                     return Err(ApiError::invalid(format!(

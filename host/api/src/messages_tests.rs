@@ -10,62 +10,72 @@ fn limits() -> (Vec<String>, u32) {
 
 fn parse(body: &str) -> Result<Request, ApiError> {
     let (models, max) = limits();
-    super::parse(
-        body.as_bytes(),
-        Limits {
-            models: &models,
-            max_output_tokens: max,
-        },
-    )
+    super::parse(body.as_bytes(), Limits::new(&models, max))
 }
 
 #[test]
-fn fields_sdks_send_are_accepted_or_refused_by_name_never_as_unknown() {
+fn fields_agents_send_are_served_or_noted_and_only_what_changes_the_answer_is_refused() {
     let with = |extra: &str| {
         parse(&format!(
             r#"{{"model":"sim-llama-3-8b","max_tokens":8,"messages":[{{"role":"user","content":"Hi"}}]{extra}}}"#
         ))
     };
-    // Nothing to change here: accepted.
-    for ok in [
-        r#","tools":[]"#,
-        r#","tool_choice":{"type":"auto"}"#,
-        r#","service_tier":"auto""#,
-        r#","cache_control":{"type":"ephemeral"}"#,
-        r#","thinking":{"type":"disabled"}"#,
+    // Accepted; what the request does not carry is noted by name.
+    for (ok, noted) in [
+        (r#","tools":[]"#, None),
+        (r#","tool_choice":{"type":"auto"}"#, None),
+        (r#","service_tier":"priority""#, Some("service_tier")),
+        (
+            r#","cache_control":{"type":"ephemeral"}"#,
+            Some("cache_control"),
+        ),
+        (
+            r#","context_management":{"edits":[{"type":"clear_thinking_20251015","keep":"all"}]}"#,
+            Some("context_management"),
+        ),
+        (
+            r#","tools":[{"type":"web_search_20250305","name":"web_search","max_uses":3}]"#,
+            Some("tools.web_search"),
+        ),
+        (r#","thinking":{"type":"disabled"}"#, None),
     ] {
-        assert!(with(ok).is_ok(), "{ok}");
+        let req = with(ok).unwrap_or_else(|e| panic!("{ok}: {}", e.message()));
+        assert_eq!(req.fields.unused.first().copied(), noted, "{ok}");
+        assert!(
+            req.fields.unknown.is_empty(),
+            "{ok}: {:?}",
+            req.fields.unknown
+        );
     }
-    // Features not served: refused, naming the field and the feature.
+    // Thinking and effort ask a reasoning server; adaptive thinking is shown.
+    let req = with(r#","thinking":{"type":"adaptive","display":"omitted"},"output_config":{"effort":"medium"}"#).unwrap();
+    assert!(req.show_reasoning);
+    assert_eq!(req.effort, Some(ringmaster_gpu_runtime::Effort::Medium));
+    assert_eq!(req.fields.reasoning, Some("thinking"));
+    let req = with(r#","thinking":{"type":"enabled","budget_tokens":1024}"#).unwrap();
+    assert_eq!(req.effort, Some(ringmaster_gpu_runtime::Effort::Low));
+    // Refused, naming the field and the feature: what would change the answer.
     for (extra, field, feature) in [
-        (
-            r#","tools":[{"type":"web_search_20250305","name":"web_search"}]"#,
-            "tools.0.type",
-            "server tool",
-        ),
-        (
-            r#","service_tier":"priority""#,
-            "service_tier",
-            "service tier",
-        ),
-        (
-            r#","thinking":{"type":"enabled","budget_tokens":1024}"#,
-            "thinking",
-            "extended thinking",
-        ),
         (
             r#","mcp_servers":[{"type":"url","url":"https://x","name":"x"}]"#,
             "mcp_servers",
             "MCP",
         ),
+        (
+            r#","tools":[{"type":"web_search_20250305","name":"web_search"}],"tool_choice":{"type":"tool","name":"web_search"}"#,
+            "tool_choice.name",
+            "server tool",
+        ),
+        (
+            r#","thinking":{"type":"enabled"}"#,
+            "thinking.budget_tokens",
+            "field required",
+        ),
     ] {
         let err = with(extra).unwrap_err();
         let message = err.message();
         assert!(
-            message.starts_with(&format!("{field}: "))
-                && message.contains(feature)
-                && message.contains("not supported")
-                && !message.contains("unknown field"),
+            message.starts_with(&format!("{field}: ")) && message.contains(feature),
             "{extra}: {message}"
         );
     }
@@ -74,18 +84,77 @@ fn fields_sdks_send_are_accepted_or_refused_by_name_never_as_unknown() {
     )
     .unwrap_err();
     assert!(
-        err.message().starts_with("messages.0.content.0.type:")
+        err.message()
+            .starts_with("messages.0.content.0.source.type:")
             && err.message().contains("documents are not supported"),
         "{}",
         err.message()
     );
-    // A field nobody sends is still an unknown field.
-    assert!(
-        with(r#","colour":"blue""#)
-            .unwrap_err()
-            .message()
-            .contains("unknown field")
+    // A field nobody defines is noted, not refused (unless the operator says so).
+    let req = with(r#","colour":"blue""#).unwrap();
+    assert_eq!(req.fields.unknown, ["colour"]);
+}
+
+#[test]
+fn claude_codes_first_request_is_served() {
+    let (models, max) = limits();
+    let volatile = crate::VolatileLines::new([crate::volatile::CLAUDE_CODE_BILLING_LINE]).unwrap();
+    let limits = Limits {
+        volatile: &volatile,
+        ..Limits::new(&models, max)
+    };
+    let req = super::parse(
+        br##"{"model":"sim-llama-3-8b","max_tokens":32000,
+            "system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.328.593; cc_entrypoint=cli; cch=3f2a1;"},
+                      {"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+            "messages":[{"role":"user","content":[{"type":"text","text":"<system-reminder>hi</system-reminder>"},{"type":"text","text":"say hi","cache_control":{"type":"ephemeral"}}]},
+                        {"role":"system","content":[{"type":"text","text":"# Environment"}]},
+                        {"role":"assistant","content":[{"type":"thinking","thinking":"Hm.","signature":"abc"},{"type":"text","text":"Hi!"}]},
+                        {"role":"user","content":"again"}],
+            "tools":[{"name":"Bash","description":"Run","input_schema":{"type":"object"},"defer_loading":true}],
+            "metadata":{"user_id":"{\"device_id\":\"d\",\"account_uuid\":\"\",\"session_id\":\"s-1\"}"},
+            "thinking":{"type":"adaptive"},"output_config":{"effort":"medium"},
+            "context_management":{"edits":[]},"stream":true}"##,
+        limits,
+    )
+    .unwrap();
+    assert_eq!(req.max_tokens, max, "above the gateway's limit: the limit");
+    assert_eq!(req.system.as_deref(), Some("You are Claude Code."));
+    assert_eq!(
+        req.messages.iter().map(|m| m.role).collect::<Vec<_>>(),
+        [Role::User, Role::System, Role::Assistant, Role::User]
     );
+    assert_eq!(req.messages[2].text, "Hi!");
+    assert!(req.session.as_deref().unwrap().contains("s-1"));
+    assert!(req.fields.unknown.is_empty(), "{:?}", req.fields.unknown);
+    assert_eq!(
+        req.fields.unused,
+        [
+            "context_management",
+            "cache_control",
+            "messages.content.thinking"
+        ]
+    );
+}
+
+#[test]
+fn the_billing_line_is_taken_out_of_the_system_prompt() {
+    let (models, max) = limits();
+    let volatile = crate::VolatileLines::new([crate::volatile::CLAUDE_CODE_BILLING_LINE]).unwrap();
+    let limits = Limits {
+        volatile: &volatile,
+        ..Limits::new(&models, max)
+    };
+    let body = |cch: &str| {
+        format!(
+            r#"{{"model":"sim-llama-3-8b","max_tokens":8,"system":[{{"type":"text","text":"x-anthropic-billing-header: cc_version=2.1.328.593; cc_entrypoint=cli; cch={cch};"}},{{"type":"text","text":"You are Claude Code."}}],"messages":[{{"role":"user","content":"Hi"}}]}}"#
+        )
+    };
+    let a = super::parse(body("3f2a1").as_bytes(), limits).unwrap();
+    let b = super::parse(body("99b0c").as_bytes(), limits).unwrap();
+    assert_eq!(a.system, b.system);
+    assert_eq!(a.system.as_deref(), Some("You are Claude Code."));
+    assert!(a.volatile.unwrap().contains("cch=3f2a1"));
 }
 
 #[test]
@@ -105,7 +174,7 @@ fn tools_and_tool_blocks_become_an_offer_and_messages() {
     assert_eq!(offer.tools.len(), 1);
     assert_eq!(offer.tools[0].name, "get_weather");
     assert_eq!(offer.tools[0].description.as_deref(), Some("Weather"));
-    assert_eq!(offer.choice, ToolChoice::Named("get_weather".into()));
+    assert_eq!(offer.choice, Some(ToolChoice::Named("get_weather".into())));
     assert_eq!(offer.parallel, Some(false));
     assert!(req.uses_tools());
     assert_eq!(req.messages.len(), 4);
@@ -284,10 +353,6 @@ fn names_the_problem() {
             "at least 1",
         ),
         (
-            r#"{"model":"sim-llama-3-8b","max_tokens":5000,"messages":[{"role":"user","content":"x"}]}"#,
-            "limit of 4096",
-        ),
-        (
             r#"{"model":"sim-llama-3-8b","max_tokens":5,"messages":[]}"#,
             "at least one message",
         ),
@@ -322,14 +387,8 @@ fn names_the_problem() {
 #[test]
 fn invalid_utf8_is_a_client_error() {
     let (models, max) = limits();
-    let err = crate::messages::parse(
-        b"{\"model\":\"\xff\"}",
-        Limits {
-            models: &models,
-            max_output_tokens: max,
-        },
-    )
-    .unwrap_err();
+    let err =
+        crate::messages::parse(b"{\"model\":\"\xff\"}", Limits::new(&models, max)).unwrap_err();
     assert!(err.message().contains("UTF-8"), "{}", err.message());
 }
 
@@ -390,7 +449,7 @@ mod never_panics {
         #[test]
         fn arbitrary_bytes_give_a_client_error(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let (models, max) = limits();
-            if let Err(e) = crate::messages::parse(&bytes, Limits { models: &models, max_output_tokens: max }) {
+            if let Err(e) = crate::messages::parse(&bytes, Limits::new(&models, max)) {
                 prop_assert!(e.kind().status().is_client_error());
                 prop_assert!(!e.message().is_empty());
             }
@@ -400,7 +459,7 @@ mod never_panics {
         fn near_valid_json_gives_a_request_or_a_client_error(value in json_value()) {
             let (models, max) = limits();
             let bytes = serde_json::to_vec(&value).unwrap();
-            match crate::messages::parse(&bytes, Limits { models: &models, max_output_tokens: max }) {
+            match crate::messages::parse(&bytes, Limits::new(&models, max)) {
                 Ok(request) => {
                     prop_assert!(!request.messages.is_empty());
                     prop_assert!(request.max_tokens >= 1 && request.max_tokens <= max);

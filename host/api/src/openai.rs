@@ -2,18 +2,24 @@
 //! into the one [`Request`]. (Their replies are written by [`crate::reply::openai`].)
 //!
 //! Tools (`tools`, `tool_choice`, `parallel_tool_calls`, assistant `tool_calls`, `tool`
-//! messages) and `image_url` parts are read into the same chat the Messages door makes.
-//! Fields OpenAI clients send that this gateway knows but does not serve (logprobs,
-//! penalties, `n > 1`, audio, structured output, the deprecated `functions`) are refused with
-//! a 400 naming the field and the feature, never as unknown fields. `user` or
-//! `prompt_cache_key` is the session key.
+//! messages), `image_url` parts, `reasoning_effort` and structured output
+//! (`response_format`) are read into the same chat the Messages door makes; system and
+//! developer messages after the first turn stay where they are. What does not change the
+//! answer when a server never sees it is noted ([`crate::fields::FieldNotes`]: `store`,
+//! `metadata`, `verbosity`, `prediction`, `web_search_options`, …); what would change it and
+//! cannot be served (logprobs, penalties, `n > 1`, audio, the deprecated `functions`) is
+//! refused with a 400 naming the field and the feature. `prompt_cache_key`, else `user`, is
+//! the session key.
 
-use ringmaster_gpu_runtime::{ChatMessage, Image, Role, ToolCall, ToolChoice, ToolSpec};
+use ringmaster_gpu_runtime::{
+    ChatMessage, Effort, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
+};
 use ringmaster_wire::openai::{self, Content, Prompt, Stop};
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::json::{is_empty, read};
+use crate::fields::FieldNotes;
+use crate::json::{is_empty, read_tracked};
 use crate::request::{Limits, Request};
 use crate::{Door, rules};
 
@@ -25,8 +31,12 @@ const EMPTY_PARAMETERS: &str = r#"{"type":"object","properties":{}}"#;
 
 /// Parses and validates a `/v1/chat/completions` body.
 pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: openai::Request<'_> = read(body)?;
-    foreign_fields(&raw, &openai::COMPLETIONS_ONLY_FIELDS, Door::Chat)?;
+    let (mut raw, unknown): (openai::Request<'_>, _) = read_tracked(body)?;
+    let mut notes = FieldNotes {
+        unknown,
+        ..FieldNotes::default()
+    };
+    foreign_fields(&raw, &openai::COMPLETIONS_ONLY_FIELDS, &mut notes);
     if !is_empty(raw.functions.as_ref()) || !is_empty(raw.function_call.as_ref()) {
         return Err(rules::refused(
             if raw.functions.is_some() {
@@ -42,15 +52,7 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
         raw.tool_choice.take(),
         raw.parallel_tool_calls,
     )?;
-    if let Some(format) = &raw.response_format
-        && !format.is_null()
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(rules::refused(
-            "response_format",
-            "structured output (only {\"type\": \"text\"})",
-        ));
-    }
+    let output_format = response_format(raw.response_format.take())?;
     if !is_empty(raw.top_logprobs.as_ref()) {
         return Err(rules::refused("top_logprobs", "log probabilities"));
     }
@@ -61,27 +63,37 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
     {
         return Err(rules::refused("modalities", "output other than text"));
     }
-    for (field, value, feature) in [
-        ("audio", &raw.audio, "audio output"),
-        ("prediction", &raw.prediction, "predicted outputs"),
-        (
-            "reasoning_effort",
-            &raw.reasoning_effort,
-            "reasoning effort",
-        ),
-        ("web_search_options", &raw.web_search_options, "web search"),
+    if !is_empty(raw.audio.as_ref()) {
+        return Err(rules::refused("audio", "audio output"));
+    }
+    // Predicted outputs only make a server faster; the hosted web search is a tool the
+    // fleet cannot run.
+    for (field, value) in [
+        ("prediction", &raw.prediction),
+        ("web_search_options", &raw.web_search_options),
+        ("verbosity", &raw.verbosity),
+        ("prompt_cache_retention", &raw.prompt_cache_retention),
     ] {
-        if !is_empty(value.as_ref()) {
-            return Err(rules::refused(field, feature));
+        if value.is_some() {
+            notes.unused(field);
         }
     }
+    let effort = match raw.reasoning_effort.take() {
+        None => None,
+        Some(name) => Some(Effort::parse(&name).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "reasoning_effort: {:?} is not one of \"none\", \"minimal\", \"low\", \"medium\", \"high\", \"xhigh\"",
+                &*name
+            ))
+        })?),
+    };
     let raw_messages = raw.messages.take().unwrap_or_default();
     if raw_messages.is_empty() {
         return Err(ApiError::invalid(
             "messages: at least one message is required",
         ));
     }
-    let (system, messages) = chat_messages(raw_messages)?;
+    let (system, messages) = chat_messages(raw_messages, limits.volatile, &mut notes)?;
     let (max_tokens, field) = match raw.max_completion_tokens {
         Some(n) => (Some(n), "max_completion_tokens"),
         None => (raw.max_tokens, "max_tokens"),
@@ -90,18 +102,69 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
         raw,
         Door::Chat,
         (max_tokens, field, limits.max_output_tokens),
-        limits,
+        (limits, &mut notes),
     )?;
-    request.system = system;
+    (request.system, request.volatile) = system;
     request.messages = messages;
     request.tools = tools;
+    request.output_format = output_format;
+    request.show_reasoning = true;
+    if effort.is_some() {
+        request.effort = effort;
+        notes.reasoning = Some("reasoning_effort");
+    }
+    notes.check(limits.unknown_fields)?;
+    request.fields = notes;
     Ok(request.estimate())
+}
+
+/// `response_format`: text (nothing to do), any JSON object, or JSON following a schema.
+fn response_format(format: Option<Value>) -> Result<Option<Box<OutputFormat>>, ApiError> {
+    let Some(format) = format.filter(|f| !f.is_null()) else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Box::new(OutputFormat::JsonObject))),
+        Some("json_schema") => {
+            let spec = format.get("json_schema");
+            let schema = spec
+                .and_then(|s| s.get("schema"))
+                .filter(|s| s.is_object())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "response_format.json_schema.schema: field required (a JSON schema object)",
+                    )
+                })?;
+            let name = spec
+                .and_then(|s| s.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("output")
+                .to_owned();
+            let strict = spec.and_then(|s| s.get("strict")).and_then(Value::as_bool);
+            let schema = serde_json::value::to_raw_value(schema).map_err(|e| {
+                ApiError::invalid(format!("response_format.json_schema.schema: {e}"))
+            })?;
+            Ok(Some(Box::new(OutputFormat::JsonSchema {
+                name,
+                schema,
+                strict,
+            })))
+        }
+        _ => Err(ApiError::invalid(
+            "response_format.type: must be one of \"text\", \"json_object\", \"json_schema\"",
+        )),
+    }
 }
 
 /// Parses and validates a `/v1/completions` body.
 pub fn parse_completion(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> {
-    let mut raw: openai::Request<'_> = read(body)?;
-    foreign_fields(&raw, &openai::CHAT_ONLY_FIELDS, Door::Completions)?;
+    let (mut raw, unknown): (openai::Request<'_>, _) = read_tracked(body)?;
+    let mut notes = FieldNotes {
+        unknown,
+        ..FieldNotes::default()
+    };
+    foreign_fields(&raw, &openai::CHAT_ONLY_FIELDS, &mut notes);
     let prompt = match raw.prompt.take() {
         Some(Prompt::Text(text)) => text.into_owned(),
         Some(Prompt::List(mut items)) if items.len() == 1 && items[0].is_string() => {
@@ -137,7 +200,7 @@ pub fn parse_completion(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiE
         raw,
         Door::Completions,
         (max_tokens, "max_tokens", default),
-        limits,
+        (limits, &mut notes),
     )?;
     request.messages = vec![ChatMessage {
         role: Role::User,
@@ -145,11 +208,13 @@ pub fn parse_completion(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiE
         ..ChatMessage::default()
     }];
     request.raw_prompt = true;
+    notes.check(limits.unknown_fields)?;
+    request.fields = notes;
     Ok(request.estimate())
 }
 
-/// The other endpoint's fields are unknown here, as they are to OpenAI.
-fn foreign_fields(raw: &openai::Request<'_>, foreign: &[&str], door: Door) -> Result<(), ApiError> {
+/// The other endpoint's fields are unknown here, as they are to OpenAI: noted as unknown.
+fn foreign_fields(raw: &openai::Request<'_>, foreign: &[&'static str], notes: &mut FieldNotes) {
     let present = |field: &str| match field {
         "messages" => raw.messages.is_some(),
         "max_completion_tokens" => raw.max_completion_tokens.is_some(),
@@ -172,21 +237,23 @@ fn foreign_fields(raw: &openai::Request<'_>, foreign: &[&str], door: Door) -> Re
         "ringmaster_priority" => raw.ringmaster_priority.is_some(),
         _ => false,
     };
-    match foreign.iter().find(|field| present(field)) {
-        Some(field) => Err(ApiError::invalid(format!(
-            "request body does not match the expected schema: unknown field `{field}` (not a \
-             field of {})",
-            door.path()
-        ))),
-        None => Ok(()),
+    for field in foreign.iter().filter(|field| present(field)) {
+        notes.unknown.push((*field).to_owned());
     }
 }
 
-/// The messages of a chat: the leading system and developer messages make the system prompt.
+/// The system prompt and the volatile lines taken out of it.
+type SystemPrompt = (Option<String>, Option<String>);
+
+/// The messages of a chat: the leading system and developer messages make the system prompt
+/// (without its volatile lines); later ones stay in the conversation as system messages.
 fn chat_messages(
     raw_messages: Vec<openai::Message<'_>>,
-) -> Result<(Option<String>, Vec<ChatMessage>), ApiError> {
+    volatile: &crate::VolatileLines,
+    notes: &mut FieldNotes,
+) -> Result<(SystemPrompt, Vec<ChatMessage>), ApiError> {
     let mut system: Option<String> = None;
+    let mut taken: Option<String> = None;
     let mut messages = Vec::with_capacity(raw_messages.len());
     for (i, m) in raw_messages.into_iter().enumerate() {
         if !is_empty(m.function_call.as_ref()) {
@@ -194,6 +261,9 @@ fn chat_messages(
                 &format!("messages.{i}.function_call"),
                 "the deprecated function calling (use tool_calls)",
             ));
+        }
+        if m.reasoning_content.is_some() || m.reasoning.is_some() {
+            notes.unused("messages.reasoning_content");
         }
         let role = match &*m.role {
             "system" | "developer" => None,
@@ -237,7 +307,7 @@ fn chat_messages(
         };
         let (text, images) = match m.content {
             None => (String::new(), Vec::new()),
-            Some(content) => content_parts(content, &format!("messages.{i}.content"))?,
+            Some(content) => content_parts(content, &format!("messages.{i}.content"), notes)?,
         };
         if !images.is_empty() && *m.role != *"user" {
             return Err(ApiError::invalid(format!(
@@ -246,19 +316,24 @@ fn chat_messages(
             )));
         }
         match role {
-            None if messages.is_empty() => match system.as_mut() {
-                Some(s) => {
-                    s.push_str("\n\n");
-                    s.push_str(&text);
+            None if messages.is_empty() => {
+                let (text, lines) = volatile.take_out(text);
+                if let Some(lines) = lines {
+                    taken.get_or_insert_with(String::new).push_str(&lines);
                 }
-                None => system = Some(text),
-            },
-            None => {
-                return Err(ApiError::invalid(format!(
-                    "messages.{i}: a system or developer message after the conversation began is \
-                     not supported; put system messages first"
-                )));
+                match system.as_mut() {
+                    Some(s) => {
+                        s.push_str("\n\n");
+                        s.push_str(&text);
+                    }
+                    None => system = Some(text),
+                }
             }
+            None => messages.push(ChatMessage {
+                role: Role::System,
+                text,
+                ..ChatMessage::default()
+            }),
             Some(_) if tool_call_id.is_some() => messages.push(ChatMessage {
                 role: Role::User,
                 text,
@@ -279,7 +354,7 @@ fn chat_messages(
             "messages: at least one user or assistant message is required",
         ));
     }
-    Ok((system.filter(|s| !s.is_empty()), messages))
+    Ok(((system.filter(|s| !s.is_empty()), taken), messages))
 }
 
 /// The tools offered (`tools`, `tool_choice`, `parallel_tool_calls`), validated: functions
@@ -319,8 +394,8 @@ fn tool_offer(
         )?);
     }
     let choice = match choice {
-        None => ToolChoice::Auto,
-        Some(openai::ToolChoice::Mode(mode)) => match &*mode {
+        None => None,
+        Some(openai::ToolChoice::Mode(mode)) => Some(match &*mode {
             "auto" => ToolChoice::Auto,
             "none" => ToolChoice::None,
             "required" => ToolChoice::Required,
@@ -330,7 +405,7 @@ fn tool_offer(
                      named function"
                 )));
             }
-        },
+        }),
         Some(openai::ToolChoice::Function(named)) => {
             let name = named.function.and_then(|f| f.name);
             if name.is_none() {
@@ -339,7 +414,12 @@ fn tool_offer(
                      {\"type\": \"function\", \"function\": {\"name\": …}}",
                 ));
             }
-            rules::named_tool(name, &specs, "tool_choice.function.name", "")?
+            Some(rules::named_tool(
+                name,
+                &specs,
+                "tool_choice.function.name",
+                "",
+            )?)
         }
     };
     rules::tool_offer(specs, choice, parallel)
@@ -386,7 +466,7 @@ fn common(
     raw: openai::Request<'_>,
     door: Door,
     (max_tokens, max_tokens_field, default_max_tokens): (Option<i64>, &str, u32),
-    limits: Limits<'_>,
+    (limits, notes): (Limits<'_>, &mut FieldNotes),
 ) -> Result<Request, ApiError> {
     if raw.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         return Err(ApiError::invalid("model: must not be empty"));
@@ -415,17 +495,17 @@ fn common(
     if raw.repetition_penalty.is_some_and(|v| v != 1.0) {
         return Err(rules::refused("repetition_penalty", "a repetition penalty"));
     }
-    if raw.store == Some(true) {
-        return Err(rules::refused("store", "stored completions"));
-    }
-    if let Some(tier) = &raw.service_tier
-        && !tier.is_null()
-        && !matches!(tier.as_str(), Some("auto" | "default"))
-    {
-        return Err(rules::refused(
-            "service_tier",
-            "a service tier other than \"auto\" or \"default\" (tiers come from the API key)",
-        ));
+    // Stored completions, metadata, tiers (they come from the API key here) and the abuse
+    // id change nothing in the answer.
+    for (field, present) in [
+        ("store", raw.store.is_some()),
+        ("metadata", raw.metadata.is_some()),
+        ("service_tier", raw.service_tier.is_some()),
+        ("safety_identifier", raw.safety_identifier.is_some()),
+    ] {
+        if present {
+            notes.unused(field);
+        }
     }
     let temperature = rules::in_range(raw.temperature, "temperature", true, 2.0)?;
     let top_p = rules::in_range(raw.top_p, "top_p", false, 1.0)?;
@@ -481,7 +561,11 @@ fn common(
 }
 
 /// A message's text and images (`image_url` parts: an http(s) or `data:` URL).
-fn content_parts(content: Content<'_>, field: &str) -> Result<(String, Vec<Image>), ApiError> {
+fn content_parts(
+    content: Content<'_>,
+    field: &str,
+    notes: &mut FieldNotes,
+) -> Result<(String, Vec<Image>), ApiError> {
     match content {
         Content::Text(text) => Ok((text.into_owned(), Vec::new())),
         Content::List(parts) => {
@@ -515,12 +599,10 @@ fn content_parts(content: Content<'_>, field: &str) -> Result<(String, Vec<Image
                     ("file", _) => {
                         return Err(rules::refused(&format!("{field}.{i}"), "file input"));
                     }
-                    (other, _) => {
-                        return Err(ApiError::invalid(format!(
-                            "{field}.{i}.type: content parts of type {other:?} are not supported; \
-                             \"text\" and \"image_url\" are"
-                        )));
-                    }
+                    // An assistant's earlier refusal, or a part of a type no version of the
+                    // API this gateway knows defines: dropped and noted.
+                    ("refusal", _) => notes.unused("messages.content.refusal"),
+                    (_, _) => notes.unknown.push(format!("{field}.{i}.type")),
                 }
             }
             Ok((text, images))

@@ -4,9 +4,11 @@
 //! estimate is made once, here, and used for admission, the token buckets, the policies and
 //! `count_tokens` alike.
 
-use ringmaster_gpu_runtime::{ChatMessage, SamplingParams, ToolOffer};
+use ringmaster_gpu_runtime::{ChatMessage, Effort, OutputFormat, SamplingParams, ToolOffer};
 
 use crate::Door;
+use crate::fields::{FieldNotes, UnknownFields};
+use crate::volatile::VolatileLines;
 
 /// Tokens per image in an estimate: the most one image costs Claude after its resize (about
 /// 1.15 megapixels at 750 pixels a token), so an estimate errs high, as a budget should.
@@ -26,6 +28,23 @@ pub struct Limits<'a> {
     pub models: &'a [String],
     /// The largest `max_tokens` accepted.
     pub max_output_tokens: u32,
+    /// What becomes of fields the door's API does not define.
+    pub unknown_fields: UnknownFields,
+    /// The system-prompt lines taken out of every request.
+    pub volatile: &'a VolatileLines,
+}
+
+impl<'a> Limits<'a> {
+    /// `models` served, `max_output_tokens` at most, unknown fields passed on, no volatile
+    /// lines.
+    pub fn new(models: &'a [String], max_output_tokens: u32) -> Self {
+        Self {
+            models,
+            max_output_tokens,
+            unknown_fields: UnknownFields::Pass,
+            volatile: &VolatileLines::NONE,
+        }
+    }
 }
 
 /// A validated request, whichever door it came in by.
@@ -62,6 +81,19 @@ pub struct Request {
     /// reads (text, tool calls, tool results, the tools offered) plus
     /// [`ESTIMATED_TOKENS_PER_IMAGE`] per image.
     pub estimated_tokens: u32,
+    /// How hard a reasoning model thinks (`None`: the server's default).
+    pub effort: Option<Effort>,
+    /// Whether the reply shows the model's reasoning (Messages: `thinking` enabled or
+    /// adaptive; the OpenAI doors always pass it on, as their servers do).
+    pub show_reasoning: bool,
+    /// Structured output (`None`: text).
+    pub output_format: Option<Box<OutputFormat>>,
+    /// What the door read over: unknown fields, and known ones this request does not carry.
+    pub fields: FieldNotes,
+    /// The system-prompt lines taken out ([`VolatileLines`]), for a server that wants them.
+    pub volatile: Option<String>,
+    /// What only the Responses door needs (its echo, storage and tool namespaces).
+    pub responses: Option<Box<crate::responses::Context>>,
 }
 
 impl Request {
@@ -82,6 +114,12 @@ impl Request {
             tools: None,
             session: None,
             estimated_tokens: 0,
+            effort: None,
+            show_reasoning: false,
+            output_format: None,
+            fields: FieldNotes::default(),
+            volatile: None,
+            responses: None,
         }
     }
 

@@ -36,20 +36,19 @@ pub(crate) fn served_model(model: Option<Str<'_>>, limits: Limits<'_>) -> Result
     Ok(model.into_owned())
 }
 
-/// `n` as a `max_tokens` (named `field`): at least 1, at most the gateway's limit.
+/// `n` as a `max_tokens` (named `field`): at least 1; above the gateway's limit, the limit.
+/// Agents ask for what their own model could write (Claude Code 32,000 to 128,000 tokens,
+/// whatever model serves it): a reply is cut at the gateway's limit instead of refused, as
+/// a server cuts it at its context's end.
 pub(crate) fn max_tokens(n: i64, field: &str, limits: Limits<'_>) -> Result<u32, ApiError> {
     if n < 1 {
         return Err(ApiError::invalid(format!(
             "{field}: must be at least 1, got {n}"
         )));
     }
-    if n > i64::from(limits.max_output_tokens) {
-        return Err(ApiError::invalid(format!(
-            "{field}: {n} is greater than this gateway's limit of {}",
-            limits.max_output_tokens
-        )));
-    }
-    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+    Ok(u32::try_from(n)
+        .unwrap_or(u32::MAX)
+        .min(limits.max_output_tokens))
 }
 
 /// A sampling value in `[0 or above 0, max]`.
@@ -158,16 +157,17 @@ pub(crate) fn named_tool(
     }
 }
 
-/// The offer of `specs` (`None` when there are none and none is asked for).
+/// The offer of `specs` (`None` when there are none and none is asked for). `choice` is
+/// `None` when the client named none: a server is then not told one either.
 pub(crate) fn tool_offer(
     specs: Vec<ToolSpec>,
-    choice: ToolChoice,
+    choice: Option<ToolChoice>,
     parallel: Option<bool>,
 ) -> Result<Option<Box<ToolOffer>>, ApiError> {
     if specs.is_empty() {
         return match choice {
-            ToolChoice::Auto | ToolChoice::None => Ok(None),
-            _ => Err(ApiError::invalid(
+            None | Some(ToolChoice::Auto | ToolChoice::None) => Ok(None),
+            Some(_) => Err(ApiError::invalid(
                 "tool_choice: asks for a tool call, but no tools are offered",
             )),
         };

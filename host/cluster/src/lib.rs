@@ -13,7 +13,8 @@
 //!   (or none, when the slices this replica holds pay it: [`slices`]), settled after the
 //!   reply in batches;
 //! - [`load`]: each replica's in-flight counts and prefill backlog per server, fanned out on
-//!   pub/sub (lossy by design: the next report replaces the last).
+//!   pub/sub (lossy by design: the next report replaces the last);
+//! - [`responses`]: the Responses API's stored responses, with a time to live.
 //!
 //! Why Redis: one dependency does every job (a stream as a watchable log, scripts for atomic
 //! compare-and-set and buckets, keys with a time to live for leases, pub/sub for load); etcd
@@ -30,6 +31,7 @@ pub mod buckets;
 pub mod lease;
 pub mod load;
 pub mod log;
+pub mod responses;
 pub mod slices;
 
 use std::sync::Arc;

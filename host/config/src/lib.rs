@@ -46,13 +46,14 @@ pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use lora::{AdapterSource, LoraSettings};
 pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
-    RawAdmission, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawLimits, RawModel, RawPolicies,
-    RawRecord, RawRouterVariant, RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
+    RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawLimits, RawModel,
+    RawPolicies, RawRecord, RawResponses, RawRouterVariant, RawRouting, RawSafety, RawServer,
+    RawSimulator, RawTenant,
 };
 pub use routing::PrefixHashing;
 pub use servers::{
-    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerSpec,
-    TokenizerSource, server_spec,
+    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerProtocol,
+    ServerSpec, TokenizerSource, server_spec,
 };
 pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
@@ -70,6 +71,64 @@ pub const DEFAULT_MODEL: &str = "sim-llama-3-8b";
 pub const ADMIN_TOKEN_ENV: &str = "RINGMASTER_ADMIN_TOKEN";
 /// Shortest admin token accepted: a guessable token is worse than none.
 pub const MIN_ADMIN_TOKEN_CHARS: usize = 16;
+
+/// What the doors do with a field their API does not define (`[api] unknown_fields`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnknownFieldPolicy {
+    /// Passed on to a server that speaks the door's API, dropped and counted otherwise.
+    #[default]
+    Pass,
+    /// Dropped and counted.
+    Drop,
+    /// Refused with a 400 naming it.
+    Refuse,
+}
+
+/// How the Responses API's responses are kept.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ResponseStoreSettings {
+    /// How long one is kept.
+    pub ttl: Duration,
+    /// The most bytes a gateway alone keeps (a fleet keeps them in Redis).
+    pub max_bytes: usize,
+}
+
+/// How long a stored response is kept unless `[responses] ttl_s` says otherwise: a working
+/// day (OpenAI keeps them 30 days; a fleet's Redis is not a database).
+pub const DEFAULT_RESPONSE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The most memory a gateway alone gives stored responses unless `[responses] max_mb` says
+/// otherwise (the least recently used go first).
+pub const DEFAULT_RESPONSE_STORE_MB: usize = 256;
+
+fn response_store(raw: RawResponses) -> Result<ResponseStoreSettings, ConfigError> {
+    let ttl_s = raw.ttl_s.unwrap_or(DEFAULT_RESPONSE_TTL.as_secs());
+    if !(1..=90 * 24 * 3600).contains(&ttl_s) {
+        return Err(invalid(
+            "responses.ttl_s",
+            "must be between 1 and 7776000 (90 days)",
+        ));
+    }
+    let max_mb = raw.max_mb.unwrap_or(DEFAULT_RESPONSE_STORE_MB);
+    if !(1..=1 << 20).contains(&max_mb) {
+        return Err(invalid("responses.max_mb", "must be between 1 and 1048576"));
+    }
+    Ok(ResponseStoreSettings {
+        ttl: Duration::from_secs(ttl_s),
+        max_bytes: max_mb * 1024 * 1024,
+    })
+}
+
+fn unknown_fields(api: RawApi) -> Result<UnknownFieldPolicy, ConfigError> {
+    match api.unknown_fields.as_deref() {
+        None | Some("pass") => Ok(UnknownFieldPolicy::Pass),
+        Some("drop") => Ok(UnknownFieldPolicy::Drop),
+        Some("refuse") => Ok(UnknownFieldPolicy::Refuse),
+        Some(other) => Err(invalid(
+            "api.unknown_fields",
+            format!("{other:?}: expected \"pass\", \"drop\" or \"refuse\""),
+        )),
+    }
+}
 
 /// The validated configuration.
 #[derive(Clone, Debug)]
@@ -120,6 +179,13 @@ pub struct Config {
     pub prefix_hashing: PrefixHashing,
     /// Headers that carry a session id, in order (lower case).
     pub session_headers: Vec<http::HeaderName>,
+    /// Patterns of system-prompt lines that change per request (`[routing]
+    /// volatile_prefix`), each a valid regular expression.
+    pub volatile_prefix: Vec<String>,
+    /// What the doors do with fields they do not know (`[api] unknown_fields`).
+    pub unknown_fields: UnknownFieldPolicy,
+    /// How the Responses API's responses are kept (`[responses]`).
+    pub responses: ResponseStoreSettings,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
@@ -308,6 +374,9 @@ impl RawConfig {
             ring: routing.ring,
             prefix_hashing: routing.prefix_hashing,
             session_headers: routing.session_headers,
+            volatile_prefix: routing.volatile_prefix,
+            unknown_fields: unknown_fields(self.api.unwrap_or_default())?,
+            responses: response_store(self.responses.unwrap_or_default())?,
             servers,
             simulator,
             local_cache_view,

@@ -50,6 +50,10 @@ pub struct RawConfig {
     pub lora: Option<crate::lora::RawLora>,
     /// `[telemetry]`: request traces over OTLP.
     pub telemetry: Option<crate::telemetry::RawTelemetry>,
+    /// `[api]`: what the doors do with fields they do not know.
+    pub api: Option<RawApi>,
+    /// `[responses]`: the Responses API's stored responses.
+    pub responses: Option<RawResponses>,
 }
 
 /// `[cluster]`.
@@ -299,8 +303,33 @@ pub struct RawRouting {
     /// Most prefix hashes per request.
     pub max_prefix_hashes: Option<usize>,
     /// Request headers that carry a session id, the first present one winning (default:
-    /// `x-session-id`, then Claude Code's `x-claude-code-session-id`).
+    /// `x-session-id`, then Claude Code's `x-claude-code-session-id`, then Codex's
+    /// `session-id`).
     pub session_headers: Option<Vec<String>>,
+    /// Patterns (regular expressions) of system-prompt lines that change per request without
+    /// changing its meaning: left out of the routing key, the prefix hashes and what servers
+    /// see (default: Claude Code's `x-anthropic-billing-header:` line; `[]` for none).
+    pub volatile_prefix: Option<Vec<String>>,
+}
+
+/// `[responses]`: the Responses API's stored responses.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawResponses {
+    /// How long a stored response is kept, seconds (default a day).
+    pub ttl_s: Option<u64>,
+    /// The most memory stored responses take in a gateway alone, MiB (default 256; a fleet
+    /// keeps them in Redis).
+    pub max_mb: Option<usize>,
+}
+
+/// `[api]`: what the doors do with what they do not know.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawApi {
+    /// A field the door's API does not define: `pass` (on to a server that speaks the same
+    /// API, dropped and counted otherwise; the default), `drop`, or `refuse` (400).
+    pub unknown_fields: Option<String>,
 }
 
 /// One `[[servers]]` entry.
@@ -326,6 +355,15 @@ pub struct RawServer {
     /// How the engine tokenizes: a Hugging Face model folder, a GGUF file, or `sim` (the
     /// simulated servers' tokenizer). Without it the routing-history estimate stays.
     pub tokenizer: Option<String>,
+    /// The API it speaks: `chat` (OpenAI chat completions, the default), `messages`
+    /// (Anthropic's) or `responses` (OpenAI's Responses).
+    pub api: Option<String>,
+    /// Whether it is a reasoning model that takes a reasoning effort and returns its
+    /// reasoning (vLLM's `reasoning_content`, thinking blocks, reasoning items).
+    pub reasoning: Option<bool>,
+    /// Whether it gets the system-prompt lines `[routing] volatile_prefix` takes out (true
+    /// only for Anthropic's own API, which checks Claude Code's billing line).
+    pub keep_volatile: Option<bool>,
 }
 
 /// `[record]`: write every finished Messages request to a Mooncake-format trace (token counts

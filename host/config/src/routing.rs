@@ -13,8 +13,14 @@ pub const DEFAULT_PREFIX_CHUNK_BYTES: usize = 256;
 /// the prompt past it is not hashed, which only makes cache estimates conservative.
 pub const DEFAULT_MAX_PREFIX_HASHES: usize = 512;
 /// The headers read for a session id unless `[routing] session_headers` says otherwise, in
-/// order: the generic one, then the one Claude Code sends on every request of a session.
-pub const DEFAULT_SESSION_HEADERS: [&str; 2] = ["x-session-id", "x-claude-code-session-id"];
+/// order: the generic one, then the ones Claude Code and Codex send on every request of a
+/// session.
+pub const DEFAULT_SESSION_HEADERS: [&str; 3] =
+    ["x-session-id", "x-claude-code-session-id", "session-id"];
+/// The system-prompt lines left out unless `[routing] volatile_prefix` says otherwise:
+/// Claude Code's billing line (`x-anthropic-billing-header: cc_version=…; cch=…;`), new on
+/// every request (anthropics/claude-code#24168).
+pub const DEFAULT_VOLATILE_PREFIX: [&str; 1] = [r"^x-anthropic-billing-header:"];
 /// The router that routes when the config names none: README, "Which default, and why".
 pub const DEFAULT_ROUTER: &str = "builtin:prefix-affinity";
 
@@ -46,6 +52,8 @@ pub(crate) struct Routing {
     pub(crate) router: PolicySource,
     /// Whether the router was named here (else it is the default).
     pub(crate) router_named: bool,
+    /// Patterns of volatile system-prompt lines (checked to compile).
+    pub(crate) volatile_prefix: Vec<String>,
     /// What the section says that is deprecated, for the log.
     pub(crate) warnings: Vec<String>,
 }
@@ -144,12 +152,26 @@ pub(crate) fn routing(routing: RawRouting) -> Result<Routing, ConfigError> {
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
+    let volatile_prefix = match routing.volatile_prefix {
+        None => DEFAULT_VOLATILE_PREFIX
+            .iter()
+            .map(|p| (*p).to_owned())
+            .collect(),
+        Some(patterns) => patterns,
+    };
+    if let Err(e) = regex::RegexSet::new(&volatile_prefix) {
+        return Err(invalid(
+            "routing.volatile_prefix",
+            format!("not a list of regular expressions: {e}"),
+        ));
+    }
     Ok(Routing {
         ring,
         prefix_hashing,
         session_headers,
         router,
         router_named,
+        volatile_prefix,
         warnings,
     })
 }

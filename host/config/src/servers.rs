@@ -284,6 +284,40 @@ pub struct ServerSpec {
     pub kv_events: Option<KvEventsSpec>,
     /// How its engine tokenizes (remote servers only).
     pub tokenizer: Option<TokenizerSource>,
+    /// The API it speaks, and what it does with reasoning and volatile lines.
+    pub protocol: ServerProtocol,
+}
+
+/// How a server is spoken to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerProtocol {
+    /// Its API (OpenAI chat completions unless configured; in-process servers speak none).
+    pub api: ringmaster_wire::Api,
+    /// A reasoning model: it is told the reasoning effort and returns its reasoning.
+    pub reasoning: bool,
+    /// It gets the volatile system-prompt lines back (Anthropic's own API).
+    pub keep_volatile: bool,
+}
+
+impl ServerProtocol {
+    /// Validates `api`, `reasoning` and `keep_volatile` of one server entry.
+    pub fn new(
+        api: Option<&str>,
+        reasoning: Option<bool>,
+        keep_volatile: Option<bool>,
+    ) -> Result<Self, String> {
+        let api = match api.map(str::trim) {
+            None => ringmaster_wire::Api::Chat,
+            Some(name) => ringmaster_wire::Api::parse(name).ok_or_else(|| {
+                format!("api {name:?}: expected \"chat\", \"messages\" or \"responses\"")
+            })?,
+        };
+        Ok(Self {
+            api,
+            reasoning: reasoning.unwrap_or(false),
+            keep_volatile: keep_volatile.unwrap_or(false),
+        })
+    }
 }
 
 impl ServerSpec {
@@ -320,6 +354,7 @@ impl ServerSpec {
             models,
             kv_events: None,
             tokenizer: None,
+            protocol: ServerProtocol::default(),
         })
     }
 
@@ -387,7 +422,30 @@ pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
         raw.kv_events_replay.as_deref(),
         raw.kv_events_format.as_deref(),
         raw.tokenizer.as_deref(),
-    )
+    )?
+    .with_protocol(raw.api.as_deref(), raw.reasoning, raw.keep_volatile)
+}
+
+impl ServerSpec {
+    /// Adds the API the server speaks and how (a remote server's only: the others are this
+    /// process's own engines).
+    pub fn with_protocol(
+        mut self,
+        api: Option<&str>,
+        reasoning: Option<bool>,
+        keep_volatile: Option<bool>,
+    ) -> Result<Self, String> {
+        let any = api.is_some() || reasoning.is_some() || keep_volatile.is_some();
+        if any && !matches!(self.address, ServerAddress::Remote { .. }) {
+            return Err(format!(
+                "{}: api, reasoning and keep_volatile describe a remote server \
+                 (http://HOST:PORT); this server runs in the gateway",
+                self.address
+            ));
+        }
+        self.protocol = ServerProtocol::new(api, reasoning, keep_volatile)?;
+        Ok(self)
+    }
 }
 
 #[cfg(test)]

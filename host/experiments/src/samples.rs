@@ -21,6 +21,11 @@ pub struct VariantStats {
     pub prompt_tokens: AtomicU64,
     /// Of which served from the prefix cache.
     pub cached_tokens: AtomicU64,
+    /// At each decision, the most prompt tokens any candidate server held (the gateway's
+    /// cache view): what the variant could have had.
+    pub reachable_cached_tokens: AtomicU64,
+    /// At each decision, the prompt tokens the chosen server held: what it took.
+    pub achieved_cached_tokens: AtomicU64,
     ttft: Mutex<VecDeque<f64>>,
     /// Each finished request's (cached, prompt) tokens, the same window as `ttft`: the
     /// samples behind the hit ratio's interval.
@@ -33,6 +38,13 @@ pub struct VariantStats {
 }
 
 impl VariantStats {
+    /// Records a decision's cache: the most any candidate held, and what the chosen held.
+    pub fn record_reach(&self, reachable: u64, achieved: u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.reachable_cached_tokens.fetch_add(reachable, Relaxed);
+        self.achieved_cached_tokens.fetch_add(achieved, Relaxed);
+    }
+
     /// Records a time to first token, in seconds.
     pub fn record_ttft(&self, seconds: f64) {
         push_to_window(&self.ttft, seconds);
@@ -121,6 +133,12 @@ pub struct VariantFigures {
     pub prompt_tokens: u64,
     /// Of which cached.
     pub cached_tokens: u64,
+    /// The most prompt tokens any candidate held at each decision, summed.
+    #[serde(default)]
+    pub reachable_cached_tokens: u64,
+    /// The prompt tokens the chosen server held at each decision, summed.
+    #[serde(default)]
+    pub achieved_cached_tokens: u64,
     /// Times to first token, seconds, most recent last.
     pub ttft: Vec<f64>,
     /// Each request's (cached, prompt) tokens, most recent last.
@@ -137,6 +155,8 @@ impl VariantStats {
             faults: self.faults.load(Relaxed),
             prompt_tokens: self.prompt_tokens.load(Relaxed),
             cached_tokens: self.cached_tokens.load(Relaxed),
+            reachable_cached_tokens: self.reachable_cached_tokens.load(Relaxed),
+            achieved_cached_tokens: self.achieved_cached_tokens.load(Relaxed),
             ttft: last(self.ttft_samples(), samples),
             cache: last(self.cache_samples(), samples),
         }
@@ -151,8 +171,17 @@ impl VariantFigures {
         self.faults += other.faults;
         self.prompt_tokens += other.prompt_tokens;
         self.cached_tokens += other.cached_tokens;
+        self.reachable_cached_tokens += other.reachable_cached_tokens;
+        self.achieved_cached_tokens += other.achieved_cached_tokens;
         self.ttft.extend_from_slice(&other.ttft);
         self.cache.extend_from_slice(&other.cache);
+    }
+
+    /// Achieved over reachable cached tokens: the share of the cache the variant could have
+    /// used that it did (`None` before any was reachable).
+    pub fn reach_ratio(&self) -> Option<f64> {
+        (self.reachable_cached_tokens > 0)
+            .then(|| self.achieved_cached_tokens as f64 / self.reachable_cached_tokens as f64)
     }
 
     /// Cached over prompt tokens (`None` before any).

@@ -7,10 +7,7 @@ use ringmaster_api::{Door, Limits};
 
 fuzz_target!(|body: &[u8]| {
     let models = ["sim-llama-3-8b".to_owned()];
-    let limits = Limits {
-        models: &models,
-        max_output_tokens: 8192,
-    };
+    let limits = Limits::new(&models, 8192);
     for parsed in [
         Door::Chat.parse(body, limits),
         Door::Completions.parse(body, limits),

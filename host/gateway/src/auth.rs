@@ -19,14 +19,41 @@ pub(crate) fn authenticate(
     metrics: &Metrics,
     headers: &HeaderMap,
 ) -> Result<Caller, ApiError> {
+    authenticate_at(auth, metrics, headers, Door::Messages)
+}
+
+/// [`authenticate`] at `door`: a 429 carries the rate-limit headers in that door's terms, as
+/// every answer does.
+pub(crate) fn authenticate_at(
+    auth: &Authenticator,
+    metrics: &Metrics,
+    headers: &HeaderMap,
+    door: Door,
+) -> Result<Caller, ApiError> {
     let presented = presented_key(headers);
     auth.check(presented).map_err(|refusal| {
-        if matches!(refusal, Refusal::RateLimited { .. }) {
-            let tenant = auth.tenant_of(presented);
-            count_refusal(metrics, tenant.as_deref().unwrap_or("unknown"), &refusal);
+        if !matches!(refusal, Refusal::RateLimited { .. }) {
+            return refused(refusal);
         }
-        refused(refusal)
+        let tenant = auth.tenant_of(presented);
+        count_refusal(metrics, tenant.as_deref().unwrap_or("unknown"), &refusal);
+        match auth.caller_of(presented) {
+            Some(caller) => refused_with_headers(refusal, &caller, door),
+            None => refused(refusal),
+        }
     })
+}
+
+/// A caller's refusal with its rate-limit headers (a 429 tells the client where it stands,
+/// as every answer does).
+pub(crate) fn refused_with_headers(refusal: Refusal, caller: &Caller, door: Door) -> ApiError {
+    let mut headers = HeaderMap::new();
+    rate_limit_headers(caller, &mut headers, door);
+    let headers: Vec<(HeaderName, HeaderValue)> = headers
+        .into_iter()
+        .filter_map(|(name, value)| Some((name?, value)))
+        .collect();
+    refused(refusal).with_headers(headers)
 }
 
 /// Counts a token bucket's refusal by tenant and bucket (other refusals are not counted here).
@@ -102,7 +129,7 @@ pub(crate) fn rate_limit_headers(caller: &Caller, headers: &mut HeaderMap, door:
                 &value,
             );
         }
-        if door.is_openai() && report.kind != LimitKind::OutputTokens {
+        if door.openai_rate_limit_headers() && report.kind != LimitKind::OutputTokens {
             let short = if report.kind == LimitKind::Requests {
                 "requests"
             } else {

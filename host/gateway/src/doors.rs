@@ -1,7 +1,9 @@
-//! The HTTP side of the doors: what `POST /v1/messages`, `/v1/chat/completions` and
-//! `/v1/completions` read from the request's headers and body before the call's phases
-//! ([`crate::call`]), a streamed reply that starts early while it waits
-//! ([`crate::reply::early`]), `POST /v1/messages/count_tokens`, and `GET /v1/streams/{id}`.
+//! The HTTP side of the doors: what `POST /v1/messages`, `/v1/chat/completions`,
+//! `/v1/completions` and `/v1/responses` read from the request's headers and body before the
+//! call's phases ([`crate::call`]) (a Responses request's earlier conversation is looked up
+//! here, the one wait before them), a streamed reply that starts early while it waits
+//! ([`crate::reply::early`]), `POST /v1/messages/count_tokens`, `GET /v1/streams/{id}`, and
+//! the stored responses' own routes (`GET`, `DELETE`, `cancel`, `input_items`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -15,7 +17,7 @@ use tracing::debug;
 use crate::Gateway;
 use crate::body::ResponseBody;
 use crate::call::prepare::{resolve_model, unserved_in_process};
-use crate::call::{Call, CallInput};
+use crate::call::{Call, CallInput, Prior};
 use crate::reply::early;
 use crate::respond::{json_response, read_json_body};
 use crate::routing::MAX_SESSION_ID_BYTES;
@@ -28,12 +30,15 @@ pub(crate) async fn answer(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate(&gateway.auth, &gateway.metrics, req.headers())?;
+    let caller =
+        crate::auth::authenticate_at(&gateway.auth, &gateway.metrics, req.headers(), door)?;
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
     let trace_context = ringmaster_telemetry::trace_headers(req.headers());
+    let relay_headers = relay_headers(door, req.headers());
     let body = read_json_body(gateway, req).await?;
+    let prior = prior(gateway, door, &body, Some(&caller.key_label)).await?;
     let input = CallInput {
         door,
         queue_timeout,
@@ -42,6 +47,8 @@ pub(crate) async fn answer(
         session,
         caller,
         passed_headers,
+        relay_headers,
+        prior,
     };
     let call = Call::prepare(gateway, input, started, request_id)?;
     let every = match gateway.config.stream_ping {
@@ -161,6 +168,219 @@ pub(crate) fn resume_stream(
     );
     headers.insert("cache-control", HeaderValue::from_static("no-cache"));
     Ok(response)
+}
+
+/// `GET /v1/responses/{id}`, `DELETE /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`
+/// and `GET /v1/responses/{id}/input_items`: a stored response (or one in flight here) as its
+/// key sees it.
+pub(crate) async fn stored_response(
+    gateway: &Arc<Gateway>,
+    req: Request<Incoming>,
+    rest: &str,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let caller =
+        crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers()).await?;
+    let owner: &str = &caller.key_label;
+    let (id, action) = match rest.split_once('/') {
+        Some((id, action)) => (id, Some(action)),
+        None => (rest, None),
+    };
+    let method = req.method().clone();
+    let responses = gateway.responses();
+    let not_found = || {
+        ApiError::not_found(format!(
+            "no response {id:?} is stored here (it was not stored, was deleted, or expired)"
+        ))
+    };
+    let wrong_method = |allowed: &str| {
+        ApiError::new(
+            ringmaster_api::ErrorKind::MethodNotAllowed,
+            format!("method {method} is not allowed on /v1/responses/{rest} ({allowed} is)"),
+        )
+    };
+    match action {
+        None if method == http::Method::GET => match responses.find(id, owner).await {
+            Some(stored) => Ok(crate::call::json_body(
+                stored.response.get().as_bytes().to_vec(),
+            )),
+            None if responses.is_running(id) => Ok(json_response(
+                StatusCode::OK,
+                &serde_json::json!({"id": id, "object": "response", "status": "in_progress", "output": []}),
+            )),
+            None => Err(not_found()),
+        },
+        None if method == http::Method::DELETE => {
+            if responses.delete(id, owner).await {
+                Ok(json_response(
+                    StatusCode::OK,
+                    &ringmaster_wire::responses::Deleted {
+                        id,
+                        object: "response",
+                        deleted: true,
+                    },
+                ))
+            } else {
+                Err(not_found())
+            }
+        }
+        None => Err(wrong_method("GET or DELETE")),
+        Some("cancel") if method == http::Method::POST => {
+            if !responses.cancel(id) {
+                return match responses.find(id, owner).await {
+                    Some(_) => Err(ApiError::invalid(format!(
+                        "response {id:?} is not in progress: only a response being generated \
+                         can be cancelled"
+                    ))),
+                    None => Err(not_found()),
+                };
+            }
+            // The cancelled reply stores itself as it ends: answer with that when it does.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while Instant::now() < deadline {
+                if let Some(stored) = responses.find(id, owner).await {
+                    return Ok(crate::call::json_body(
+                        stored.response.get().as_bytes().to_vec(),
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(json_response(
+                StatusCode::OK,
+                &serde_json::json!({"id": id, "object": "response", "status": "cancelled", "output": []}),
+            ))
+        }
+        Some("cancel") => Err(wrong_method("POST")),
+        Some("input_items") if method == http::Method::GET => {
+            let stored = responses.find(id, owner).await.ok_or_else(not_found)?;
+            input_items(&req, &stored)
+        }
+        Some("input_items") => Err(wrong_method("GET")),
+        Some(_) => Err(ApiError::not_found(format!(
+            "no route for {method} /v1/responses/{rest}"
+        ))),
+    }
+}
+
+/// A page of a stored response's input items: `order` (`desc`, the default, or `asc`),
+/// `limit` (1 to 100, default 20), `after` (an item id).
+fn input_items(
+    req: &Request<Incoming>,
+    stored: &crate::responses::Stored,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let query: Vec<(String, String)> = req
+        .uri()
+        .query()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let param = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let limit = match param("limit") {
+        None => 20,
+        Some(n) => n
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=100).contains(n))
+            .ok_or_else(|| ApiError::invalid("limit: must be between 1 and 100"))?,
+    };
+    let mut items: Vec<&serde_json::value::RawValue> = stored
+        .conversation
+        .iter()
+        .skip(stored.turn_start)
+        .map(AsRef::as_ref)
+        .collect();
+    match param("order") {
+        None | Some("desc") => items.reverse(),
+        Some("asc") => {}
+        Some(_) => return Err(ApiError::invalid("order: must be \"asc\" or \"desc\"")),
+    }
+    let id_of = |item: &serde_json::value::RawValue| {
+        #[derive(serde::Deserialize)]
+        struct Id {
+            id: Option<String>,
+        }
+        serde_json::from_str::<Id>(item.get())
+            .ok()
+            .and_then(|i| i.id)
+    };
+    if let Some(after) = param("after") {
+        let at = items
+            .iter()
+            .position(|item| id_of(item).as_deref() == Some(after))
+            .ok_or_else(|| {
+                ApiError::invalid(format!("after: no item {after:?} in this response"))
+            })?;
+        items.drain(..=at);
+    }
+    let has_more = items.len() > limit;
+    items.truncate(limit);
+    let first = items.first().and_then(|i| id_of(i));
+    let last = items.last().and_then(|i| id_of(i));
+    Ok(json_response(
+        StatusCode::OK,
+        &ringmaster_wire::responses::ItemList {
+            object: "list",
+            data: items,
+            first_id: first.as_deref(),
+            last_id: last.as_deref(),
+            has_more,
+        },
+    ))
+}
+
+/// The client's headers that go with its body to a server of its own API: Anthropic's
+/// version and betas (Claude Code sends eight betas; a server without them refuses what they
+/// enable).
+pub fn relay_headers(
+    door: Door,
+    headers: &http::HeaderMap,
+) -> Vec<(http::HeaderName, HeaderValue)> {
+    const MESSAGES: [http::HeaderName; 2] = [
+        http::HeaderName::from_static("anthropic-version"),
+        http::HeaderName::from_static("anthropic-beta"),
+    ];
+    let names: &[http::HeaderName] = match door {
+        Door::Messages => &MESSAGES,
+        Door::Chat | Door::Completions | Door::Responses => &[],
+    };
+    names
+        .iter()
+        .filter_map(|name| Some((name.clone(), headers.get(name)?.clone())))
+        .collect()
+}
+
+/// The stored response a Responses body's `previous_response_id` continues (`owner`: the key
+/// that may see it; `None`: any). A body that names none has none; one that names a response
+/// not found here is answered by the door (404 naming the field).
+pub async fn prior(
+    gateway: &Gateway,
+    door: Door,
+    body: &[u8],
+    owner: Option<&str>,
+) -> Result<Option<Prior>, ApiError> {
+    if door != Door::Responses {
+        return Ok(None);
+    }
+    let Some(id) = ringmaster_api::responses::previous_response_id(body) else {
+        return Ok(None);
+    };
+    let responses = gateway.responses();
+    let stored = match owner {
+        Some(owner) => responses.find(&id, owner).await,
+        None => responses.find_any(&id).await,
+    };
+    Ok(stored.map(|stored| Prior {
+        items: stored.items(),
+        id,
+    }))
 }
 
 /// The configured headers a request carries, for policies (lower-case names, visible ASCII

@@ -28,6 +28,7 @@ pub mod recent;
 pub mod record;
 mod reply;
 pub mod respond;
+pub mod responses;
 pub mod routing;
 pub mod safety;
 mod send_timeout;
@@ -94,6 +95,9 @@ pub enum StartError {
     /// The traffic recording (`[record]`) could not start.
     #[error(transparent)]
     Record(#[from] record::RecordError),
+    /// A setting the configuration checked could not be applied.
+    #[error("config: {0}")]
+    Config(String),
 }
 
 /// A running gateway's shared state.
@@ -123,6 +127,13 @@ pub struct Gateway {
     connections: Arc<conn::Connections>,
     /// The bounds past which new requests are shed.
     overload: Arc<overload::OverloadGuard>,
+    /// The system-prompt lines the doors take out (`[routing] volatile_prefix`), compiled.
+    volatile: ringmaster_api::VolatileLines,
+    /// What the doors do with fields they do not know (`[api] unknown_fields`).
+    unknown_fields: ringmaster_api::UnknownFields,
+    /// The Responses door's stored responses (in memory, or the fleet's Redis) and those in
+    /// flight.
+    responses: Arc<responses::Responses>,
 }
 
 impl Gateway {
@@ -242,7 +253,28 @@ impl Gateway {
             },
             metrics.overload.clone(),
         ));
+        let volatile = ringmaster_api::VolatileLines::new(&config.volatile_prefix)
+            .map_err(|e| StartError::Config(format!("routing.volatile_prefix: {e}")))?;
+        let unknown_fields = match config.unknown_fields {
+            ringmaster_config::UnknownFieldPolicy::Pass => ringmaster_api::UnknownFields::Pass,
+            ringmaster_config::UnknownFieldPolicy::Drop => ringmaster_api::UnknownFields::Drop,
+            ringmaster_config::UnknownFieldPolicy::Refuse => ringmaster_api::UnknownFields::Refuse,
+        };
+        let store: Arc<dyn responses::ResponseStore> = match &cluster {
+            Some(cluster) => Arc::new(responses::FleetStore::new(
+                cluster.clone(),
+                config.responses.ttl,
+            )),
+            None => Arc::new(responses::LocalStore::new(
+                config.responses.ttl,
+                config.responses.max_bytes,
+            )),
+        };
+        let responses = Arc::new(responses::Responses::new(store));
         let gateway = Arc::new(Self {
+            volatile,
+            unknown_fields,
+            responses,
             connections,
             overload,
             recent_errors: recent::RecentErrors::default(),
@@ -396,7 +428,14 @@ impl Gateway {
         ringmaster_api::Limits {
             models: &snapshot.accepted,
             max_output_tokens: self.config.max_output_tokens,
+            unknown_fields: self.unknown_fields,
+            volatile: &self.volatile,
         }
+    }
+
+    /// The Responses door's stored responses and those in flight.
+    pub fn responses(&self) -> &Arc<responses::Responses> {
+        &self.responses
     }
 }
 

@@ -85,6 +85,32 @@ pub struct AdmissionLabels {
     pub verdict: &'static str,
 }
 
+/// Label set of a field a request's server never saw.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DroppedLabels {
+    /// The door (`messages`, `chat_completions`, `completions`, `responses`).
+    pub door: &'static str,
+    /// The field, without indices (`context_management`, `messages.content.colour`); past
+    /// [`MAX_DROPPED_FIELD_LABELS`] distinct names, `other`.
+    pub field: String,
+}
+
+/// Label set of a door and a router variant.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DoorVariantLabels {
+    /// The door.
+    pub door: &'static str,
+    /// Router variant (`native` when no policy decided).
+    pub variant: String,
+}
+
+/// Most distinct field names `ringmaster_dropped_fields_total` labels: the rest count as
+/// `other`, so that clients inventing fields cannot grow the series without bound.
+pub const MAX_DROPPED_FIELD_LABELS: usize = 200;
+
+/// Longest field name a label keeps.
+const MAX_DROPPED_FIELD_CHARS: usize = 96;
+
 /// Label set of safety-filter verdicts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SafetyLabels {
@@ -143,6 +169,20 @@ pub struct Metrics {
     pub overload: crate::overload::OverloadMetrics,
     /// Request bodies refused for arriving too slowly (`body_read_timeout_ms`).
     pub body_read_timeouts: Counter,
+    /// Fields of requests that their server never saw, by door and field.
+    pub dropped_fields: Family<DroppedLabels, Counter>,
+    /// The field names labelled so far (bounded).
+    dropped_names: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Prompt tokens the servers reported reading from their prefix caches, by door and
+    /// variant.
+    pub prefix_cached_tokens: Family<DoorVariantLabels, Counter>,
+    /// Prompt tokens the servers reported, cached or not, by door and variant.
+    pub prompt_tokens: Family<DoorVariantLabels, Counter>,
+    /// At each routing decision, the most prompt tokens any candidate server held, as the
+    /// gateway's cache view estimated them, by variant.
+    pub reachable_cached_tokens: Family<VariantLabel, Counter>,
+    /// At each routing decision, the prompt tokens the chosen server held, by variant.
+    pub achieved_cached_tokens: Family<VariantLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -299,7 +339,43 @@ impl Metrics {
             "Request bodies refused with 408 for not arriving whole within body_read_timeout_ms",
             body_read_timeouts.clone(),
         );
+        let dropped_fields = Family::<DroppedLabels, Counter>::default();
+        registry.register(
+            "dropped_fields",
+            "Fields of requests their server never saw (known but not carried, or unknown), by door and field: see x-ringmaster-dropped",
+            dropped_fields.clone(),
+        );
+        let prefix_cached_tokens = Family::<DoorVariantLabels, Counter>::default();
+        registry.register(
+            "prefix_cached_tokens",
+            "Prompt tokens the servers reported reading from their prefix caches, by door and router variant",
+            prefix_cached_tokens.clone(),
+        );
+        let prompt_tokens = Family::<DoorVariantLabels, Counter>::default();
+        registry.register(
+            "prompt_tokens",
+            "Prompt tokens the servers reported, cached or not, by door and router variant",
+            prompt_tokens.clone(),
+        );
+        let reachable_cached_tokens = Family::<VariantLabel, Counter>::default();
+        registry.register(
+            "routing_reachable_cached_tokens",
+            "At each routing decision, the most prompt tokens any candidate server held (the gateway's cache view), by variant",
+            reachable_cached_tokens.clone(),
+        );
+        let achieved_cached_tokens = Family::<VariantLabel, Counter>::default();
+        registry.register(
+            "routing_achieved_cached_tokens",
+            "At each routing decision, the prompt tokens the chosen server held (the gateway's cache view), by variant",
+            achieved_cached_tokens.clone(),
+        );
         Self {
+            dropped_fields,
+            dropped_names: std::sync::Mutex::new(std::collections::HashSet::new()),
+            prefix_cached_tokens,
+            prompt_tokens,
+            reachable_cached_tokens,
+            achieved_cached_tokens,
             connections,
             overload,
             body_read_timeouts,
@@ -329,6 +405,27 @@ impl Metrics {
     /// [`crate::collectors`]).
     pub fn register_collector(&mut self, collector: Box<dyn Collector>) {
         self.registry.register_collector(collector);
+    }
+
+    /// Counts a field a request of `door` dropped, under a bounded set of names.
+    pub fn dropped_field(&self, door: &'static str, field: &str) {
+        let mut field: String = field.chars().take(MAX_DROPPED_FIELD_CHARS).collect();
+        {
+            let mut names = self
+                .dropped_names
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !names.contains(&field) {
+                if names.len() < MAX_DROPPED_FIELD_LABELS {
+                    names.insert(field.clone());
+                } else {
+                    field = "other".to_owned();
+                }
+            }
+        }
+        self.dropped_fields
+            .get_or_create(&DroppedLabels { door, field })
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -33,6 +33,8 @@ pub(crate) mod header_names {
     pub(crate) static STREAM_ID: HeaderName = HeaderName::from_static("x-ringmaster-stream-id");
     /// Anthropic's hint to its SDKs.
     pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+    /// The fields of the request its server never saw.
+    pub(crate) static DROPPED: HeaderName = HeaderName::from_static("x-ringmaster-dropped");
 }
 
 /// A JSON response with `status`.
@@ -53,6 +55,9 @@ pub(crate) fn error_response(door: Door, error: &ApiError) -> Response<ResponseB
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    for (name, value) in error.headers() {
+        response.headers_mut().insert(name.clone(), value.clone());
+    }
     stamp_retry(response, error)
 }
 

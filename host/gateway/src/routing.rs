@@ -95,6 +95,7 @@ fn canonical_prompt(request: &Request) -> (Vec<u8>, usize) {
             (_, Some(_)) => "tool",
             (Role::User, None) => "user",
             (Role::Assistant, None) => "assistant",
+            (Role::System, None) => "system",
         };
         // An image is part of its turn's prefix: by a hash of its URL (data URLs are the
         // image itself, megabytes that would crowd out the text's chunks).

@@ -300,8 +300,14 @@ async fn handle(
                 kind: e.kind().anthropic_type(),
                 message: e.message().to_owned(),
             });
-            // Every path that is no door answers in Anthropic's shape.
-            error_response(door.unwrap_or(Door::Messages), &e)
+            // A stored response's routes answer in the Responses API's shape, every other
+            // path that is no door in Anthropic's.
+            let shape = door.unwrap_or(if path.starts_with("/v1/responses/") {
+                Door::Responses
+            } else {
+                Door::Messages
+            });
+            error_response(shape, &e)
         });
         response.headers_mut().insert(
             &crate::respond::header_names::REQUEST_ID,
@@ -360,6 +366,7 @@ fn route_name(path: &str) -> &'static str {
     match path {
         "/v1/messages/count_tokens" => "count_tokens",
         p if p.starts_with("/v1/streams/") => "streams",
+        p if p.starts_with("/v1/responses/") => "stored_responses",
         p if p.starts_with("/v1/models") => "models",
         "/healthz" | "/readyz" => "health",
         "/metrics" => "metrics",
@@ -400,6 +407,10 @@ async fn dispatch(
         p if p.starts_with("/v1/streams/") => {
             allow(&[Method::GET])?;
             crate::doors::resume_stream(gateway, &req, &p["/v1/streams/".len()..])
+        }
+        p if p.starts_with("/v1/responses/") => {
+            let rest = p["/v1/responses/".len()..].to_owned();
+            crate::doors::stored_response(gateway, req, &rest).await
         }
         "/v1/models" => {
             allow(&[Method::GET])?;

@@ -244,6 +244,7 @@ mod tests {
                 models: None,
                 kv_events: None,
                 tokenizer: None,
+                protocol: Default::default(),
             })
             .collect()
     }
@@ -288,6 +289,8 @@ mod tests {
             prompt: None,
             priority: 0,
             tools: None,
+            effort: None,
+            output_format: None,
         };
         let prompt = engine.tokenizer().encode_chat(None, &request.messages);
         let mut stream = engine.submit(request).unwrap();

@@ -123,12 +123,36 @@ pub struct Server {
     pub(crate) remote_prefill: AtomicU64,
     /// The models the config says it serves.
     pub(crate) configured_models: Option<Vec<String>>,
+    /// The API it speaks and how (a remote server's; this process's engines speak none).
+    pub(crate) protocol: ringmaster_config::ServerProtocol,
 }
 
 impl Server {
     /// Ring id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// The API it speaks, whether it reasons, whether it wants volatile lines back.
+    pub fn protocol(&self) -> ringmaster_config::ServerProtocol {
+        self.protocol
+    }
+
+    /// The kind of server a request is encoded for: its API and what it takes (a
+    /// `ringmaster worker` is known by its `/load`).
+    pub fn target(&self) -> crate::remote::Target {
+        use crate::remote::LoadSource;
+        use crate::remote::engine_metrics::EngineKind;
+        let source = self.load_source();
+        crate::remote::Target {
+            api: self.protocol.api,
+            reasoning: self.protocol.reasoning,
+            ringmaster: source == Some(LoadSource::Worker),
+            vllm: matches!(
+                source,
+                Some(LoadSource::Worker | LoadSource::Metrics(EngineKind::Vllm))
+            ),
+        }
     }
     /// Address.
     pub fn address(&self) -> &ServerAddress {
@@ -567,6 +591,7 @@ pub(crate) fn start_server(
         remote_in_flight: AtomicU64::new(0),
         remote_prefill: AtomicU64::new(0),
         configured_models: spec.models.clone(),
+        protocol: spec.protocol,
     }))
 }
 

@@ -353,6 +353,8 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         caller: Caller::unlimited("replay", "replay"),
         passed_headers: Vec::new(),
         trace_context: Vec::new(),
+        relay_headers: Vec::new(),
+        prior: None,
     };
     let request_id = format!("replay-{index}");
     let response = match handle(&gateway, call, std::time::Instant::now(), &request_id).await {

@@ -105,6 +105,17 @@ impl Authenticator {
             .map(|(_, caller)| caller.tenant.clone())
     }
 
+    /// The caller of the key presented, if it is a valid key (for the rate-limit headers of a
+    /// refusal; charges nothing).
+    pub fn caller_of(&self, presented: Option<&str>) -> Option<Caller> {
+        let digest = key_digest(presented?);
+        self.keys
+            .get(&prefix(&digest))?
+            .iter()
+            .find(|(account, _)| bool::from(account.digest.ct_eq(&digest)))
+            .map(|(_, caller)| caller.clone())
+    }
+
     /// Authenticates the key a request presented and charges one request to its key's and
     /// tenant's buckets (with shared limits, the request is charged with the rest of the
     /// admission: [`Caller::admit_shared`], [`Caller::take_request`]).

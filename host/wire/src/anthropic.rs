@@ -1,22 +1,23 @@
 //! Anthropic's Messages API: the request (`POST /v1/messages` and `count_tokens`), the whole
 //! message, the stream's events, usage and the error body.
 //!
-//! The request's fields are all optional so that the door, not serde, says what is missing;
-//! a field nobody knows is refused, as Anthropic refuses it (the request, its messages and
-//! `metadata`; content blocks and tools keep what they do not know). The reply
-//! types borrow what they write (a token's text is written straight from the buffer it
-//! arrived in), and a tool call's input is written as the JSON text it was collected as.
+//! The request's fields are all optional so that the door, not serde, says what is missing.
+//! Every field the API defines is named here, those the gateway does not use as
+//! [`Skipped`] (read over, never copied), so that a field nobody knows can be told apart:
+//! the door reads through `serde_ignored` and decides what to do with the rest (pass it on,
+//! drop it, or refuse it: `[api] unknown_fields`). The reply types borrow what they write (a
+//! token's text is written straight from the buffer it arrived in), and a tool call's input
+//! is written as the JSON text it was collected as. [`StreamEventIn`] reads a Messages
+//! server's own replies (streamed or whole) back.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::Str;
+use crate::{Skipped, Str};
 
-/// `POST /v1/messages` (and `POST /v1/messages/count_tokens`). Unknown fields are refused,
-/// as Anthropic refuses them.
+/// `POST /v1/messages` (and `POST /v1/messages/count_tokens`): every field the API defines.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Request<'a> {
     /// The model.
     #[serde(default, borrow)]
@@ -62,10 +63,20 @@ pub struct Request<'a> {
     pub service_tier: Option<Value>,
     /// Prompt caching.
     #[serde(default)]
-    pub cache_control: Option<Value>,
-    /// Extended thinking.
+    pub cache_control: Option<Skipped>,
+    /// Extended thinking: `{"type": "enabled", "budget_tokens": N}`, `adaptive` or `disabled`.
+    #[serde(default, borrow)]
+    pub thinking: Option<Thinking<'a>>,
+    /// Output settings: `effort` and a structured `format`.
+    #[serde(default, borrow)]
+    pub output_config: Option<OutputConfig<'a>>,
+    /// Server-side context editing (clearing old tool results and thinking): a server without
+    /// it sees the whole context instead.
     #[serde(default)]
-    pub thinking: Option<Value>,
+    pub context_management: Option<Skipped>,
+    /// Where inference runs (Anthropic's data residency).
+    #[serde(default)]
+    pub inference_geo: Option<Skipped>,
     /// The MCP connector.
     #[serde(default)]
     pub mcp_servers: Option<Value>,
@@ -74,9 +85,44 @@ pub struct Request<'a> {
     pub container: Option<Value>,
 }
 
+/// `thinking`.
+#[derive(Debug, Default, Deserialize)]
+pub struct Thinking<'a> {
+    /// `enabled`, `adaptive` or `disabled`.
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// `enabled`: the most tokens to think with.
+    #[serde(default)]
+    pub budget_tokens: Option<i64>,
+    /// Whether thinking is shown (`summarized`, `omitted`).
+    #[serde(default)]
+    pub display: Option<Skipped>,
+}
+
+/// `output_config`.
+#[derive(Debug, Default, Deserialize)]
+pub struct OutputConfig<'a> {
+    /// `low`, `medium`, `high`, `max`: how hard the model works.
+    #[serde(default, borrow)]
+    pub effort: Option<Str<'a>>,
+    /// Structured output: `{"type": "json_schema", "schema": {...}}`.
+    #[serde(default, borrow)]
+    pub format: Option<OutputFormat<'a>>,
+}
+
+/// `output_config.format`.
+#[derive(Debug, Default, Deserialize)]
+pub struct OutputFormat<'a> {
+    /// `json_schema`.
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// The schema, as the JSON text it came as.
+    #[serde(default, borrow)]
+    pub schema: Option<&'a RawValue>,
+}
+
 /// `metadata`.
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Metadata<'a> {
     /// The end user: a session key for routing.
     #[serde(default, borrow)]
@@ -92,11 +138,12 @@ pub enum Role {
     User,
     /// The model side.
     Assistant,
+    /// Instructions in the middle of a conversation (Claude Code sends its environment so).
+    System,
 }
 
 /// One message.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Message<'a> {
     /// Who wrote it.
     pub role: Role,
@@ -142,15 +189,39 @@ pub struct Block<'a> {
     /// `tool_result`: whether it is an error.
     #[serde(default)]
     pub is_error: Option<bool>,
-    /// `image`: where the image is.
+    /// `image` and `document`: where it is.
     #[serde(default, borrow)]
     pub source: Option<ImageSource<'a>>,
+    /// `thinking`: the model's reasoning.
+    #[serde(default, borrow)]
+    pub thinking: Option<Str<'a>>,
+    /// `thinking`: its signature (Anthropic's own, checked only by Anthropic).
+    #[serde(default)]
+    pub signature: Option<Skipped>,
+    /// `redacted_thinking`: the encrypted reasoning.
+    #[serde(default)]
+    pub data: Option<Skipped>,
+    /// Prompt caching breakpoints.
+    #[serde(default)]
+    pub cache_control: Option<Skipped>,
+    /// `text` and `document`: citations.
+    #[serde(default)]
+    pub citations: Option<Skipped>,
+    /// `document`: its title.
+    #[serde(default)]
+    pub title: Option<Skipped>,
+    /// `document`: context about it.
+    #[serde(default)]
+    pub context: Option<Skipped>,
+    /// `tool_use`: who called it (programmatic tool calling).
+    #[serde(default)]
+    pub caller: Option<Skipped>,
 }
 
-/// An image block's source.
-#[derive(Debug, Default, PartialEq, Eq, Deserialize)]
+/// An image's or a document's source.
+#[derive(Debug, Default, Deserialize)]
 pub struct ImageSource<'a> {
-    /// `base64`, `url` or `file`.
+    /// `base64`, `url`, `file` (and `text` or `content` for documents).
     #[serde(rename = "type", default, borrow)]
     pub kind: Option<Str<'a>>,
     /// `base64`: the image type.
@@ -162,6 +233,9 @@ pub struct ImageSource<'a> {
     /// `url`: where it is.
     #[serde(default, borrow)]
     pub url: Option<Str<'a>>,
+    /// `file`: the Files API's id.
+    #[serde(default)]
+    pub file_id: Option<Skipped>,
 }
 
 /// A tool offered.
@@ -179,6 +253,24 @@ pub struct Tool<'a> {
     /// Its input's JSON schema, as the JSON text it came as.
     #[serde(default, borrow)]
     pub input_schema: Option<&'a RawValue>,
+    /// Prompt caching breakpoints.
+    #[serde(default)]
+    pub cache_control: Option<Skipped>,
+    /// Loaded only when a tool search finds it (the tool is offered all the same here).
+    #[serde(default)]
+    pub defer_loading: Option<Skipped>,
+    /// Examples of its input.
+    #[serde(default)]
+    pub input_examples: Option<Skipped>,
+    /// Strict schema adherence.
+    #[serde(default)]
+    pub strict: Option<Skipped>,
+    /// Streams its input without buffering.
+    #[serde(default)]
+    pub eager_input_streaming: Option<Skipped>,
+    /// Who may call it (programmatic tool calling).
+    #[serde(default)]
+    pub allowed_callers: Option<Skipped>,
 }
 
 /// `tool_choice`.
@@ -233,6 +325,13 @@ pub enum ContentBlock<'a> {
         /// The text.
         text: &'a str,
     },
+    /// The model's reasoning (its signature empty: only Anthropic's own are checked).
+    Thinking {
+        /// The reasoning.
+        thinking: &'a str,
+        /// Always empty here.
+        signature: &'a str,
+    },
     /// A call of one of the request's tools.
     ToolUse {
         /// The call's id.
@@ -257,6 +356,11 @@ pub enum BlockDelta<'a> {
     InputJsonDelta {
         /// The piece.
         partial_json: &'a str,
+    },
+    /// More reasoning.
+    ThinkingDelta {
+        /// The reasoning.
+        thinking: &'a str,
     },
 }
 
@@ -428,6 +532,129 @@ pub struct TokenCount {
 pub fn empty_input() -> &'static RawValue {
     // A constant, checked by the tests: `{}` is valid JSON.
     serde_json::from_str("{}").unwrap_or_else(|_| unreachable!("{{}} is JSON"))
+}
+
+/// One event of a Messages server's stream, or (with [`StreamEventIn::message`]'s fields
+/// at the top) its whole answer: what the pool reads back from servers that speak this API.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamEventIn<'a> {
+    /// `message_start`, `content_block_start`, `content_block_delta`, …, `error`; `message`
+    /// for a whole answer.
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// `message_start`: the message so far.
+    #[serde(default, borrow)]
+    pub message: Option<MessageIn<'a>>,
+    /// A whole answer's content.
+    #[serde(default, borrow)]
+    pub content: Option<Vec<BlockIn<'a>>>,
+    /// A whole answer's stop reason.
+    #[serde(default, borrow)]
+    pub stop_reason: Option<Str<'a>>,
+    /// A whole answer's matched stop sequence.
+    #[serde(default, borrow)]
+    pub stop_sequence: Option<Str<'a>>,
+    /// The block an event is about.
+    #[serde(default)]
+    pub index: Option<u32>,
+    /// `content_block_start`: the block.
+    #[serde(default, borrow)]
+    pub content_block: Option<BlockIn<'a>>,
+    /// `content_block_delta` (a block's delta) and `message_delta` (the stop).
+    #[serde(default, borrow)]
+    pub delta: Option<DeltaIn<'a>>,
+    /// `message_delta` and a whole answer: the usage.
+    #[serde(default)]
+    pub usage: Option<UsageIn>,
+    /// `error`: what went wrong.
+    #[serde(default, borrow)]
+    pub error: Option<ErrorIn<'a>>,
+}
+
+/// `message_start`'s message.
+#[derive(Debug, Default, Deserialize)]
+pub struct MessageIn<'a> {
+    /// `msg_…`.
+    #[serde(default, borrow)]
+    pub id: Option<Str<'a>>,
+    /// Its usage so far.
+    #[serde(default)]
+    pub usage: Option<UsageIn>,
+}
+
+/// A content block as a server sends it.
+#[derive(Debug, Default, Deserialize)]
+pub struct BlockIn<'a> {
+    /// `text`, `tool_use`, `thinking`, `redacted_thinking`, ….
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// `text`: the text.
+    #[serde(default, borrow)]
+    pub text: Option<Str<'a>>,
+    /// `thinking`: the reasoning.
+    #[serde(default, borrow)]
+    pub thinking: Option<Str<'a>>,
+    /// `tool_use`: the call's id.
+    #[serde(default, borrow)]
+    pub id: Option<Str<'a>>,
+    /// `tool_use`: the tool.
+    #[serde(default, borrow)]
+    pub name: Option<Str<'a>>,
+    /// `tool_use`: its input (`{}` at a stream's block start).
+    #[serde(default, borrow)]
+    pub input: Option<&'a RawValue>,
+}
+
+/// A delta as a server sends it.
+#[derive(Debug, Default, Deserialize)]
+pub struct DeltaIn<'a> {
+    /// `text_delta`, `input_json_delta`, `thinking_delta`, `signature_delta`; absent in
+    /// `message_delta`.
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// `text_delta`.
+    #[serde(default, borrow)]
+    pub text: Option<Str<'a>>,
+    /// `input_json_delta`.
+    #[serde(default, borrow)]
+    pub partial_json: Option<Str<'a>>,
+    /// `thinking_delta`.
+    #[serde(default, borrow)]
+    pub thinking: Option<Str<'a>>,
+    /// `message_delta`: why it stopped.
+    #[serde(default, borrow)]
+    pub stop_reason: Option<Str<'a>>,
+    /// `message_delta`: the stop sequence that matched.
+    #[serde(default, borrow)]
+    pub stop_sequence: Option<Str<'a>>,
+}
+
+/// Usage as a server reports it (each count where it has one).
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+pub struct UsageIn {
+    /// Prompt tokens computed.
+    #[serde(default)]
+    pub input_tokens: Option<u32>,
+    /// Generated tokens.
+    #[serde(default)]
+    pub output_tokens: Option<u32>,
+    /// Prompt tokens read from the cache.
+    #[serde(default)]
+    pub cache_read_input_tokens: Option<u32>,
+    /// Prompt tokens written to the cache.
+    #[serde(default)]
+    pub cache_creation_input_tokens: Option<u32>,
+}
+
+/// An error as a server reports it.
+#[derive(Debug, Default, Deserialize)]
+pub struct ErrorIn<'a> {
+    /// `overloaded_error`, ….
+    #[serde(rename = "type", default, borrow)]
+    pub kind: Option<Str<'a>>,
+    /// What went wrong.
+    #[serde(default, borrow)]
+    pub message: Option<Str<'a>>,
 }
 
 #[cfg(test)]

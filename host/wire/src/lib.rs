@@ -5,6 +5,7 @@
 //!   errors, as clients send them and as vLLM, SGLang, TGI, llama.cpp's server, Ollama and
 //!   `ringmaster worker` answer;
 //! - [`anthropic`]: the Messages API's request, message, stream events and errors;
+//! - [`responses`]: OpenAI's Responses API: request, items, response object, stream events;
 //! - [`worker`]: `ringmaster worker`'s load report, KV events and tokenizer description;
 //! - [`models`]: the model list both APIs read;
 //! - [`sse`]: server-sent event frames.
@@ -18,8 +19,43 @@
 pub mod anthropic;
 pub mod models;
 pub mod openai;
+pub mod responses;
+mod skipped;
 pub mod sse;
 mod str;
 pub mod worker;
 
+pub use crate::skipped::Skipped;
 pub use crate::str::Str;
+
+/// The API a server speaks: which of these wire formats its requests and replies take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Api {
+    /// OpenAI's chat completions (`/v1/chat/completions`, and `/v1/completions` for a raw
+    /// prompt): vLLM, SGLang, TGI, llama.cpp's server, Ollama, `ringmaster worker`.
+    #[default]
+    Chat,
+    /// Anthropic's Messages (`/v1/messages`): Anthropic, vLLM, LiteLLM.
+    Messages,
+    /// OpenAI's Responses (`/v1/responses`): OpenAI, vLLM, SGLang.
+    Responses,
+}
+
+impl Api {
+    /// Every API.
+    pub const ALL: [Api; 3] = [Api::Chat, Api::Messages, Api::Responses];
+
+    /// Its name in the config (`api = "…"`), in metrics and in `/admin/servers`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Messages => "messages",
+            Self::Responses => "responses",
+        }
+    }
+
+    /// The API named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|api| api.as_str() == name)
+    }
+}

@@ -4,9 +4,9 @@
 //! One [`Request`] type serves both endpoints and both directions: the gateway's OpenAI door
 //! reads it from clients, the pool's client writes it to servers, the worker and the tests'
 //! fake servers read it again. It lists every field any of them knows, each optional, so that
-//! a door can refuse what it does not serve by name; a field nobody knows is refused, as
-//! OpenAI refuses it (the request, its messages and `stream_options`; content parts and tools
-//! keep what they do not know). [`Chunk`] is one streamed chunk or one
+//! a door can serve, drop or refuse each by name; a field nobody knows is left to the reader
+//! (the door reads through `serde_ignored` and applies `[api] unknown_fields`; the tests'
+//! strict server refuses it, as OpenAI does). [`Chunk`] is one streamed chunk or one
 //! whole answer, in every server's dialect (where the usage comes, llama.cpp's `timings`,
 //! vLLM's `stop_reason`, SGLang's `matched_stop`, error objects of three shapes). Strings
 //! borrow from the buffer they were read from ([`Str`]).
@@ -18,9 +18,7 @@ use serde_json::value::RawValue;
 use crate::Str;
 
 /// `POST /v1/chat/completions` (with `messages`) or `POST /v1/completions` (with `prompt`).
-/// Unknown fields are refused, as OpenAI refuses them.
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Request<'a> {
     /// The model.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
@@ -127,9 +125,15 @@ pub struct Request<'a> {
     /// Predicted outputs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction: Option<Value>,
-    /// Reasoning effort.
+    /// Reasoning effort: `none`, `minimal`, `low`, `medium`, `high`, `xhigh`.
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<Str<'a>>,
+    /// How long the answer should be: `low`, `medium`, `high`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reasoning_effort: Option<Value>,
+    pub verbosity: Option<Value>,
+    /// How long a cached prompt is kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_retention: Option<Value>,
     /// Web search.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub web_search_options: Option<Value>,
@@ -172,7 +176,6 @@ pub const COMPLETIONS_ONLY_FIELDS: [&str; 5] =
 
 /// `stream_options`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     /// A last chunk with the usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,7 +213,6 @@ crate::str::string_or_list!(Prompt, "a string or a list");
 
 /// One message of a chat.
 #[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct Message<'a> {
     /// `system`, `developer`, `user`, `assistant` or `tool`.
     #[serde(borrow)]
@@ -233,6 +235,18 @@ pub struct Message<'a> {
     /// An assistant's refusal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<Value>,
+    /// An assistant's reasoning as vLLM returned it (sent back by some clients).
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<Str<'a>>,
+    /// The same, under vLLM's newer name.
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Str<'a>>,
+    /// An assistant's annotations (citations).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub annotations: Option<Value>,
+    /// An assistant's earlier audio answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<Value>,
 }
 
 /// A message's content.
@@ -566,6 +580,12 @@ pub struct Delta<'a> {
     /// Pieces of tool calls.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall<'a>>>,
+    /// More reasoning (vLLM's and SGLang's reasoning parsers, DeepSeek's API).
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<Str<'a>>,
+    /// The same, under vLLM's newer name.
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Str<'a>>,
 }
 
 /// A whole chat answer's message.
@@ -583,6 +603,12 @@ pub struct ReplyMessage<'a> {
     /// The tools it called.
     #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall<'a>>>,
+    /// Its reasoning (vLLM's and SGLang's reasoning parsers).
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<Str<'a>>,
+    /// The same, under vLLM's newer name.
+    #[serde(default, borrow, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Str<'a>>,
 }
 
 /// `stop_reason` / `matched_stop`: the stop string that matched, or a stop token's id.

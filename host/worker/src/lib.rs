@@ -370,8 +370,8 @@ async fn generate(
             match event {
                 GenerateEvent::Started { .. } => {}
                 GenerateEvent::Token { text: piece } => text.push_str(&piece),
-                // The engine takes no tools, so it calls none.
-                GenerateEvent::ToolCall { .. } => {}
+                // The engine takes no tools, so it calls none, and it does not reason apart.
+                GenerateEvent::ToolCall { .. } | GenerateEvent::Reasoning { .. } => {}
                 // Local engines never fail mid-stream; the stream ends below.
                 GenerateEvent::Failed { .. } => break,
                 GenerateEvent::Finished {
@@ -452,8 +452,8 @@ async fn generate(
                         .await;
                     return;
                 }
-                // The engine takes no tools, so it calls none.
-                GenerateEvent::ToolCall { .. } => continue,
+                // The engine takes no tools, so it calls none, and it does not reason apart.
+                GenerateEvent::ToolCall { .. } | GenerateEvent::Reasoning { .. } => continue,
             };
             if tx.send(frame).await.is_err() {
                 return;

@@ -119,6 +119,8 @@ impl Request {
                 prompt,
                 priority: raw.ringmaster_priority.unwrap_or(0),
                 tools: None,
+                effort: None,
+                output_format: None,
             },
             stream: raw.stream.unwrap_or(false),
             include_usage: options.include_usage.unwrap_or(false),
@@ -251,6 +253,8 @@ impl Reply {
                     content: Some(text.into()),
                     refusal: None,
                     tool_calls: None,
+                    reasoning_content: None,
+                    reasoning: None,
                 }),
                 finish_reason: Some(finish.into()),
                 ..Choice::default()
@@ -279,7 +283,7 @@ impl Reply {
                     Some("") => Delta {
                         role: Some("assistant".into()),
                         content: Some("".into()),
-                        tool_calls: None,
+                        ..Delta::default()
                     },
                     Some(t) => Delta {
                         content: Some(t.into()),

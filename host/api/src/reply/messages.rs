@@ -34,39 +34,46 @@ fn usage(usage: Usage) -> anthropic::Usage {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Open {
     Text(u32),
+    Thinking(u32),
     Tool(u32),
 }
 
-/// Writes a reply as Anthropic's stream: `message_start`, a text block opened at once (with a
-/// `ping`), text deltas, a `tool_use` block per call with `input_json_delta` pieces,
-/// `message_delta` with the stop and the usage, `message_stop`.
+/// Writes a reply as Anthropic's stream: `message_start` and a `ping`, a `thinking` block
+/// with the reasoning when the client asked for it, a text block opened with the first text,
+/// a `tool_use` block per call with `input_json_delta` pieces, `message_delta` with the stop
+/// and the usage, `message_stop`. The blocks are the whole reply's, in the same order: no
+/// empty text block before a tool call, and one empty text block for a reply with nothing in
+/// it, as [`whole_body`] writes them.
 #[derive(Debug)]
 pub struct StreamWriter {
     id: String,
     model: String,
+    show_reasoning: bool,
     open: Option<Open>,
     next_block: u32,
 }
 
 impl StreamWriter {
-    /// The writer of reply `id` from `model`.
-    pub fn new(id: String, model: String) -> Self {
+    /// The writer of reply `id` from `model` (`show_reasoning`: the client asked for
+    /// thinking).
+    pub fn new(id: String, model: String, show_reasoning: bool) -> Self {
         Self {
             id,
             model,
+            show_reasoning,
             open: None,
             next_block: 0,
         }
     }
 
-    fn open(&mut self, block: ContentBlock<'_>, tool: bool, out: &mut Vec<u8>) -> u32 {
+    fn open(&mut self, block: ContentBlock<'_>, out: &mut Vec<u8>) -> u32 {
         self.close(out);
         let index = self.next_block;
         self.next_block += 1;
-        self.open = Some(if tool {
-            Open::Tool(index)
-        } else {
-            Open::Text(index)
+        self.open = Some(match block {
+            ContentBlock::ToolUse { .. } => Open::Tool(index),
+            ContentBlock::Thinking { .. } => Open::Thinking(index),
+            ContentBlock::Text { .. } => Open::Text(index),
         });
         StreamEvent::ContentBlockStart {
             index,
@@ -77,7 +84,9 @@ impl StreamWriter {
     }
 
     fn close(&mut self, out: &mut Vec<u8>) {
-        if let Some(Open::Text(index) | Open::Tool(index)) = self.open.take() {
+        if let Some(Open::Text(index) | Open::Thinking(index) | Open::Tool(index)) =
+            self.open.take()
+        {
             StreamEvent::ContentBlockStop { index }.write_sse(out);
         }
     }
@@ -95,15 +104,34 @@ impl StreamWriter {
                     message: MessageResponse::empty(&self.id, &self.model, usage(counted)),
                 }
                 .write_sse(out);
-                self.open(ContentBlock::Text { text: "" }, false, out);
                 StreamEvent::Ping.write_sse(out);
             }
             ReplyEvent::Text(text) => {
                 let index = match self.open {
                     Some(Open::Text(index)) => index,
-                    _ => self.open(ContentBlock::Text { text: "" }, false, out),
+                    _ => self.open(ContentBlock::Text { text: "" }, out),
                 };
                 anthropic::write_text_delta(out, index, text);
+            }
+            ReplyEvent::Reasoning(text) => {
+                if !self.show_reasoning {
+                    return;
+                }
+                let index = match self.open {
+                    Some(Open::Thinking(index)) => index,
+                    _ => self.open(
+                        ContentBlock::Thinking {
+                            thinking: "",
+                            signature: "",
+                        },
+                        out,
+                    ),
+                };
+                StreamEvent::ContentBlockDelta {
+                    index,
+                    delta: BlockDelta::ThinkingDelta { thinking: text },
+                }
+                .write_sse(out);
             }
             ReplyEvent::ToolCallStart { id, name } => {
                 let block = ContentBlock::ToolUse {
@@ -111,7 +139,7 @@ impl StreamWriter {
                     name,
                     input: anthropic::empty_input(),
                 };
-                self.open(block, true, out);
+                self.open(block, out);
             }
             ReplyEvent::ToolArguments(piece) => {
                 if let Some(Open::Tool(index)) = self.open
@@ -131,6 +159,10 @@ impl StreamWriter {
                 stop_sequence,
                 usage: counted,
             } => {
+                if self.next_block == 0 {
+                    // Nothing was written: the whole reply's one empty text block.
+                    self.open(ContentBlock::Text { text: "" }, out);
+                }
                 self.close(out);
                 StreamEvent::MessageDelta {
                     delta: MessageDelta {
@@ -168,15 +200,20 @@ pub fn error_body(error: &ApiError) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-/// The whole message of reply `id` from `model`.
-pub fn whole_body(reply: &WholeReply, id: &str, model: &str) -> Result<Vec<u8>, ApiError> {
+/// The whole message of reply `id` from `model` (`show_reasoning`: with its thinking).
+pub fn whole_body(
+    reply: &WholeReply,
+    id: &str,
+    model: &str,
+    show_reasoning: bool,
+) -> Result<Vec<u8>, ApiError> {
     let parts = reply.usable_parts()?;
     let has_calls = parts.iter().any(|p| matches!(p, UsablePart::Call(..)));
     let inputs: Vec<Option<Box<RawValue>>> = parts
         .iter()
         .map(|part| match part {
             UsablePart::Call(_, arguments) => RawValue::from_string((*arguments).to_owned()).ok(),
-            UsablePart::Text(_) => None,
+            UsablePart::Text(_) | UsablePart::Reasoning(_) => None,
         })
         .collect();
     let mut content = Vec::with_capacity(parts.len().max(1));
@@ -185,6 +222,13 @@ pub fn whole_body(reply: &WholeReply, id: &str, model: &str) -> Result<Vec<u8>, 
             // An empty text block before a tool call says nothing.
             (UsablePart::Text(text), _) if text.is_empty() && has_calls => {}
             (UsablePart::Text(text), _) => content.push(ContentBlock::Text { text }),
+            (UsablePart::Reasoning(thinking), _) if show_reasoning => {
+                content.push(ContentBlock::Thinking {
+                    thinking,
+                    signature: "",
+                });
+            }
+            (UsablePart::Reasoning(_), _) => {}
             (UsablePart::Call(call, _), Some(input)) => content.push(ContentBlock::ToolUse {
                 id: &call.id,
                 name: &call.name,

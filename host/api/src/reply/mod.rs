@@ -9,6 +9,7 @@
 
 pub mod messages;
 pub mod openai;
+pub mod responses;
 
 use crate::Door;
 use crate::error::ApiError;
@@ -49,6 +50,8 @@ pub enum ReplyEvent<'a> {
     },
     /// Text.
     Text(&'a str),
+    /// The model's reasoning, before its answer (a door shows it where its client asked).
+    Reasoning(&'a str),
     /// A tool call begins.
     ToolCallStart {
         /// The call's id.
@@ -80,20 +83,27 @@ pub enum StreamWriter {
     Messages(messages::StreamWriter),
     /// OpenAI's chunks.
     OpenAi(openai::StreamWriter),
+    /// The Responses API's events.
+    Responses(Box<responses::StreamWriter>),
 }
 
 impl StreamWriter {
     /// The writer of a `door` reply `id` from `model` (`include_usage`: OpenAI's last usage
-    /// chunk).
+    /// chunk), for a request with nothing else to say about its reply (no reasoning shown,
+    /// no Responses settings to echo: [`Door::stream_writer`] knows the request).
     pub fn new(door: Door, id: String, model: String, include_usage: bool) -> Self {
         match door {
-            Door::Messages => Self::Messages(messages::StreamWriter::new(id, model)),
+            Door::Messages => Self::Messages(messages::StreamWriter::new(id, model, false)),
             Door::Chat | Door::Completions => Self::OpenAi(openai::StreamWriter::new(
                 id,
                 model,
                 door == Door::Chat,
                 include_usage,
             )),
+            Door::Responses => Self::Responses(Box::new(responses::StreamWriter::new(
+                id,
+                &crate::Request::new(Door::Responses, model),
+            ))),
         }
     }
 
@@ -102,6 +112,16 @@ impl StreamWriter {
         match self {
             Self::Messages(writer) => writer.write(event, out),
             Self::OpenAi(writer) => writer.write(event, out),
+            Self::Responses(writer) => writer.write(event, out),
+        }
+    }
+
+    /// The response a finished Responses stream made (the object `GET /v1/responses/{id}`
+    /// returns), for the response store; `None` on other doors and before the end.
+    pub fn finished_response(&self) -> Option<Vec<u8>> {
+        match self {
+            Self::Responses(writer) => writer.finished_response(),
+            _ => None,
         }
     }
 
@@ -126,11 +146,13 @@ pub struct WholeCall {
     pub arguments: String,
 }
 
-/// A piece of a whole reply, in order: text, or a tool call.
+/// A piece of a whole reply, in order: text, reasoning, or a tool call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WholePart {
     /// Text.
     Text(String),
+    /// The model's reasoning.
+    Reasoning(String),
     /// A tool call.
     Call(WholeCall),
 }
@@ -158,6 +180,17 @@ impl WholeReply {
                 Some(WholePart::Text(so_far)) => so_far.push_str(text),
                 _ => self.parts.push(WholePart::Text(text.to_owned())),
             },
+            ReplyEvent::Reasoning(text) => {
+                // The reasoning comes before the answer: an empty text part opened at the
+                // start gives way to it.
+                if matches!(self.parts.last(), Some(WholePart::Text(t)) if t.is_empty()) {
+                    self.parts.pop();
+                }
+                match self.parts.last_mut() {
+                    Some(WholePart::Reasoning(so_far)) => so_far.push_str(text),
+                    _ => self.parts.push(WholePart::Reasoning(text.to_owned())),
+                }
+            }
             ReplyEvent::ToolCallStart { id, name } => self.parts.push(WholePart::Call(WholeCall {
                 id: id.to_owned(),
                 name: name.to_owned(),
@@ -186,7 +219,7 @@ impl WholeReply {
             .iter()
             .filter_map(|part| match part {
                 WholePart::Text(text) => Some(text.as_str()),
-                WholePart::Call(_) => None,
+                WholePart::Reasoning(_) | WholePart::Call(_) => None,
             })
             .collect()
     }
@@ -206,6 +239,7 @@ impl WholeReply {
         for part in &self.parts {
             match part {
                 WholePart::Text(text) => usable.push(UsablePart::Text(text)),
+                WholePart::Reasoning(text) => usable.push(UsablePart::Reasoning(text)),
                 WholePart::Call(_) if refused => {}
                 WholePart::Call(call) => {
                     let arguments = call.arguments.trim();
@@ -237,6 +271,8 @@ impl WholeReply {
 pub(crate) enum UsablePart<'a> {
     /// Text.
     Text(&'a str),
+    /// Reasoning.
+    Reasoning(&'a str),
     /// A call, and its arguments (a JSON object's text).
     Call(&'a WholeCall, &'a str),
 }

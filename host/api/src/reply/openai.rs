@@ -132,6 +132,7 @@ impl StreamWriter {
             // The server's chunks carried these.
             ReplyEvent::Start { .. }
             | ReplyEvent::Text(_)
+            | ReplyEvent::Reasoning(_)
             | ReplyEvent::ToolCallStart { .. }
             | ReplyEvent::ToolArguments(_)
                 if relayed => {}
@@ -146,6 +147,16 @@ impl StreamWriter {
                 }
             }
             ReplyEvent::Text(text) => self.text.write(out, text),
+            // vLLM's and SGLang's field for it (a completion has no place for it).
+            ReplyEvent::Reasoning(text) => {
+                if self.chat {
+                    let delta = Delta {
+                        reasoning_content: Some(text.into()),
+                        ..Delta::default()
+                    };
+                    self.content(delta, None, None, out);
+                }
+            }
             ReplyEvent::ToolCallStart { id, name } => {
                 if self.chat {
                     let call = ToolCall {
@@ -236,6 +247,13 @@ pub fn whole_body(
 ) -> Result<Vec<u8>, ApiError> {
     let parts = reply.usable_parts()?;
     let text = reply.text();
+    let reasoning: String = parts
+        .iter()
+        .filter_map(|part| match part {
+            UsablePart::Reasoning(text) => Some(*text),
+            _ => None,
+        })
+        .collect();
     let finish = reply
         .stop
         .as_ref()
@@ -253,7 +271,7 @@ pub fn whole_body(
                         arguments: Some(openai::Arguments::Text((*arguments).into())),
                     }),
                 }),
-                UsablePart::Text(_) => None,
+                UsablePart::Text(_) | UsablePart::Reasoning(_) => None,
             })
             .collect();
         // OpenAI's shape: no content beside the calls unless the model wrote some.
@@ -264,6 +282,8 @@ pub fn whole_body(
                 content,
                 refusal: None,
                 tool_calls: (!calls.is_empty()).then_some(calls),
+                reasoning_content: (!reasoning.is_empty()).then(|| reasoning.as_str().into()),
+                reasoning: None,
             }),
             finish_reason: finish.map(Str::from),
             ..Choice::default()

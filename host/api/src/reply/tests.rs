@@ -1,7 +1,7 @@
 //! Each door's writing of the same reply events.
 
 use super::*;
-use crate::{ApiError, Door, ErrorKind};
+use crate::{ApiError, Door, ErrorKind, Request};
 
 const MODEL: &str = "sim-llama-3-8b";
 
@@ -121,9 +121,16 @@ fn tool_calls_are_written_as_indexed_pieces_and_a_whole_message() {
     ] {
         whole.push(&event);
     }
-    let body: serde_json::Value =
-        serde_json::from_slice(&Door::Chat.whole_body(&whole, "chatcmpl-1", MODEL).unwrap())
-            .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(
+        &Door::Chat
+            .whole_body(
+                &whole,
+                "chatcmpl-1",
+                &Request::new(Door::Chat, MODEL.into()),
+            )
+            .unwrap(),
+    )
+    .unwrap();
     let reply = &body["choices"][0];
     assert_eq!(reply["finish_reason"], "tool_calls");
     assert_eq!(reply["message"]["content"], serde_json::Value::Null);
@@ -132,9 +139,12 @@ fn tool_calls_are_written_as_indexed_pieces_and_a_whole_message() {
         serde_json::json!([{"id": "call_a", "type": "function",
                             "function": {"name": "lookup", "arguments": "{\"q\":1}"}}])
     );
-    let body: serde_json::Value =
-        serde_json::from_slice(&Door::Messages.whole_body(&whole, "msg_1", MODEL).unwrap())
-            .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(
+        &Door::Messages
+            .whole_body(&whole, "msg_1", &Request::new(Door::Messages, MODEL.into()))
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         body["content"],
         serde_json::json!([{"type": "tool_use", "id": "call_a", "name": "lookup", "input": {"q": 1}}]),
@@ -174,8 +184,8 @@ fn a_messages_stream_opens_blocks_for_text_and_each_call() {
         names,
         [
             "message_start",
-            "content_block_start",
             "ping",
+            "content_block_start",
             "content_block_delta",
             "content_block_stop",
             "content_block_start",
@@ -205,7 +215,7 @@ fn a_whole_reply_with_arguments_that_are_not_an_object_fails_and_a_refusal_drops
         whole.push(&event);
     }
     let err = Door::Messages
-        .whole_body(&whole, "msg_1", MODEL)
+        .whole_body(&whole, "msg_1", &Request::new(Door::Messages, MODEL.into()))
         .unwrap_err();
     assert!(
         err.message().contains("not a JSON object"),
@@ -213,9 +223,12 @@ fn a_whole_reply_with_arguments_that_are_not_an_object_fails_and_a_refusal_drops
         err.message()
     );
     whole.stop = Some((StopReason::Refusal, None));
-    let body: serde_json::Value =
-        serde_json::from_slice(&Door::Messages.whole_body(&whole, "msg_1", MODEL).unwrap())
-            .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(
+        &Door::Messages
+            .whole_body(&whole, "msg_1", &Request::new(Door::Messages, MODEL.into()))
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(
         body["content"],
         serde_json::json!([{"type": "text", "text": ""}])

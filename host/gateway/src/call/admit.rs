@@ -24,7 +24,7 @@ impl Call {
         }
         .map_err(|refusal| {
             crate::auth::count_refusal(&gateway.metrics, &self.caller.tenant, &refusal);
-            crate::auth::refused(refusal)
+            crate::auth::refused_with_headers(refusal, &self.caller, self.request.door)
         })?;
         let asked_tokens =
             u64::from(self.request.estimated_tokens) + u64::from(self.request.max_tokens);

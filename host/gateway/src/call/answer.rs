@@ -11,6 +11,7 @@ use super::track::Tracker;
 use super::{Call, json_body};
 use crate::body::ResponseBody;
 use crate::respond::header_names;
+use crate::responses::Saver;
 
 impl Call {
     /// Phase 5: the reply to this call, whose generation has `started`, as a stream or one body.
@@ -29,23 +30,42 @@ impl Call {
         let relay = generation.relay_state();
         let id = match relay.as_ref().and_then(|r| r.reply_id.clone()) {
             // A relayed reply keeps the server's id, which its relayed chunks carry.
-            Some(id) if door.is_openai() => id,
+            Some(id) if door.relays_chat_chunks() => id,
             _ => door.reply_id(
                 uuid::Uuid::new_v4()
                     .simple()
                     .encode_lower(&mut uuid::Uuid::encode_buffer()),
             ),
         };
+        // A Responses reply is stored at its end (unless `store: false`) and can be cancelled
+        // while it runs.
+        let saver = call.request.responses.as_deref().map(|context| {
+            Saver::new(
+                call.gateway.responses(),
+                &id,
+                &call.caller.key_label,
+                context,
+            )
+        });
         if !call.request.stream {
             let mut in_flight = in_flight;
-            let whole =
-                crate::reply::collect::collect(&tracker, generation, &mut in_flight).await?;
+            let collected = crate::reply::collect::collect(&tracker, generation, &mut in_flight);
+            let whole = match &saver {
+                Some(saver) => tokio::select! {
+                    whole = collected => whole,
+                    () = saver.cancel.cancelled() => Err(ApiError::new(
+                        ringmaster_api::ErrorKind::Conflict,
+                        crate::responses::CANCELLED,
+                    )),
+                },
+                None => collected.await,
+            }?;
             drop(in_flight);
-            return Ok(json_body(door.whole_body(
-                &whole,
-                &id,
-                &call.request.model,
-            )?));
+            let body = door.whole_body(&whole, &id, &call.request)?;
+            if let Some(saver) = saver {
+                saver.finished(&body);
+            }
+            return Ok(json_body(body));
         }
         let writer = door.stream_writer(id, &call.request);
         let response = crate::reply::stream::response(
@@ -53,6 +73,7 @@ impl Call {
             writer,
             (generation, relay.is_some()),
             in_flight,
+            saver,
         );
         let streams = &call.gateway.streams;
         if !streams.enabled() {

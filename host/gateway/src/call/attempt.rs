@@ -2,15 +2,20 @@
 //! first token in a way another server can fix (see
 //! [`ringmaster_pool::remote::RemoteError::is_retryable`]), the next routable server on the
 //! ring is tried, up to `[retry] attempts` within its deadline. A remote server's body is
-//! encoded once ([`UpstreamRequest`]) and every attempt sends the same bytes; a local engine
-//! takes the request over.
+//! encoded once per kind of server ([`UpstreamRequest`]): the client's own body, relayed with
+//! only the model and the volatile lines changed, to a server that speaks the door's API;
+//! the engines' request translated into the server's API otherwise. Every attempt on a server
+//! of the same kind sends the same bytes; a local engine takes the request over. The fields
+//! the server never saw are named with the answer.
 
 use std::time::Duration;
 
-use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_api::relay::RelayEdits;
+use ringmaster_api::{ApiError, ErrorKind, FieldNotes, UnknownFields};
 use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream};
-use ringmaster_pool::remote::{ReplyMode, UpstreamRequest};
+use ringmaster_pool::remote::{Endpoint, ReplyMode, Target, UpstreamRequest};
 use ringmaster_pool::{Backend, BackendError, Decision, InFlight};
+use ringmaster_wire::Api;
 use tracing::debug;
 
 use super::{AdapterUse, Call};
@@ -26,17 +31,21 @@ pub(crate) struct Started {
     pub(crate) attempts: u32,
     /// The successful attempt's span, when the request is traced.
     pub(crate) span: Option<tracing::Span>,
+    /// The fields of the client's request the server never saw (the door noted them; a
+    /// relayed body keeps them), by name.
+    pub(crate) dropped: Vec<String>,
 }
 
 impl Call {
-    /// How a remote server is asked for its reply: whole for a client that wants one message;
-    /// streamed, and relayed as it came to a client that speaks the server's API where
-    /// nothing in its chunks has to change (the same model name, and no filter that may hold
-    /// text back).
-    fn reply_mode(&self) -> ReplyMode {
+    /// How a remote server of `api` is asked for its reply: whole for a client that wants one
+    /// message; streamed, and relayed as it came to a client that speaks the server's chat
+    /// API where nothing in its chunks has to change (the same model name, and no filter that
+    /// may hold text back).
+    fn reply_mode(&self, api: Api) -> ReplyMode {
         if !self.request.stream {
             ReplyMode::Whole
-        } else if self.request.door.is_openai()
+        } else if self.request.door.relays_chat_chunks()
+            && api == Api::Chat
             && self.served_model == self.request.model
             && self.gateway.safety.slot.current().is_none()
         {
@@ -66,14 +75,15 @@ impl Call {
             stop_sequences: std::mem::take(&mut request.stop_sequences),
             tools: request.tools.take(),
             sampling: request.sampling.clone(),
+            effort: request.effort,
+            output_format: request.output_format.take(),
         }
     }
 
     /// Phase 4: see the module's documentation.
     pub(crate) async fn attempt(&mut self, routed: Routed) -> Result<Started, ApiError> {
-        let mode = self.reply_mode();
         let generate = self.generate_request();
-        self.start(generate, mode, routed.decision, routed.in_flight)
+        self.start(generate, routed.decision, routed.in_flight)
             .await
     }
 
@@ -97,18 +107,107 @@ impl Call {
         }
     }
 
+    /// Whether a server of `api` gets the client's own body (it speaks the door's API, and
+    /// the body was kept for it).
+    fn relays_to(&self, api: Api) -> bool {
+        self.body.is_some() && self.request.door.api() == api
+    }
+
+    /// The request for `server` (a remote one), encoded once per kind of server: the
+    /// client's body relayed to a server of the door's API, else the engines' request
+    /// translated into the server's API.
+    fn upstream_for(
+        &self,
+        server: &ringmaster_pool::Server,
+        generate: &GenerateRequest,
+        encoded: &mut Vec<(Target, bool, UpstreamRequest)>,
+    ) -> Result<UpstreamRequest, ApiError> {
+        let target = server.target();
+        let keep_volatile = server.protocol().keep_volatile;
+        if let Some((_, _, request)) = encoded
+            .iter()
+            .find(|(t, keep, _)| *t == target && *keep == keep_volatile)
+        {
+            return Ok(request.clone());
+        }
+        let mode = self.reply_mode(target.api);
+        let request = match (&self.body, self.relays_to(target.api)) {
+            (Some(body), true) => {
+                let unknown = match self.gateway.unknown_fields {
+                    UnknownFields::Drop => self.request.fields.unknown.as_slice(),
+                    UnknownFields::Pass | UnknownFields::Refuse => &[],
+                };
+                let edits = RelayEdits {
+                    model: &self.served_model,
+                    volatile: (self.request.volatile.is_some() && !keep_volatile)
+                        .then_some(&self.gateway.volatile),
+                    drop: unknown,
+                    stream_usage: true,
+                    usage_stats: target.vllm,
+                    prior_items: self
+                        .request
+                        .responses
+                        .as_deref()
+                        .and_then(|c| c.prior_items.as_deref()),
+                };
+                let relayed = ringmaster_api::relay::relay_body(self.request.door, body, &edits)?;
+                let endpoint = if self.request.door == ringmaster_api::Door::Completions {
+                    Endpoint::Completions
+                } else {
+                    Endpoint::of(target.api)
+                };
+                let headers = if target.api == Api::Messages {
+                    self.relay_headers.clone()
+                } else {
+                    Vec::new()
+                };
+                UpstreamRequest::relayed(
+                    endpoint,
+                    bytes::Bytes::from(relayed),
+                    mode,
+                    self.id.clone(),
+                    headers,
+                )
+            }
+            _ => UpstreamRequest::encode_for(generate, &self.served_model, mode, target),
+        };
+        encoded.push((target, keep_volatile, request.clone()));
+        Ok(request)
+    }
+
+    /// The fields the request dropped on `server`: none of a relayed body's (but the unknown
+    /// ones `[api] unknown_fields = "drop"` takes out), every one the translation into the
+    /// engines' request left behind otherwise.
+    fn dropped_on(&self, server: &ringmaster_pool::Server) -> Vec<String> {
+        let fields = &self.request.fields;
+        match server.engine() {
+            Backend::Remote(_) if self.relays_to(server.protocol().api) => {
+                match self.gateway.unknown_fields {
+                    UnknownFields::Drop => FieldNotes {
+                        unknown: fields.unknown.clone(),
+                        ..FieldNotes::default()
+                    }
+                    .dropped(true),
+                    UnknownFields::Pass | UnknownFields::Refuse => Vec::new(),
+                }
+            }
+            Backend::Remote(_) => fields.dropped(server.protocol().reasoning),
+            Backend::Local(_) => fields.dropped(false),
+        }
+    }
+
     async fn start(
         &self,
         generate: GenerateRequest,
-        mode: ReplyMode,
         mut decision: Decision,
         mut in_flight: InFlight,
     ) -> Result<Started, ApiError> {
         let gateway = &self.gateway;
         let retry = &gateway.config.retry;
-        // A local engine takes the request over; a remote one reads the bytes encoded once.
+        // A local engine takes the request over; a remote one reads the bytes encoded once
+        // for its kind of server.
         let mut generate = Some(generate);
-        let mut upstream: Option<UpstreamRequest> = None;
+        let mut encoded: Vec<(Target, bool, UpstreamRequest)> = Vec::new();
         let mut tried: Vec<String> = Vec::new();
         let mut attempts = 0u32;
         let mut retry_reason: Option<String> = None;
@@ -124,14 +223,15 @@ impl Call {
                     None => Err(BackendError::Engine(EngineError::Stopped)),
                 },
                 Backend::Remote(worker) => {
-                    if upstream.is_none()
-                        && let Some(request) = generate.as_ref()
-                    {
-                        upstream = Some(UpstreamRequest::encode(request, &self.served_model, mode));
-                    }
-                    if let Some(request) = upstream.as_mut() {
-                        request.set_trace_context(self.trace_context_for(span.as_ref()));
-                    }
+                    let upstream = match generate.as_ref() {
+                        Some(request) => {
+                            let mut upstream =
+                                self.upstream_for(&decision.server, request, &mut encoded)?;
+                            upstream.set_trace_context(self.trace_context_for(span.as_ref()));
+                            Some(upstream)
+                        }
+                        None => None,
+                    };
                     let submitted = async {
                         match upstream.as_ref() {
                             Some(request) => match self.ready_adapter(worker).await {
@@ -163,12 +263,14 @@ impl Call {
                         use ringmaster_telemetry::SpanExt;
                         span.attribute(ringmaster_telemetry::semconv::ATTEMPT_OUTCOME, "ok");
                     }
+                    let dropped = self.dropped_on(&decision.server);
                     return Ok(Started {
                         generation,
                         decision,
                         in_flight,
                         attempts,
                         span,
+                        dropped,
                     });
                 }
                 Err(error) => error,

@@ -38,6 +38,7 @@ use crate::Gateway;
 use crate::auth::Caller;
 use crate::body::ResponseBody;
 use crate::respond::header_names;
+use tracing::debug;
 
 /// A request as the HTTP layer hands it over: the body as read, and what was taken from the
 /// headers. In-process callers (the trace replay) build it directly.
@@ -59,6 +60,20 @@ pub struct CallInput {
     /// The client's `traceparent` and `tracestate`, passed on to the server as they came when
     /// the gateway records no span of its own for the request.
     pub trace_context: Vec<(HeaderName, HeaderValue)>,
+    /// The client's headers of its API that go with its body when it is relayed to a server
+    /// of the same API (`anthropic-version`, `anthropic-beta`).
+    pub relay_headers: Vec<(HeaderName, HeaderValue)>,
+    /// The conversation a Responses request's `previous_response_id` continues, as found.
+    pub prior: Option<Prior>,
+}
+
+/// A stored response a Responses request continues: its id and its items (JSON array text).
+#[derive(Clone, Debug)]
+pub struct Prior {
+    /// The response's id.
+    pub id: String,
+    /// Its conversation and output.
+    pub items: String,
 }
 
 /// One request between its phases.
@@ -92,6 +107,11 @@ pub struct Call {
     pub trace: Option<tracing::Span>,
     /// The client's trace context, for the server when there is no span of our own.
     pub trace_context: Vec<(HeaderName, HeaderValue)>,
+    /// The client's body, kept when a server of its pool speaks the door's API (relayed to
+    /// it with only what routing must set changed).
+    pub body: Option<Bytes>,
+    /// The client's headers that go with a relayed body.
+    pub relay_headers: Vec<(HeaderName, HeaderValue)>,
 }
 
 impl Call {
@@ -178,6 +198,7 @@ impl Call {
                 .clone_into(&mut observation.server);
         }
         let attempts = started.attempts;
+        let dropped = std::mem::take(&mut started.dropped);
         let server = HeaderValue::from_str(started.decision.server.id()).ok();
         let variant = HeaderValue::from_str(&tracker.label.variant).ok();
         // The router version that decided (absent when the native ring decided alone).
@@ -187,6 +208,7 @@ impl Call {
             .and_then(|v| HeaderValue::from_str(&v.policy.info().hash).ok());
         let door = self.request.door;
         let caller = self.caller.clone();
+        let caller_gateway = self.gateway.clone();
         let mut response = self.answer(tracker, started).await?;
         let headers = response.headers_mut();
         if let Some(value) = server {
@@ -200,8 +222,36 @@ impl Call {
             headers.insert(&header_names::POLICY_VERSION, value);
         }
         crate::auth::rate_limit_headers(&caller, headers, door);
+        if !dropped.is_empty() {
+            for field in &dropped {
+                caller_gateway.metrics.dropped_field(door.route(), field);
+            }
+            debug!(fields = ?dropped, "request.fields_dropped");
+            if let Some(value) = dropped_header(&dropped) {
+                headers.insert(&header_names::DROPPED, value);
+            }
+        }
         Ok(response)
     }
+}
+
+/// Longest `x-ringmaster-dropped` value: the names that fit, then `…`.
+const MAX_DROPPED_HEADER_BYTES: usize = 1024;
+
+/// `x-ringmaster-dropped`: the fields the server never saw, comma-separated.
+fn dropped_header(fields: &[String]) -> Option<HeaderValue> {
+    let mut value = String::new();
+    for field in fields {
+        if value.len() + field.len() + 2 > MAX_DROPPED_HEADER_BYTES {
+            value.push_str(", …");
+            break;
+        }
+        if !value.is_empty() {
+            value.push_str(", ");
+        }
+        value.extend(field.chars().filter(|c| c.is_ascii_graphic() || *c == ' '));
+    }
+    HeaderValue::from_str(&value).ok()
 }
 
 /// A JSON body answer.

@@ -33,13 +33,24 @@ impl Call {
             passed_headers,
             queue_timeout,
             trace_context,
+            relay_headers,
+            prior,
         } = input;
         // The request's one view of the pool: admission, the router, assignment and the
         // metrics all decide on it.
         let fleet = gateway.pool.snapshot();
-        let request = door.parse(&body, gateway.limits(&fleet))?;
-        drop(body);
+        let prior = prior.as_ref().map(|p| ringmaster_api::responses::Prior {
+            id: &p.id,
+            items: &p.items,
+        });
+        let mut request = door.parse_continuing(&body, gateway.limits(&fleet), prior)?;
         let (served_model, pool, adapter) = model_pool(gateway, &fleet, &request.model)?;
+        // The body is kept only for a server that would take it as it came.
+        let relays = pool.servers.iter().any(|s| {
+            matches!(s.engine(), ringmaster_pool::Backend::Remote(_))
+                && s.protocol().api == door.api()
+        });
+        let body = relays.then_some(body);
         if pool
             .servers
             .iter()
@@ -47,6 +58,14 @@ impl Call {
             && let Some(refusal) = unserved_in_process(&request)
         {
             return Err(refusal);
+        }
+        if relay_headers
+            .iter()
+            .any(|(name, _)| name == "anthropic-beta")
+        {
+            // The client's betas mean nothing to a server of another API (a relayed body
+            // keeps them).
+            request.fields.unused("anthropic-beta");
         }
         if gateway.safety.slot.current().is_some() {
             gateway
@@ -91,6 +110,8 @@ impl Call {
             queue_timeout,
             trace,
             trace_context,
+            body,
+            relay_headers,
         })
     }
 }
@@ -207,6 +228,14 @@ pub(crate) fn unserved_in_process(request: &Request) -> Option<ApiError> {
             request.model
         )));
     }
+    if request.output_format.is_some() {
+        return Some(ApiError::invalid(format!(
+            "structured output (a JSON format) is not supported for the model {:?}: its servers \
+             run Ringmaster's own engine, which does not constrain its output (pools of vLLM or \
+             SGLang servers serve it); ask for text",
+            request.model
+        )));
+    }
     None
 }
 
@@ -224,14 +253,7 @@ fn describe(
     use ringmaster_telemetry::semconv as k;
     span.rename(format!("chat {}", request.model));
     span.attribute(k::GEN_AI_OPERATION_NAME, "chat");
-    span.attribute(
-        k::GEN_AI_PROVIDER_NAME,
-        if request.door.is_openai() {
-            "openai"
-        } else {
-            "anthropic"
-        },
-    );
+    span.attribute(k::GEN_AI_PROVIDER_NAME, request.door.provider());
     span.attribute(k::GEN_AI_REQUEST_MODEL, request.model.clone());
     span.attribute(k::GEN_AI_RESPONSE_MODEL, served_model.to_owned());
     span.attribute(k::GEN_AI_REQUEST_MAX_TOKENS, i64::from(request.max_tokens));

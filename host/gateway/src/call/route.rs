@@ -51,6 +51,20 @@ impl Call {
             }
         };
         let tracker = self.tracker(&routed);
+        let (reachable, achieved) = routed.seen.reach;
+        gateway
+            .metrics
+            .reachable_cached_tokens
+            .get_or_create(&tracker.label)
+            .inc_by(reachable);
+        gateway
+            .metrics
+            .achieved_cached_tokens
+            .get_or_create(&tracker.label)
+            .inc_by(achieved);
+        if let Some(variant) = &routed.variant {
+            variant.stats.record_reach(reachable, achieved);
+        }
         let reason = record_decision(
             gateway,
             &tracker,
@@ -112,6 +126,7 @@ impl Call {
                     .map_or_else(|| "native".to_owned(), |v| v.name.to_string()),
             },
             variant: variant.clone(),
+            door: self.request.door,
             started: self.started,
             trace: self.trace.clone(),
             attempt_span: None,

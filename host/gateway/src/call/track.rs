@@ -40,6 +40,8 @@ pub(crate) struct Tracker {
     /// Set when the deciding variant learns.
     pub(crate) observation: Option<Observation>,
     pub(crate) label: VariantLabel,
+    /// The door the request came in by (its cache figures are counted by door).
+    pub(crate) door: ringmaster_api::Door,
     pub(crate) started: Instant,
     /// The request's start as the traffic recording has it, when recording.
     pub(crate) record: Option<crate::record::RecordStart>,
@@ -146,6 +148,19 @@ impl Tracker {
         if let Some(variant) = &self.variant {
             variant.stats.record_cache(cached_tokens, prompt_tokens);
         }
+        let labels = crate::metrics::DoorVariantLabels {
+            door: self.door.route(),
+            variant: self.label.variant.clone(),
+        };
+        let metrics = &self.gateway.metrics;
+        metrics
+            .prefix_cached_tokens
+            .get_or_create(&labels)
+            .inc_by(u64::from(cached_tokens));
+        metrics
+            .prompt_tokens
+            .get_or_create(&labels)
+            .inc_by(u64::from(prompt_tokens));
         self.observe((prompt_tokens, cached_tokens, output_tokens), None);
     }
 

@@ -157,6 +157,10 @@ pub struct Seen {
     pub policy_time: Option<std::time::Duration>,
     /// Servers in the snapshot it decided on.
     pub candidates: usize,
+    /// The prompt tokens the best-placed candidate held, and those the chosen one held, as
+    /// the gateway's cache view estimated them: what the router could have had, and what it
+    /// took.
+    pub reach: (u64, u64),
 }
 
 /// What routing can answer besides a server.

@@ -59,6 +59,7 @@ impl RouterSlot {
         let Some((decision, mut in_flight)) = routed else {
             return RouteOutcome::NoServers;
         };
+        let reach = view.reach(decision.server.id(), request.prompt_tokens);
         let uncached = view.uncached_tokens(decision.server.id(), request.prompt_tokens);
         in_flight.charge_prefill(uncached);
         if let Some(variant) = &variant {
@@ -73,6 +74,7 @@ impl RouterSlot {
                 uncached_tokens: uncached,
                 policy_time,
                 candidates: snapshot.servers.len(),
+                reach,
             },
             decision,
             in_flight,

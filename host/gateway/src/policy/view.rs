@@ -148,6 +148,28 @@ impl PoolView<'_> {
 }
 
 impl PoolView<'_> {
+    /// The prompt tokens the best-placed server holds, and those `chosen` holds: hashes
+    /// held over the prompt's chunks, of its `prompt_tokens` (the matches are found now if
+    /// no policy asked for them).
+    pub(crate) fn reach(&self, chosen: &str, prompt_tokens: u32) -> (u64, u64) {
+        let matches = self.matches.get_or_init(|| {
+            prefix_matches(self.snapshot, self.prefixes, (self.input, self.chat))
+                .into_iter()
+                .filter(|m| m.hashes > 0)
+                .map(|m| (m.server, m.hashes))
+                .collect()
+        });
+        let chunks = self.input.prompt_chunks.max(self.input.prefix_hashes.len());
+        if chunks == 0 {
+            return (0, 0);
+        }
+        let tokens = |held: u32| {
+            u64::from(prompt_tokens) * (held as usize).min(chunks) as u64 / chunks as u64
+        };
+        let best = matches.iter().map(|(_, n)| *n).max().unwrap_or(0);
+        (tokens(best), tokens(matched_hashes(matches, chosen)))
+    }
+
     /// The leading prefix hashes `server` was found to hold, when a call asked.
     pub(crate) fn matched(&self, server: &str) -> Option<u32> {
         self.matches

@@ -123,6 +123,14 @@ impl ReplyMachine {
                 sink.event(ReplyEvent::Start { usage: self.usage });
                 None
             }
+            // Reasoning is the model's own working: shown where the client asked, counted,
+            // never held back by the filter (which judges what the client is answered).
+            Some(GenerateEvent::Reasoning { text }) => {
+                self.generated += 1;
+                tracker.generated(1);
+                sink.event(ReplyEvent::Reasoning(&text));
+                None
+            }
             Some(GenerateEvent::Token { text }) => {
                 self.generated += 1;
                 tracker.generated(1);

@@ -21,6 +21,7 @@ use tracing::debug;
 use super::{EARLY_KEEP_ALIVE, Ended, Frames, ReplyMachine};
 use crate::body::ResponseBody;
 use crate::call::track::Tracker;
+use crate::responses::Saver;
 
 /// The reply as server-sent events, produced as the client's connection asks for them. With
 /// `relayed` (a server reply kept for a relay, to a client of the server's API), the server's
@@ -30,6 +31,7 @@ pub(crate) fn response(
     mut writer: StreamWriter,
     (generation, relayed): (GenerationStream, bool),
     in_flight: InFlight,
+    saver: Option<Saver>,
 ) -> Response<ResponseBody> {
     if relayed {
         writer.relay_from(false);
@@ -40,7 +42,12 @@ pub(crate) fn response(
         timer: Box::pin(tokio::time::sleep(every)),
         last_sent: tokio::time::Instant::now(),
     });
+    let cancelled = saver
+        .as_ref()
+        .map(|saver| Box::pin(saver.cancel.clone().cancelled_owned()));
     let body = SseReply {
+        saver,
+        cancelled,
         writer,
         ping,
         tracker,
@@ -72,6 +79,10 @@ const IDLE_ROUNDS: usize = 2;
 /// A streamed reply as a response body. When the client goes away, hyper drops the body, and
 /// with it the generation, which cancels it on its server.
 struct SseReply {
+    /// A Responses reply's store and cancellation (`None` on the other doors).
+    saver: Option<Saver>,
+    /// Fires when the response is cancelled (`POST /v1/responses/{id}/cancel`).
+    cancelled: Option<Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>>,
     /// Writes the door's events.
     writer: StreamWriter,
     tracker: Tracker,
@@ -135,6 +146,20 @@ impl SseReply {
         let Some(generation) = self.generation.as_mut() else {
             return Poll::Ready(false);
         };
+        if self.ended.is_none()
+            && let Some(cancelled) = self.cancelled.as_mut()
+            && cancelled.as_mut().poll(cx).is_ready()
+        {
+            self.cancelled = None;
+            let mut frames = Frames {
+                writer: &mut self.writer,
+                out: &mut self.out,
+            };
+            let cancel = GenerateEvent::Failed {
+                message: crate::responses::CANCELLED.to_owned(),
+            };
+            self.ended = self.machine.on(&self.tracker, Some(cancel), &mut frames);
+        }
         let mut took = false;
         while self.ended.is_none() {
             match generation.poll_next(cx) {
@@ -181,6 +206,12 @@ impl SseReply {
             }
             self.generation = None;
             self.in_flight = None;
+            if let (Some(saver), Some(response)) =
+                (self.saver.take(), self.writer.finished_response())
+            {
+                saver.finished(&response);
+            }
+            return Poll::Ready(true);
         }
         Poll::Ready(took)
     }

@@ -171,18 +171,39 @@ impl ReplyDecoder {
                 ChunkKind::Other
             };
         };
-        let (content, tool_calls) = match (choice.delta, choice.message) {
-            (Some(delta), _) => (delta.content, delta.tool_calls.unwrap_or_default()),
-            (None, Some(message)) => (message.content, message.tool_calls.unwrap_or_default()),
-            (None, None) => (None, Vec::new()),
+        let (content, tool_calls, reasoning) = match (choice.delta, choice.message) {
+            (Some(delta), _) => (
+                delta.content,
+                delta.tool_calls.unwrap_or_default(),
+                delta.reasoning_content.or(delta.reasoning),
+            ),
+            (None, Some(message)) => (
+                message.content,
+                message.tool_calls.unwrap_or_default(),
+                message.reasoning_content.or(message.reasoning),
+            ),
+            (None, None) => (None, Vec::new(), None),
         };
         let text = content.or(choice.text).unwrap_or_default().0;
+        let reasoning = reasoning.unwrap_or_default().0;
         let finish = choice.finish_reason.as_deref().map(|reason| {
             let matched = choice.stop_reason.or(choice.matched_stop);
             finish_reason(reason, matched)
         });
-        if has_usage || !text.is_empty() || !tool_calls.is_empty() || finish.is_some() {
+        if has_usage
+            || !text.is_empty()
+            || !reasoning.is_empty()
+            || !tool_calls.is_empty()
+            || finish.is_some()
+        {
             self.start(out);
+        }
+        if !reasoning.is_empty() {
+            self.text_chunks += 1;
+            self.text_bytes += reasoning.len();
+            out.push(GenerateEvent::Reasoning {
+                text: reasoning.into_owned(),
+            });
         }
         if !text.is_empty() {
             self.text_chunks += 1;
@@ -220,7 +241,7 @@ impl ReplyDecoder {
         ChunkKind::Content { finish: finished }
     }
 
-    fn start(&mut self, out: &mut Vec<GenerateEvent>) {
+    pub(super) fn start(&mut self, out: &mut Vec<GenerateEvent>) {
         if !self.started {
             self.started = true;
             out.push(GenerateEvent::Started {

@@ -1,12 +1,14 @@
 //! Remote servers as pool servers: any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's
-//! server, Ollama) or a `ringmaster worker`, reached over HTTP.
+//! server, Ollama), a `ringmaster worker`, or a server of Anthropic's Messages API or OpenAI's
+//! Responses API, reached over HTTP.
 //!
-//! A request goes to the server's `/v1/chat/completions` (or `/v1/completions` for a raw
-//! prompt), streamed, asking for usage (`stream_options.include_usage`, and vLLM's
-//! `continuous_usage_stats` so that cached-token counts arrive with the first token). The reply
-//! is read as bytes ([`sse`]) and decoded with typed, borrowing structs ([`chunks`]) into the
-//! same [`GenerateEvent`]s a local engine sends, so the rest of the gateway does not know the
-//! difference. Every stream shape those servers send is handled; see the README's table.
+//! A request goes to the endpoint of the server's API ([`request::Endpoint`]):
+//! `/v1/chat/completions` (or `/v1/completions` for a raw prompt), streamed, asking for usage
+//! (`stream_options.include_usage`, and vLLM's `continuous_usage_stats` so that cached-token
+//! counts arrive with the first token); `/v1/messages`; `/v1/responses`. The reply is read as
+//! bytes ([`sse`]) and decoded with typed, borrowing structs ([`chunks`], [`dialects`]) into
+//! the same [`GenerateEvent`]s a local engine sends, so the rest of the gateway does not know
+//! the difference. Every stream shape those servers send is handled; see the README's table.
 //!
 //! Connections are pooled per server and reused: the body of every reply is read to its end
 //! (after the last event has gone to the client) so that its connection goes back to the pool.
@@ -33,6 +35,7 @@
 pub mod adapters;
 mod chunks;
 mod conn;
+pub mod dialects;
 pub mod engine_events;
 pub mod engine_metrics;
 mod follow;
@@ -55,10 +58,8 @@ pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
 pub use follow::LoadSource;
 pub use health::{Health, RemoteError};
 pub use reader::ReplyReader;
-pub use request::UpstreamRequest;
+pub use request::{Endpoint, Target, UpstreamRequest};
 pub use sse::{SseDecoder, SseError};
-
-use request::Endpoint;
 
 use conn::{ConnError, Http1Pool, Lease};
 use reply::RemoteReply;
@@ -99,9 +100,11 @@ pub enum ReplyMode {
 #[derive(Debug)]
 pub struct RemoteWorker {
     url: String,
-    /// The two endpoints, parsed once (origin-form for HTTP/1.1, absolute for HTTP/2).
+    /// The endpoints, parsed once (origin-form for HTTP/1.1, absolute for HTTP/2).
     chat_url: http::Uri,
     completions_url: http::Uri,
+    messages_url: http::Uri,
+    responses_url: http::Uri,
     /// For the health polls and the KV event stream.
     client: reqwest::Client,
     /// For requests.
@@ -193,6 +196,8 @@ impl RemoteWorker {
         let worker = Arc::new(Self {
             chat_url: endpoint("/v1/chat/completions"),
             completions_url: endpoint("/v1/completions"),
+            messages_url: endpoint("/v1/messages"),
+            responses_url: endpoint("/v1/responses"),
             url,
             client,
             transport,
@@ -360,18 +365,37 @@ impl RemoteWorker {
         let endpoint = match request.endpoint {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
+            Endpoint::Messages => self.messages_url.clone(),
+            Endpoint::Responses => self.responses_url.clone(),
         };
         let mut http_request = http::Request::post(endpoint)
             .header(http::header::CONTENT_TYPE, "application/json")
+            .header(
+                http::header::ACCEPT,
+                if whole {
+                    "application/json"
+                } else {
+                    "text/event-stream"
+                },
+            )
             .body(http_body_util::Full::new(request.body.clone()))
             .map_err(|e| RemoteError::Broken {
                 url: self.url.clone(),
                 why: format!("could not build the request: {e}"),
             })?;
-        for (name, value) in &request.trace_context {
+        for (name, value) in request.trace_context.iter().chain(&request.headers) {
             http_request
                 .headers_mut()
                 .insert(name.clone(), value.clone());
+        }
+        if request.endpoint == Endpoint::Messages
+            && !http_request.headers().contains_key("anthropic-version")
+        {
+            // Every Messages server requires the version; the one Claude Code sends.
+            http_request.headers_mut().insert(
+                "anthropic-version",
+                http::HeaderValue::from_static("2023-06-01"),
+            );
         }
         let (response, mut lease) = tokio::time::timeout(headers_timeout, self.send(http_request))
             .await
@@ -405,14 +429,14 @@ impl RemoteWorker {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         if json_answer {
-            let events = read_whole(response, lease, &self.settings).await;
+            let events = read_whole(response, lease, &self.settings, request.endpoint.api()).await;
             return self.started(GenerationStream::from_events(events)).await;
         }
         let reply = RemoteReply::new(
             response.into_body(),
             lease,
             &self.settings,
-            request.mode == ReplyMode::Relayed,
+            (request.endpoint.api(), request.mode == ReplyMode::Relayed),
             (self.url.clone(), request.request_id.clone()),
         );
         self.started(GenerationStream::from_source(Box::new(reply)))
@@ -491,8 +515,9 @@ async fn read_whole(
     response: http::Response<Incoming>,
     mut lease: Option<Lease>,
     settings: &UpstreamSettings,
+    api: ringmaster_wire::Api,
 ) -> Vec<GenerateEvent> {
-    let mut decoder = ReplyDecoder::default();
+    let mut decoder = dialects::Decoder::of(api);
     let mut events = Vec::new();
     match read_body(response.into_body(), &mut lease, settings).await {
         Ok(bytes) => decoder.whole(&bytes, &mut events),
@@ -568,7 +593,7 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use request::wire_request;
+    use request::{Target, wire_request};
     use ringmaster_gpu_runtime::{GenerateRequest, RelayState};
 
     /// What the relay does with a reply's bytes, read `split` bytes at a time.
@@ -690,6 +715,8 @@ mod tests {
             prompt: Some("x".into()),
             priority: 0,
             tools: None,
+            effort: None,
+            output_format: None,
         }
     }
 
@@ -778,19 +805,38 @@ mod tests {
             prompt: None,
             priority: 3,
             tools: None,
+            effort: Some(ringmaster_gpu_runtime::Effort::High),
+            output_format: None,
         };
-        let (path, body) = wire_request(&request, "served-name", false);
+        let (path, body) = wire_request(&request, "served-name", false, Target::default());
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, Endpoint::Chat);
         assert_eq!(body["model"], "served-name");
         assert_eq!(body["messages"][0]["role"], "system");
         assert_eq!(body["messages"][1]["content"], "Hi");
+        assert!(
+            body.get("ringmaster_priority").is_none(),
+            "only a ringmaster worker is told its priority"
+        );
+        assert!(
+            body.get("reasoning_effort").is_none(),
+            "only a reasoning server is told the effort"
+        );
+        let worker = Target {
+            ringmaster: true,
+            reasoning: true,
+            vllm: true,
+            ..Target::default()
+        };
+        let (_, body) = wire_request(&request, "served-name", false, worker);
+        let body = serde_json::to_value(body).unwrap();
         assert_eq!(body["ringmaster_priority"], 3);
+        assert_eq!(body["reasoning_effort"], "high");
         assert_eq!(body["stop"], serde_json::json!(["x"]));
         assert_eq!(body["stream_options"]["include_usage"], true);
         assert!(body.get("temperature").is_none());
         request.prompt = Some("Once".into());
-        let (path, body) = wire_request(&request, "m", false);
+        let (path, body) = wire_request(&request, "m", false, Target::default());
         let body = serde_json::to_value(body).unwrap();
         assert_eq!(path, Endpoint::Completions);
         assert_eq!(body["prompt"], "Once");

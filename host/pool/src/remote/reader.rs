@@ -1,20 +1,23 @@
 //! [`ReplyReader`]: a server's streamed reply, bytes in, engine events out, with the SSE split
-//! and the chunk decoding as one step (no I/O: the relay, the proptests and the fuzz target
-//! all read replies through it). With a relay, the server's own content chunks are kept too.
+//! and the decoding of its API's events as one step (no I/O: the relay, the proptests and the
+//! fuzz target all read replies through it). With a relay, a chat server's own content chunks
+//! are kept too.
 
 use ringmaster_gpu_runtime::{GenerateEvent, RelayState};
+use ringmaster_wire::Api;
 
-use super::chunks::{ChunkKind, ReplyDecoder};
+use super::chunks::ChunkKind;
+use super::dialects::Decoder;
 use super::sse::SseDecoder;
 
 /// A server's streamed reply, bytes in, engine events out: the SSE split ([`SseDecoder`]) and
-/// the chunk decoding ([`ReplyDecoder`]) as one step, with no I/O (the relay, the proptests and
+/// the decoding ([`Decoder`], for the server's API) as one step, with no I/O (the relay, the proptests and
 /// the fuzz target all read replies through it). With a relay, the server's own content chunks
 /// are also kept, as the SSE frames it sent, for a client that speaks the server's API.
 #[derive(Debug)]
 pub struct ReplyReader {
     sse: SseDecoder,
-    decoder: ReplyDecoder,
+    decoder: Decoder,
     /// `None`: no relay.
     relay: Option<Relay>,
 }
@@ -30,7 +33,7 @@ struct Relay {
 
 /// Decodes one event's data, keeping it for the relay when it was content.
 fn read_event(
-    decoder: &mut ReplyDecoder,
+    decoder: &mut Decoder,
     relay: &mut Option<Relay>,
     data: &[u8],
     out: &mut Vec<GenerateEvent>,
@@ -45,11 +48,17 @@ fn read_event(
 }
 
 impl ReplyReader {
-    /// A reader that cuts off any line or event longer than `limit` bytes.
+    /// A reader of a chat server's reply that cuts off any line or event longer than
+    /// `limit` bytes.
     pub fn new(limit: usize) -> Self {
+        Self::of(Api::Chat, limit)
+    }
+
+    /// A reader of a reply in `api`'s events.
+    pub fn of(api: Api, limit: usize) -> Self {
         Self {
             sse: SseDecoder::new(limit),
-            decoder: ReplyDecoder::default(),
+            decoder: Decoder::of(api),
             relay: None,
         }
     }

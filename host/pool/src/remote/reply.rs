@@ -46,12 +46,13 @@ pub(super) struct RemoteReply {
 }
 
 impl RemoteReply {
-    /// With `relay`, the server's content chunks are kept for a client that speaks its API.
+    /// The reply is in `api`'s events; with `relay`, a chat server's content chunks are kept
+    /// for a client that speaks its API.
     pub(super) fn new(
         body: Incoming,
         lease: Option<Lease>,
         settings: &UpstreamSettings,
-        relay: bool,
+        (api, relay): (ringmaster_wire::Api, bool),
         ids: (String, String),
     ) -> Self {
         let gap = settings.chunk_gap_timeout;
@@ -59,7 +60,7 @@ impl RemoteReply {
         let reader = if relay {
             ReplyReader::relaying(settings.max_event_bytes)
         } else {
-            ReplyReader::new(settings.max_event_bytes)
+            ReplyReader::of(api, settings.max_event_bytes)
         };
         Self {
             body: Some(body),

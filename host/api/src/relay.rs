@@ -1,0 +1,380 @@
+//! A body relayed to a server that speaks the client's own API: the client's JSON as it came,
+//! with only what routing must set changed ([`RelayEdits`]): the model's served name, the
+//! volatile system-prompt lines taken out, a chat stream's usage asked for, a Responses
+//! request's earlier conversation put in front of its input (the gateway keeps the responses,
+//! not the server), and, with `[api] unknown_fields = "drop"`, the unknown fields taken out.
+//! Everything else, fields this gateway has never heard of included, reaches the server as
+//! the client wrote it, so engines that understand more than the gateway serve it.
+//!
+//! The body is read once at its top level (each value's JSON text borrowed, not parsed); only
+//! a value that is edited is parsed and written again.
+
+use std::fmt;
+
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use crate::Door;
+use crate::error::ApiError;
+use crate::volatile::VolatileLines;
+
+/// What a relayed body changes.
+#[derive(Clone, Copy, Debug)]
+pub struct RelayEdits<'a> {
+    /// The model's name on the server.
+    pub model: &'a str,
+    /// The volatile lines to take out (`None`: the server gets them, or there are none).
+    pub volatile: Option<&'a VolatileLines>,
+    /// Paths of unknown fields to take out (`[api] unknown_fields = "drop"`).
+    pub drop: &'a [String],
+    /// A chat stream asks for its usage (the gateway counts tokens from it).
+    pub stream_usage: bool,
+    /// And for it in every chunk (vLLM's `continuous_usage_stats`: the cached-token count
+    /// with the first token), for a server known to take it.
+    pub usage_stats: bool,
+    /// A Responses request's earlier conversation (a JSON array's text), put before its
+    /// input; the server stores nothing and is told of no earlier response.
+    pub prior_items: Option<&'a str>,
+}
+
+/// The body's top level: each key with its value's JSON text, in order.
+struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Entries;
+        impl<'de> Visitor<'de> for Entries {
+            type Value = TopLevel<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(16));
+                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
+                    entries.push(entry);
+                }
+                Ok(TopLevel(entries))
+            }
+        }
+        deserializer.deserialize_map(Entries)
+    }
+}
+
+/// The body `door`'s client sent, as the server of the same API gets it.
+pub fn relay_body(door: Door, body: &[u8], edits: &RelayEdits<'_>) -> Result<Vec<u8>, ApiError> {
+    let TopLevel(entries) = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("request body is not a JSON object: {e}")))?;
+    let streamed = entries
+        .iter()
+        .any(|(k, v)| k == "stream" && v.get().trim() == "true");
+    let mut out: Vec<(String, Value)> = Vec::new();
+    let mut edited: Vec<(String, String)> = Vec::with_capacity(entries.len() + 2);
+    let mut saw_stream_options = false;
+    for (key, value) in &entries {
+        if edits.drop.iter().any(|path| path == key) {
+            continue;
+        }
+        let nested: Vec<&str> = edits
+            .drop
+            .iter()
+            .filter_map(|path| path.strip_prefix(key.as_str())?.strip_prefix('.'))
+            .collect();
+        let text = match (door, key.as_str()) {
+            (_, "model") => Some(Value::from(edits.model)),
+            (Door::Messages, "system") if edits.volatile.is_some() => edits
+                .volatile
+                .map(|v| messages_system(value, v))
+                .transpose()?,
+            (Door::Chat, "messages") if edits.volatile.is_some() => edits
+                .volatile
+                .map(|v| chat_messages(value, v))
+                .transpose()?,
+            (Door::Chat, "stream_options") if streamed && edits.stream_usage => {
+                saw_stream_options = true;
+                let mut options: Value = parse(value)?;
+                if let Some(options) = options.as_object_mut() {
+                    options.insert("include_usage".into(), true.into());
+                    if edits.usage_stats {
+                        options.insert("continuous_usage_stats".into(), true.into());
+                    }
+                }
+                Some(options)
+            }
+            (Door::Responses, "instructions") if edits.volatile.is_some() => {
+                match (value.get().starts_with('"'), edits.volatile) {
+                    (true, Some(volatile)) => {
+                        let text: String = parse(value)?;
+                        Some(Value::from(volatile.take_out(text).0))
+                    }
+                    _ => None,
+                }
+            }
+            (Door::Responses, "input") => Some(responses_input(value, edits)?),
+            (Door::Responses, "previous_response_id") if edits.prior_items.is_some() => continue,
+            (Door::Responses, "store") => Some(Value::from(false)),
+            _ => None,
+        };
+        let text = match (text, nested.is_empty()) {
+            (None, true) => value.get().to_owned(),
+            (text, _) => {
+                let mut value = match text {
+                    Some(value) => value,
+                    None => parse(value)?,
+                };
+                for path in nested {
+                    remove_path(&mut value, path);
+                }
+                serde_json::to_string(&value).unwrap_or_default()
+            }
+        };
+        edited.push((key.clone(), text));
+    }
+    if door == Door::Chat && streamed && edits.stream_usage && !saw_stream_options {
+        let options = if edits.usage_stats {
+            serde_json::json!({"include_usage": true, "continuous_usage_stats": true})
+        } else {
+            serde_json::json!({"include_usage": true})
+        };
+        out.push(("stream_options".into(), options));
+    }
+    if door == Door::Responses && !entries.iter().any(|(k, _)| k == "store") {
+        out.push(("store".into(), false.into()));
+    }
+    let mut body = Vec::with_capacity(body.len() + 64);
+    body.push(b'{');
+    let mut first = true;
+    let mut write = |key: &str, text: &str, body: &mut Vec<u8>| {
+        if !first {
+            body.push(b',');
+        }
+        first = false;
+        ringmaster_wire::sse::json_string(body, key);
+        body.push(b':');
+        body.extend_from_slice(text.as_bytes());
+    };
+    for (key, text) in &edited {
+        write(key, text, &mut body);
+    }
+    for (key, value) in &out {
+        write(key, &value.to_string(), &mut body);
+    }
+    body.push(b'}');
+    Ok(body)
+}
+
+fn parse<T: serde::de::DeserializeOwned>(value: &RawValue) -> Result<T, ApiError> {
+    serde_json::from_str(value.get()).map_err(|e| ApiError::invalid(format!("request body: {e}")))
+}
+
+/// Removes the field at a dotted path (`messages.0.content.1.colour`) from `value`.
+fn remove_path(value: &mut Value, path: &str) {
+    let mut segments: Vec<&str> = path.split('.').collect();
+    let Some(last) = segments.pop() else {
+        return;
+    };
+    let mut at = value;
+    for segment in segments {
+        at = match at {
+            Value::Object(map) => match map.get_mut(segment) {
+                Some(next) => next,
+                None => return,
+            },
+            Value::Array(list) => match segment.parse::<usize>().ok().and_then(|i| list.get_mut(i))
+            {
+                Some(next) => next,
+                None => return,
+            },
+            _ => return,
+        };
+    }
+    if let Value::Object(map) = at {
+        map.remove(last);
+    }
+}
+
+/// A Messages `system` (text, or text blocks) without its volatile lines; blocks left empty
+/// go.
+fn messages_system(value: &RawValue, volatile: &VolatileLines) -> Result<Value, ApiError> {
+    let mut system: Value = parse(value)?;
+    match &mut system {
+        Value::String(text) => *text = volatile.take_out(std::mem::take(text)).0,
+        Value::Array(blocks) => {
+            for block in blocks.iter_mut() {
+                if let Some(Value::String(text)) = block.get_mut("text") {
+                    *text = volatile.take_out(std::mem::take(text)).0;
+                }
+            }
+            blocks.retain(|block| {
+                block.get("type").and_then(Value::as_str) != Some("text")
+                    || block
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .is_some_and(|t| !t.is_empty())
+            });
+        }
+        _ => {}
+    }
+    Ok(system)
+}
+
+/// Takes the volatile lines out of a message's content (text, or parts with text).
+fn strip_content(content: &mut Value, volatile: &VolatileLines) {
+    match content {
+        Value::String(text) => *text = volatile.take_out(std::mem::take(text)).0,
+        Value::Array(parts) => {
+            for part in parts {
+                if let Some(Value::String(text)) = part.get_mut("text") {
+                    *text = volatile.take_out(std::mem::take(text)).0;
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A chat's `messages` with the volatile lines out of its leading system and developer
+/// messages.
+fn chat_messages(value: &RawValue, volatile: &VolatileLines) -> Result<Value, ApiError> {
+    let mut messages: Value = parse(value)?;
+    if let Value::Array(list) = &mut messages {
+        for message in list.iter_mut() {
+            let leading = matches!(
+                message.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            );
+            if !leading {
+                break;
+            }
+            if let Some(content) = message.get_mut("content") {
+                strip_content(content, volatile);
+            }
+        }
+    }
+    Ok(messages)
+}
+
+/// A Responses `input` as items, after the earlier conversation, with the volatile lines out
+/// of its leading developer and system messages.
+fn responses_input(value: &RawValue, edits: &RelayEdits<'_>) -> Result<Value, ApiError> {
+    let input: Value = parse(value)?;
+    let mut items: Vec<Value> = match edits.prior_items {
+        Some(prior) => serde_json::from_str(prior)
+            .map_err(|e| ApiError::internal(format!("a stored response is unreadable: {e}")))?,
+        None => Vec::new(),
+    };
+    match input {
+        Value::String(text) => items.push(serde_json::json!({
+            "type": "message", "role": "user", "content": text,
+        })),
+        Value::Array(list) => items.extend(list),
+        other => items.push(other),
+    }
+    if let Some(volatile) = edits.volatile {
+        for item in items.iter_mut() {
+            let leading = matches!(
+                item.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            );
+            if !leading {
+                break;
+            }
+            if let Some(content) = item.get_mut("content") {
+                strip_content(content, volatile);
+            }
+        }
+    }
+    Ok(Value::Array(items))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edits<'a>(volatile: Option<&'a VolatileLines>) -> RelayEdits<'a> {
+        RelayEdits {
+            model: "served",
+            volatile,
+            drop: &[],
+            stream_usage: true,
+            usage_stats: false,
+            prior_items: None,
+        }
+    }
+
+    fn relay(door: Door, body: &str, edits: &RelayEdits<'_>) -> Value {
+        serde_json::from_slice(&relay_body(door, body.as_bytes(), edits).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_messages_body_keeps_every_field_but_the_model_and_the_billing_line() {
+        let volatile = VolatileLines::new([crate::volatile::CLAUDE_CODE_BILLING_LINE]).unwrap();
+        let body = r#"{"model":"claude-opus","max_tokens":32000,"context_management":{"edits":[]},
+            "system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1; cch=ab12;"},
+                      {"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}],
+            "messages":[{"role":"user","content":"hi"}],"colour":"blue"}"#;
+        let relayed = relay(Door::Messages, body, &edits(Some(&volatile)));
+        assert_eq!(relayed["model"], "served");
+        assert_eq!(
+            relayed["context_management"],
+            serde_json::json!({"edits": []})
+        );
+        assert_eq!(relayed["colour"], "blue");
+        assert_eq!(
+            relayed["system"],
+            serde_json::json!([{"type":"text","text":"You are Claude Code.","cache_control":{"type":"ephemeral"}}])
+        );
+        // For a server that wants the line (Anthropic's own API): untouched.
+        let kept = relay(Door::Messages, body, &edits(None));
+        assert_eq!(
+            kept["system"][0]["text"],
+            "x-anthropic-billing-header: cc_version=1; cch=ab12;"
+        );
+        // With unknown fields dropped, nested ones too.
+        let drop = ["colour".to_owned(), "messages.0.shade".to_owned()];
+        let dropping = RelayEdits {
+            drop: &drop,
+            ..edits(None)
+        };
+        let relayed = relay(
+            Door::Messages,
+            r#"{"model":"m","colour":1,"messages":[{"role":"user","content":"x","shade":2}]}"#,
+            &dropping,
+        );
+        assert_eq!(
+            relayed,
+            serde_json::json!({"model":"served","messages":[{"role":"user","content":"x"}]})
+        );
+    }
+
+    #[test]
+    fn a_chat_stream_asks_for_usage_and_a_responses_body_carries_its_conversation() {
+        let relayed = relay(
+            Door::Chat,
+            r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],"logit_bias":{}}"#,
+            &edits(None),
+        );
+        assert_eq!(relayed["stream_options"]["include_usage"], true);
+        assert_eq!(relayed["logit_bias"], serde_json::json!({}));
+        let prior = r#"[{"type":"message","role":"user","content":"2+2?"},{"type":"message","role":"assistant","content":[{"type":"output_text","text":"4"}]}]"#;
+        let relayed = relay(
+            Door::Responses,
+            r#"{"model":"m","previous_response_id":"resp_1","input":"And 3+3?","store":true}"#,
+            &RelayEdits {
+                prior_items: Some(prior),
+                ..edits(None)
+            },
+        );
+        assert!(relayed.get("previous_response_id").is_none());
+        assert_eq!(relayed["store"], false);
+        let input = relayed["input"].as_array().unwrap();
+        assert_eq!(input.len(), 3);
+        assert_eq!(input[2]["content"], "And 3+3?");
+        let err = relay_body(Door::Chat, b"[1]", &edits(None)).unwrap_err();
+        assert!(
+            err.message().contains("not a JSON object"),
+            "{}",
+            err.message()
+        );
+    }
+}
