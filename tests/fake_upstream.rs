@@ -422,6 +422,32 @@ impl Shapes {
         }
     }
 
+    /// A whole chat answer with its reasoning (vLLM's `reasoning_content`) and `tokens` text
+    /// tokens.
+    fn whole_reasoning(&self, tokens: usize) -> Response<Body> {
+        let text = "tok ".repeat(tokens);
+        let choice = openai::Choice {
+            message: Some(openai::ReplyMessage {
+                role: Some("assistant".into()),
+                content: Some(text.as_str().into()),
+                reasoning_content: Some("Let me think.".into()),
+                ..openai::ReplyMessage::default()
+            }),
+            finish_reason: Some("stop".into()),
+            ..openai::Choice::default()
+        };
+        json(
+            StatusCode::OK,
+            &openai::Chunk {
+                id: Some("x".into()),
+                object: Some(openai::CHAT_COMPLETION.into()),
+                choices: vec![choice],
+                usage: Some(usage(tokens + 2)),
+                ..openai::Chunk::default()
+            },
+        )
+    }
+
     /// A whole OpenAI answer with `tokens` text tokens.
     fn whole(&self, tokens: usize, finish: &str, with_usage: bool) -> Response<Body> {
         let text = "tok ".repeat(tokens);
@@ -610,8 +636,8 @@ async fn answer(
             | Behavior::EofOnly
             | Behavior::Whole
             | Behavior::Paced
-            | Behavior::Reasons
             | Behavior::SlowStart => return shapes.whole(tokens, "stop", true),
+            Behavior::Reasons => return shapes.whole_reasoning(tokens),
             Behavior::OpenAi | Behavior::Strict => return shapes.whole(tokens, "length", true),
             Behavior::ToolCalls => return shapes.whole(tokens, "tool_calls", true),
             Behavior::CallsTool => return whole_tool_call(&offered),

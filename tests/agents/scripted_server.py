@@ -6,7 +6,7 @@ with a sentence that quotes what the tool printed. Anything else (an agent's sid
 titles, summaries) gets a short text answer. It reports prompt tokens and, for a prompt that
 begins as an earlier one began, the shared part as cached (by whole 64-byte blocks of the
 rendered prompt), so a test can see a conversation keep its cache. Every request it got is
-kept, for the test to read at /requests.
+kept with its cached tokens, for the test to read at /requests.
 
 Run: python3 scripted_server.py PORT MARKER
 """
@@ -101,15 +101,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         length = int(self.headers.get("content-length") or 0)
         body = json.loads(self.rfile.read(length) or b"{}")
-        with self.state.lock:
-            self.state.requests.append(body)
         if self.path != "/v1/chat/completions":
             return self.send_json(404, {"error": {"message": f"no {self.path}", "type": "not_found"}})
         prompt = rendered(body)
+        cached = cached_tokens(self.state, prompt)
+        with self.state.lock:
+            self.state.requests.append({"body": body, "cached_tokens": cached})
         usage = {
             "prompt_tokens": max(1, len(prompt) // 4),
             "completion_tokens": 8,
-            "prompt_tokens_details": {"cached_tokens": cached_tokens(self.state, prompt)},
+            "prompt_tokens_details": {"cached_tokens": cached},
         }
         usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
         shell = shell_tool(body)

@@ -3,6 +3,7 @@
 //! simulated GPU servers and talks to it with a plain HTTP client.
 
 mod admin;
+mod agents;
 mod api;
 mod disconnect;
 mod engine_events;

@@ -142,6 +142,8 @@ pub(crate) async fn explain(
                 "hash": format!("{:016x}", input.key),
             },
             "prefix_hashes": input.prefix_hashes.len(),
+            // System-prompt lines `[routing] volatile_prefix` took out of the key and hashes.
+            "volatile_lines": call.request.volatile.as_ref().map_or(0, |lines| lines.lines().count()),
             "prefix_matches": prefix_matches,
             "candidates": candidates,
             "chosen": decision.server.id(),
