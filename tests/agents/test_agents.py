@@ -295,7 +295,7 @@ def add_fields(body, rng, additions):
     return body
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(
     seed=st.integers(0, 2**32 - 1),
     additions=st.lists(st.tuples(unknown_field(), JSON_VALUES), min_size=1, max_size=4),

@@ -71,16 +71,17 @@ def free_port():
 
 
 @contextlib.contextmanager
-def running(config):
-    """A gateway serving `config` (TOML without `listen`); yields its base URL once it
-    answers /healthz, and fails the test with its log if it does not within 30 s."""
+def running(config, args=()):
+    """A gateway serving `config` (TOML without `listen`), with the extra command-line `args`
+    (`--cluster URL`); yields its base URL once it answers /healthz, and fails the test with
+    its log if it does not within 30 s."""
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ringmaster.toml")
         with open(path, "w") as f:
             f.write(f'listen = "127.0.0.1:{port}"\n{config}')
         log = open(os.path.join(tmp, "gateway.log"), "w+")
-        proc = subprocess.Popen([binary(), "serve", "--config", path], stdout=log, stderr=log)
+        proc = subprocess.Popen([binary(), "serve", "--config", path, *args], stdout=log, stderr=log)
         url = f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + 30
@@ -100,3 +101,25 @@ def running(config):
             proc.terminate()
             proc.wait(timeout=30)
             log.close()
+
+
+@contextlib.contextmanager
+def redis():
+    """A `redis-server` of the test's own on a unix socket; yields its URL."""
+    with tempfile.TemporaryDirectory() as tmp:
+        socket_path = os.path.join(tmp, "redis.sock")
+        proc = subprocess.Popen(
+            ["redis-server", "--port", "0", "--unixsocket", socket_path, "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.time() + 10
+            while not os.path.exists(socket_path):
+                if proc.poll() is not None or time.time() > deadline:
+                    pytest.fail("redis-server did not start (tests/run installs it)")
+                time.sleep(0.02)
+            yield f"redis+unix://{socket_path}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
