@@ -1,8 +1,8 @@
 //! Trace replay on the modelled clock: routing quality measured through the real routing
 //! code, in process, deterministically, at whatever speed the machine allows.
 //!
-//! A [`Scenario`] names a trace, a fleet of simulated servers (how many, their KV capacity)
-//! and the routers to compare. [`run_scenario`] reads the trace ([`trace`]), reconstructs its
+//! A [`Scenario`] names a trace (or a made-up coding agent's traffic: [`agent`]), a fleet of
+//! simulated servers (how many, their KV capacity) and the routers to compare. [`run_scenario`] reads the trace ([`trace`]), reconstructs its
 //! conversations, renders each request as a Messages request ([`render`]), replays it once per
 //! router through a fresh gateway ([`run`]) on tokio's paused clock, computes the two oracles
 //! from the trace alone ([`oracle`]), and summarises ([`report`]). Nothing here listens on a
@@ -10,6 +10,7 @@
 //!
 //! This crate must not change how the gateway routes: it only calls it.
 
+pub mod agent;
 pub mod oracle;
 pub mod publish;
 pub mod render;
@@ -70,8 +71,8 @@ pub struct Fleet {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawScenario {
-    /// The trace, relative to the scenario file.
-    trace: String,
+    /// The trace, relative to the scenario file (none for `format = "agent"`).
+    trace: Option<String>,
     /// `mooncake` (JSONL with prefix hashes; the default) or `azure` (CSV of arrivals and
     /// token counts, prefixes from `[synthetic]`).
     format: Option<String>,
@@ -105,6 +106,63 @@ struct RawScenario {
     /// `[[scale]]`: servers added or removed during the replay.
     #[serde(default)]
     scale: Vec<RawScaleEvent>,
+    /// `[agent]`: the made-up coding agent's traffic (with `format = "agent"`).
+    agent: Option<RawAgent>,
+    /// Claude Code's billing line, one run per entry: `none` (the trace as it is), `raw` (the
+    /// line leads every system prompt, and the gateway keeps it: `[routing] volatile_prefix =
+    /// []`), `hygiene` (the line is there, and the gateway takes it out, as by default).
+    billing_line: Option<Vec<String>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAgent {
+    sessions: Option<u32>,
+    turns_min: Option<u32>,
+    turns_max: Option<u32>,
+    shared_tokens: Option<u32>,
+    first_message_tokens: Option<u32>,
+    tool_result_min: Option<u32>,
+    tool_result_max: Option<u32>,
+    output_min: Option<u32>,
+    output_max: Option<u32>,
+    session_every_s: Option<f64>,
+    think_min_s: Option<f64>,
+    think_max_s: Option<f64>,
+    seed: Option<u64>,
+}
+
+/// Whether the requests carry Claude Code's billing line, and what the gateway does with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum BillingLine {
+    /// No line: the trace as it is.
+    None,
+    /// The line, kept by the gateway (`[routing] volatile_prefix = []`).
+    Raw,
+    /// The line, taken out by the gateway (its default).
+    Hygiene,
+}
+
+impl BillingLine {
+    /// Its name in a scenario.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Raw => "raw",
+            Self::Hygiene => "hygiene",
+        }
+    }
+
+    fn parse(name: &str) -> Result<Self, String> {
+        match name {
+            "none" => Ok(Self::None),
+            "raw" => Ok(Self::Raw),
+            "hygiene" => Ok(Self::Hygiene),
+            other => Err(format!(
+                "billing_line: {other:?} is not one of none, raw, hygiene"
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -122,6 +180,8 @@ pub enum TraceFormat {
     Mooncake,
     /// Azure's CSV, with made-up prefixes.
     Azure(trace::SyntheticPrefixes),
+    /// No file: a made-up coding agent's sessions.
+    Agent(agent::AgentTrace),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -170,6 +230,8 @@ pub struct Scenario {
     pub cache_views: Vec<&'static str>,
     /// Servers added or removed during the replay, in time order.
     pub scale: Vec<ScaleEvent>,
+    /// The billing-line runs (one run per entry, view and router).
+    pub billing_lines: Vec<BillingLine>,
 }
 
 impl Scenario {
@@ -255,6 +317,28 @@ impl Scenario {
                 }
                 TraceFormat::Mooncake
             }
+            Some("agent") => {
+                let d = agent::AgentTrace::default();
+                let raw = raw.agent.clone().unwrap_or_default();
+                TraceFormat::Agent(agent::AgentTrace {
+                    sessions: raw.sessions.unwrap_or(d.sessions).max(1),
+                    turns_min: raw.turns_min.unwrap_or(d.turns_min).max(1),
+                    turns_max: raw.turns_max.unwrap_or(d.turns_max).max(1),
+                    shared_tokens: raw.shared_tokens.unwrap_or(d.shared_tokens),
+                    first_message_tokens: raw
+                        .first_message_tokens
+                        .unwrap_or(d.first_message_tokens)
+                        .max(1),
+                    tool_result_min: raw.tool_result_min.unwrap_or(d.tool_result_min),
+                    tool_result_max: raw.tool_result_max.unwrap_or(d.tool_result_max),
+                    output_min: raw.output_min.unwrap_or(d.output_min).max(1),
+                    output_max: raw.output_max.unwrap_or(d.output_max).max(1),
+                    session_every_s: raw.session_every_s.unwrap_or(d.session_every_s),
+                    think_min_s: raw.think_min_s.unwrap_or(d.think_min_s),
+                    think_max_s: raw.think_max_s.unwrap_or(d.think_max_s),
+                    seed: raw.seed.unwrap_or(d.seed),
+                })
+            }
             Some("azure") => {
                 let d = trace::SyntheticPrefixes::default();
                 let raw = raw.synthetic.unwrap_or(RawSynthetic {
@@ -273,13 +357,36 @@ impl Scenario {
                 })
             }
             Some(other) => {
-                return Err(format!("format: {other:?} is not mooncake or azure"));
+                return Err(format!("format: {other:?} is not mooncake, azure or agent"));
             }
+        };
+        if raw.agent.is_some() && !matches!(format, TraceFormat::Agent(_)) {
+            return Err("agent: only for format = \"agent\"".into());
+        }
+        let billing_lines = match raw.billing_line {
+            None => vec![BillingLine::None],
+            Some(lines) if lines.is_empty() => {
+                return Err("billing_line: name at least one of none, raw, hygiene".into());
+            }
+            Some(lines) => lines
+                .iter()
+                .map(|l| BillingLine::parse(l))
+                .collect::<Result<_, _>>()?,
+        };
+        let trace = match (&format, raw.trace) {
+            (TraceFormat::Agent(_), None) => PathBuf::from("made-up-coding-agent-sessions"),
+            (TraceFormat::Agent(_), Some(_)) => {
+                return Err(
+                    "trace: format = \"agent\" makes its own requests; name no trace".into(),
+                );
+            }
+            (_, Some(trace)) => base.join(trace),
+            (_, None) => return Err("trace: field required (the trace file)".into()),
         };
         Ok(Self {
             format,
             scale,
-            trace: base.join(raw.trace),
+            trace,
             requests: raw.requests,
             fleet: Fleet {
                 servers,
@@ -293,6 +400,7 @@ impl Scenario {
             },
             routers,
             cache_views,
+            billing_lines,
         })
     }
 
@@ -347,36 +455,56 @@ pub async fn run_scenario(
     scenario: &Scenario,
     mut progress: impl FnMut(&str),
 ) -> Result<Report, ReplayError> {
-    let requests = match scenario.format {
+    let mut requests = match scenario.format {
         TraceFormat::Mooncake => trace::load_mooncake(&scenario.trace, scenario.requests)?,
         TraceFormat::Azure(prefixes) => {
             trace::load_azure(&scenario.trace, scenario.requests, prefixes)?
         }
+        TraceFormat::Agent(shape) => shape.requests(),
     };
-    let parents = trace::previous_turns(&requests);
-    let turns = earlier_turns(&requests, &parents);
+    if let Some(limit) = scenario.requests {
+        requests.truncate(limit);
+    }
+    let (parents, turns) = match scenario.format {
+        // The made-up sessions know their turns.
+        TraceFormat::Agent(_) => {
+            let turns = agent::earlier_turns(&requests);
+            let parents = turns.iter().map(|t| (!t.is_empty()).then_some(0)).collect();
+            (parents, turns)
+        }
+        _ => {
+            let parents = trace::previous_turns(&requests);
+            let turns = earlier_turns(&requests, &parents);
+            (parents, turns)
+        }
+    };
     let shared_lru = oracle::shared_lru(&requests, scenario.capacity_trace_blocks());
     let unbounded = oracle::unbounded(&requests);
     let mut routers = Vec::new();
     let mut runs = Vec::new();
     for view in &scenario.cache_views {
         for router in &scenario.routers {
-            // With several views, each row says which one routing read.
-            let label = match scenario.cache_views.len() {
-                1 => router.clone(),
-                _ => format!("{router} · {view}"),
-            };
-            progress(&label);
-            let data = run::replay(
-                &scenario.fleet,
-                (router, view),
-                &requests,
-                &turns,
-                &scenario.scale,
-            )
-            .await?;
-            routers.push(report::summarise(&label, &data, shared_lru, unbounded));
-            runs.push(data);
+            for line in &scenario.billing_lines {
+                // With several views or lines, each row says which.
+                let mut label = router.clone();
+                if scenario.cache_views.len() > 1 {
+                    label = format!("{label} · {view}");
+                }
+                if scenario.billing_lines.len() > 1 {
+                    label = format!("{label} · billing line {}", line.name());
+                }
+                progress(&label);
+                let data = run::replay(
+                    &scenario.fleet,
+                    (router, view, *line),
+                    &requests,
+                    &turns,
+                    &scenario.scale,
+                )
+                .await?;
+                routers.push(report::summarise(&label, &data, shared_lru, unbounded));
+                runs.push(data);
+            }
         }
     }
     Ok(Report {

@@ -124,6 +124,7 @@ mod tests {
             input_tokens: input,
             output_tokens: 1,
             blocks: blocks.to_vec(),
+            session: None,
         }
     }
 

@@ -105,17 +105,54 @@ pub fn conversation(
 
 /// The JSON body of `request` as a streamed Messages request for exactly its output length.
 pub fn messages_body(request: &TraceRequest, earlier_turns: &[usize]) -> Vec<u8> {
+    messages_body_as(request, earlier_turns, false)
+}
+
+/// Claude Code's billing line for a request, new on every request as Claude Code's is (its
+/// `cch` from the request's arrival and length).
+pub fn billing_line(request: &TraceRequest) -> String {
+    let nonce = xxhash_rust::xxh3::xxh3_64(
+        &[
+            (request.arrival.as_nanos() as u64).to_le_bytes(),
+            u64::from(request.input_tokens).to_le_bytes(),
+        ]
+        .concat(),
+    );
+    format!(
+        "x-anthropic-billing-header: cc_version=2.1.328.593; cc_entrypoint=cli; cch={:05x};",
+        nonce & 0xf_ffff
+    )
+}
+
+/// [`messages_body`], the system prompt led by Claude Code's billing line when
+/// `with_billing_line`; a request of a known session names it as Claude Code does
+/// (`metadata.user_id`).
+pub fn messages_body_as(
+    request: &TraceRequest,
+    earlier_turns: &[usize],
+    with_billing_line: bool,
+) -> Vec<u8> {
     let (system, messages) = conversation(request, earlier_turns);
     let mut body = String::with_capacity(
-        system.len() + messages.iter().map(|(_, t)| t.len() + 40).sum::<usize>() + 200,
+        system.len() + messages.iter().map(|(_, t)| t.len() + 40).sum::<usize>() + 300,
     );
     let _ = write!(
         body,
         r#"{{"model":"{REPLAY_MODEL}","max_tokens":{},"stream":true,"ignore_eos":true,"#,
         request.output_tokens.max(1)
     );
-    if !system.is_empty() {
-        let _ = write!(body, r#""system":"{system}","#);
+    if let Some(session) = request.session {
+        let _ = write!(body, r#""metadata":{{"user_id":"session-{session:08x}"}},"#);
+    }
+    match (with_billing_line, system.is_empty()) {
+        (true, _) => {
+            // The words and the line need no escaping; the line break is JSON's `\n`.
+            let _ = write!(body, r#""system":"{}\n{system}","#, billing_line(request));
+        }
+        (false, false) => {
+            let _ = write!(body, r#""system":"{system}","#);
+        }
+        (false, true) => {}
     }
     body.push_str(r#""messages":["#);
     for (index, (is_user, text)) in messages.iter().enumerate() {
@@ -141,6 +178,7 @@ mod tests {
             input_tokens: input,
             output_tokens: 7,
             blocks: blocks.to_vec(),
+            session: None,
         }
     }
 

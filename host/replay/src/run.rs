@@ -22,9 +22,9 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::render::{REPLAY_MODEL, messages_body};
+use crate::render::{REPLAY_MODEL, messages_body_as};
 use crate::trace::TraceRequest;
-use crate::{Fleet, ReplayError, ScaleChange, ScaleEvent};
+use crate::{BillingLine, Fleet, ReplayError, ScaleChange, ScaleEvent};
 
 /// The policies' call deadline in a replay. Deadlines are wall-clock time: at the gateway's
 /// default (5 ms) a slow machine would fault calls a fast one completes, and a replay's
@@ -125,14 +125,29 @@ pub struct RunData {
 /// `?key=value&...` for the policy's own configuration), with routing reading the servers'
 /// caches through `cache_view` (`[simulator] cache_view`).
 pub fn gateway_config(fleet: &Fleet, (router, cache_view): (&str, &str)) -> String {
+    gateway_config_with(fleet, (router, cache_view), true)
+}
+
+/// [`gateway_config`], with the gateway taking the volatile system-prompt lines out
+/// (`hygiene`, its default) or keeping them (`[routing] volatile_prefix = []`).
+pub fn gateway_config_with(
+    fleet: &Fleet,
+    (router, cache_view): (&str, &str),
+    hygiene: bool,
+) -> String {
     let mut toml = format!(
         "listen = \"127.0.0.1:0\"\nmodels = [\"{REPLAY_MODEL}\"]\n\
          [limits]\nmax_body_bytes = {}\nmax_output_tokens = 1000000\nmax_waiting_per_server = 1000000000\n\
-         [routing]\nload_factor = {}\nmax_prefix_hashes = {}\n\
+         [routing]\nload_factor = {}\nmax_prefix_hashes = {}\n{}\
          [policies]\ncall_deadline_ms = {POLICY_CALL_DEADLINE_MS}\n",
         256 * 1024 * 1024,
         fleet.load_factor,
         fleet.max_prefix_hashes,
+        if hygiene {
+            ""
+        } else {
+            "volatile_prefix = []\n"
+        },
     );
     if let Some(guard) = &fleet.router_bounded_load {
         toml.push_str(&format!(
@@ -192,12 +207,13 @@ pub fn gateway_config(fleet: &Fleet, (router, cache_view): (&str, &str)) -> Stri
 /// turns) through a fresh gateway routed by `router`.
 pub async fn replay(
     fleet: &Fleet,
-    (router, cache_view): (&str, &str),
+    (router, cache_view, line): (&str, &str, BillingLine),
     requests: &[TraceRequest],
     turns: &[Vec<usize>],
     scale: &[ScaleEvent],
 ) -> Result<RunData, ReplayError> {
-    let config = RawConfig::from_toml(&gateway_config(fleet, (router, cache_view)))
+    let hygiene = line != BillingLine::Raw;
+    let config = RawConfig::from_toml(&gateway_config_with(fleet, (router, cache_view), hygiene))
         .and_then(RawConfig::validate)
         .map_err(|e| ReplayError::Config(e.to_string()))?;
     let gateway =
@@ -217,7 +233,11 @@ pub async fn replay(
             scaled.push(apply_scale(&gateway, event, &known));
         }
         tokio::time::sleep_until(start + arrival).await;
-        let body = Bytes::from(messages_body(request, &turns[index]));
+        let body = Bytes::from(messages_body_as(
+            request,
+            &turns[index],
+            line != BillingLine::None,
+        ));
         running.spawn(one_request(gateway.clone(), index, body, start));
     }
     // Events after the last arrival still happen, while the last replies run.

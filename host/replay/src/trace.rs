@@ -56,6 +56,9 @@ pub struct TraceRequest {
     /// The prompt's block ids, one per [`TRACE_BLOCK_TOKENS`] tokens (the last may be
     /// partial).
     pub blocks: Vec<u64>,
+    /// The conversation it belongs to, where the trace says (a made-up agent trace does;
+    /// Mooncake's and Azure's do not).
+    pub session: Option<u64>,
 }
 
 impl TraceRequest {
@@ -129,6 +132,7 @@ pub fn parse_mooncake(
             input_tokens: parsed.input_length,
             output_tokens: parsed.output_length,
             blocks: parsed.hash_ids,
+            session: None,
         });
     }
     // Stable: requests at one timestamp keep the file's order.
@@ -263,6 +267,7 @@ pub fn parse_azure(
             input_tokens: input,
             output_tokens: output,
             blocks: prefixes.blocks(requests.len(), input),
+            session: None,
         });
     }
     requests.sort_by_key(|r| r.arrival);

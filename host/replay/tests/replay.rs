@@ -295,3 +295,33 @@ fn an_unknown_cache_view_is_refused_with_the_known_ones() {
         "{error}"
     );
 }
+
+/// Claude Code's billing line on a made-up agent trace: kept, it makes every engine's prefix
+/// cache miss; taken out (the gateway's default), it costs nothing at all.
+#[test]
+fn the_billing_line_costs_the_cache_everything_unless_the_gateway_takes_it_out() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let scenario = Scenario::from_toml(
+        "format = \"agent\"\nservers = 3\nbilling_line = [\"none\", \"raw\", \"hygiene\"]\n\
+         routers = [\"builtin:prefix-affinity\"]\n[agent]\nsessions = 6\nturns_max = 10\n",
+        base,
+    )
+    .unwrap();
+    let report = replay(&scenario);
+    let hit = |line: &str| {
+        router(
+            &report,
+            &format!("builtin:prefix-affinity · billing line {line}"),
+        )
+        .token_hit_ratio
+    };
+    eprintln!("{}", report.table());
+    assert!(hit("none") > 0.5, "{}", hit("none"));
+    assert!(hit("raw") < 0.05, "{}", hit("raw"));
+    assert!(
+        (hit("hygiene") - hit("none")).abs() <= 0.01,
+        "{} vs {}",
+        hit("hygiene"),
+        hit("none")
+    );
+}
