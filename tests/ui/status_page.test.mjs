@@ -148,6 +148,11 @@ test('with the token it shows the servers, the variants and the experiment, live
   assert.deepEqual(variants, ['control', 'candidate']);
   const experiment = await page.$$eval('#experiment tbody tr', (rows) => rows.map((r) => r.cells[0].textContent));
   assert.deepEqual(experiment, ['control', 'candidate']);
+  // Each variant's cache taken of the cache reachable, as /admin/experiments counts it.
+  const counted = (await adminJson('/admin/experiments')).variants;
+  assert.ok(counted.every((v) => v.cached_tokens && 'reachable' in v.cached_tokens && 'achieved' in v.cached_tokens));
+  const reach = await page.$$eval('#experiment tbody tr', (rows) => rows.map((r) => r.cells[4].textContent));
+  assert.ok(reach.every((t) => t === '—' || /% \(\d+ of \d+\)$/.test(t)), reach.join(' | '));
   assert.ok(await page.$('#ttft-chart canvas'), 'the TTFT chart is drawn');
   await page.waitForSelector('#errors tbody tr:has-text("invalid_request_error")');
   assert.ok(['scale_up', 'scale_down', 'hold'].includes(await page.textContent('#autoscale-recommendation')));

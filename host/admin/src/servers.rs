@@ -70,6 +70,15 @@ fn server_json(server: &Server) -> serde_json::Value {
         "requests_total": server.requests_total(),
         "prefill_backlog_tokens": server.fleet_prefill_backlog(),
         "cache_view": server.cache_view(),
+        // A remote server's API and what it takes (this process's engines speak none).
+        "api": match server.engine() {
+            ringmaster_gateway::pool::Backend::Remote(_) => json!({
+                "api": server.protocol().api.as_str(),
+                "reasoning": server.protocol().reasoning,
+                "keep_volatile": server.protocol().keep_volatile,
+            }),
+            ringmaster_gateway::pool::Backend::Local(_) => serde_json::Value::Null,
+        },
         "adapters": server.adapters(),
         "adapter_loads": server.adapter_counts(),
         "load_source": server.load_source(),

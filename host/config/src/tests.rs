@@ -282,9 +282,11 @@ fn example_configurations_are_valid() {
     }
     assert!(checked >= 2);
     let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    // The annotated configuration is the first TOML block of its section.
     let block = readme
-        .split("```toml\n")
-        .nth(1)
+        .split_once("\n## Configuration\n")
+        .map(|(_, section)| section)
+        .and_then(|section| section.split("```toml\n").nth(1))
         .and_then(|rest| rest.split("```").next())
         .expect("the README has a TOML block");
     // The README's listen address is public, which needs API keys: it has one.
