@@ -422,34 +422,24 @@ impl Shapes {
         }
     }
 
-    /// A whole chat answer with its reasoning (vLLM's `reasoning_content`) and `tokens` text
-    /// tokens.
-    fn whole_reasoning(&self, tokens: usize) -> Response<Body> {
-        let text = "tok ".repeat(tokens);
-        let choice = openai::Choice {
-            message: Some(openai::ReplyMessage {
-                role: Some("assistant".into()),
-                content: Some(text.as_str().into()),
-                reasoning_content: Some("Let me think.".into()),
-                ..openai::ReplyMessage::default()
-            }),
-            finish_reason: Some("stop".into()),
-            ..openai::Choice::default()
-        };
-        json(
-            StatusCode::OK,
-            &openai::Chunk {
-                id: Some("x".into()),
-                object: Some(openai::CHAT_COMPLETION.into()),
-                choices: vec![choice],
-                usage: Some(usage(tokens + 2)),
-                ..openai::Chunk::default()
-            },
-        )
-    }
-
     /// A whole OpenAI answer with `tokens` text tokens.
     fn whole(&self, tokens: usize, finish: &str, with_usage: bool) -> Response<Body> {
+        self.whole_with(tokens, finish, with_usage, None)
+    }
+
+    /// A whole chat answer with its reasoning (vLLM's `reasoning_content`) and `tokens` text
+    /// tokens, the reasoning counted as 2 more.
+    fn whole_reasoning(&self, tokens: usize) -> Response<Body> {
+        self.whole_with(tokens, "stop", true, Some("Let me think."))
+    }
+
+    fn whole_with(
+        &self,
+        tokens: usize,
+        finish: &str,
+        with_usage: bool,
+        reasoning: Option<&str>,
+    ) -> Response<Body> {
         let text = "tok ".repeat(tokens);
         let choice = if self.completions {
             openai::Choice {
@@ -462,19 +452,21 @@ impl Shapes {
                 message: Some(openai::ReplyMessage {
                     role: Some("assistant".into()),
                     content: Some(text.as_str().into()),
+                    reasoning_content: reasoning.map(Into::into),
                     ..openai::ReplyMessage::default()
                 }),
                 finish_reason: Some(finish.into()),
                 ..openai::Choice::default()
             }
         };
+        let counted = tokens + if reasoning.is_some() { 2 } else { 0 };
         json(
             StatusCode::OK,
             &openai::Chunk {
                 id: Some("x".into()),
                 object: Some(openai::CHAT_COMPLETION.into()),
                 choices: vec![choice],
-                usage: with_usage.then(|| usage(tokens)),
+                usage: with_usage.then(|| usage(counted)),
                 ..openai::Chunk::default()
             },
         )

@@ -225,7 +225,7 @@ function renderExperiment(experiments) {
     cell(row, pct(v.prefix_cache_hit_ratio), 'num');
     const reach = v.cached_tokens || {};
     cell(row, reach.reachable ? `${pct(reach.achieved_of_reachable)} (${reach.achieved} of ${reach.reachable})` : '—', 'num')
-      .title = 'prompt tokens the chosen servers held / the most any candidate held';
+      .title = 'prompt tokens the chosen servers held / the most any server held';
     const t = v.ttft_seconds;
     cell(row, t ? secs(t.mean) : null, 'num');
     cell(row, t ? secs(t.p50) : null, 'num');

@@ -72,14 +72,10 @@ fn known_fields(raw: &anthropic::Request<'_>, notes: &mut FieldNotes) -> Result<
 /// `thinking` and `output_config.effort`: the effort a reasoning server is asked for, and
 /// whether the client shows the reasoning.
 fn reasoning(raw: &anthropic::Request<'_>, request: &mut Request) -> Result<(), ApiError> {
-    let effort = match raw.output_config.as_ref().and_then(|c| c.effort.as_deref()) {
-        None => None,
-        Some(name) => Some(Effort::parse(name).ok_or_else(|| {
-            ApiError::invalid(format!(
-                "output_config.effort: {name:?} is not one of \"low\", \"medium\", \"high\", \"max\""
-            ))
-        })?),
-    };
+    let effort = rules::effort(
+        raw.output_config.as_ref().and_then(|c| c.effort.as_deref()),
+        "output_config.effort",
+    )?;
     if effort.is_some() {
         request.fields.reasoning = Some("output_config.effort");
     }

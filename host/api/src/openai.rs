@@ -12,7 +12,7 @@
 //! the session key.
 
 use ringmaster_gpu_runtime::{
-    ChatMessage, Effort, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
+    ChatMessage, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
 };
 use ringmaster_wire::openai::{self, Content, Prompt, Stop};
 use serde_json::Value;
@@ -78,15 +78,7 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
             notes.unused(field);
         }
     }
-    let effort = match raw.reasoning_effort.take() {
-        None => None,
-        Some(name) => Some(Effort::parse(&name).ok_or_else(|| {
-            ApiError::invalid(format!(
-                "reasoning_effort: {:?} is not one of \"none\", \"minimal\", \"low\", \"medium\", \"high\", \"xhigh\"",
-                &*name
-            ))
-        })?),
-    };
+    let effort = rules::effort(raw.reasoning_effort.as_deref(), "reasoning_effort")?;
     let raw_messages = raw.messages.take().unwrap_or_default();
     if raw_messages.is_empty() {
         return Err(ApiError::invalid(
@@ -509,17 +501,7 @@ fn common(
     }
     let temperature = rules::in_range(raw.temperature, "temperature", true, 2.0)?;
     let top_p = rules::in_range(raw.top_p, "top_p", false, 1.0)?;
-    let top_k = match raw.top_k {
-        None | Some(-1 | 0) => None,
-        Some(k) if k < 0 => {
-            return Err(ApiError::invalid(format!(
-                "top_k: must be -1 (off) or positive, got {k}"
-            )));
-        }
-        Some(k) => Some(
-            u32::try_from(k).map_err(|_| ApiError::invalid(format!("top_k: {k} is too large")))?,
-        ),
-    };
+    let top_k = rules::openai_top_k(raw.top_k)?;
     let seed = match raw.seed {
         None => None,
         Some(s) => Some(

@@ -14,7 +14,7 @@
 //! background responses, the Conversations API, stored prompts and items by reference.
 
 use ringmaster_gpu_runtime::{
-    ChatMessage, Effort, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
+    ChatMessage, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
 };
 use ringmaster_wire::responses::{
     self as wire, Content, Echo, Input, Item, Part, ReasoningConfig, TextConfig, Tool,
@@ -135,17 +135,7 @@ pub fn parse(
     };
     let temperature = rules::in_range(raw.temperature, "temperature", true, 2.0)?;
     let top_p = rules::in_range(raw.top_p, "top_p", false, 1.0)?;
-    let top_k = match raw.top_k {
-        None | Some(-1 | 0) => None,
-        Some(k) if k < 0 => {
-            return Err(ApiError::invalid(format!(
-                "top_k: must be -1 (off) or positive, got {k}"
-            )));
-        }
-        Some(k) => Some(
-            u32::try_from(k).map_err(|_| ApiError::invalid(format!("top_k: {k} is too large")))?,
-        ),
-    };
+    let top_k = rules::openai_top_k(raw.top_k)?;
     let (specs, namespaces, hosted) = match raw.tools {
         None => (Vec::new(), Vec::new(), Vec::new()),
         Some(tools) => tool_specs(nested(tools, "tools", &mut notes)?, &mut notes)?,
@@ -167,15 +157,10 @@ pub fn parse(
         None => None,
         Some(reasoning) => Some(nested(reasoning, "reasoning", &mut notes)?),
     };
-    let effort = match reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
-        None => None,
-        Some(name) => Some(Effort::parse(name).ok_or_else(|| {
-            ApiError::invalid(format!(
-                "reasoning.effort: {name:?} is not one of \"none\", \"minimal\", \"low\", \
-                 \"medium\", \"high\", \"xhigh\""
-            ))
-        })?),
-    };
+    let effort = rules::effort(
+        reasoning.as_ref().and_then(|r| r.effort.as_deref()),
+        "reasoning.effort",
+    )?;
     if effort.is_some() {
         notes.reasoning = Some("reasoning");
     }

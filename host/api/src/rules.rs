@@ -2,7 +2,7 @@
 //! offered and chosen, images, refused features, `max_tokens` and the other limits, the model
 //! being served, stop sequences and session ids.
 
-use ringmaster_gpu_runtime::{Image, ToolChoice, ToolOffer, ToolSpec};
+use ringmaster_gpu_runtime::{Effort, Image, ToolChoice, ToolOffer, ToolSpec};
 use ringmaster_wire::Str;
 use serde_json::value::RawValue;
 
@@ -67,6 +67,33 @@ pub(crate) fn in_range(
             "{field}: must be {} 0 and at most {max}, got {v}",
             if zero_ok { "at least" } else { "greater than" }
         ))),
+    }
+}
+
+/// vLLM's and SGLang's `top_k` (`-1` and `0` are off), as a cut-off.
+pub(crate) fn openai_top_k(k: Option<i64>) -> Result<Option<u32>, ApiError> {
+    match k {
+        None | Some(-1 | 0) => Ok(None),
+        Some(k) if k < 0 => Err(ApiError::invalid(format!(
+            "top_k: must be -1 (off) or positive, got {k}"
+        ))),
+        Some(k) => u32::try_from(k)
+            .map(Some)
+            .map_err(|_| ApiError::invalid(format!("top_k: {k} is too large"))),
+    }
+}
+
+/// A reasoning effort's name (at `field`): OpenAI's (`none` … `xhigh`) or Anthropic's
+/// (`low` … `max`).
+pub(crate) fn effort(name: Option<&str>, field: &str) -> Result<Option<Effort>, ApiError> {
+    match name {
+        None => Ok(None),
+        Some(name) => Effort::parse(name).map(Some).ok_or_else(|| {
+            ApiError::invalid(format!(
+                "{field}: {name:?} is not one of \"none\", \"minimal\", \"low\", \"medium\", \
+                 \"high\", \"xhigh\", \"max\""
+            ))
+        }),
     }
 }
 

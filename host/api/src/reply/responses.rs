@@ -377,6 +377,53 @@ impl StreamWriter {
         .write_sse(out);
     }
 
+    /// More text, or more reasoning: into the open item of its kind, else a new one.
+    fn append(&mut self, reasoning: bool, text: &str, out: &mut Vec<u8>) {
+        let open_kind = match self.items.last() {
+            Some(Item::Reasoning { .. }) if self.open => Some(true),
+            Some(Item::Message { .. }) if self.open => Some(false),
+            _ => None,
+        };
+        if open_kind != Some(reasoning) {
+            let (prefix, text) = (if reasoning { "rs" } else { "msg" }, String::new());
+            let id = self.item_id(prefix);
+            let item = if reasoning {
+                Item::Reasoning { id, text }
+            } else {
+                Item::Message { id, text }
+            };
+            self.open_item(item, out);
+        }
+        let sequence_number = self.next();
+        let output_index = self.output_index();
+        let Some(Item::Message { id, text: so_far } | Item::Reasoning { id, text: so_far }) =
+            self.items.last_mut()
+        else {
+            return;
+        };
+        so_far.push_str(text);
+        let (item_id, delta) = (id.as_str(), text);
+        let event = if reasoning {
+            StreamEvent::ReasoningTextDelta {
+                sequence_number,
+                item_id,
+                output_index,
+                content_index: 0,
+                delta,
+            }
+        } else {
+            StreamEvent::OutputTextDelta {
+                sequence_number,
+                item_id,
+                output_index,
+                content_index: 0,
+                delta,
+                logprobs: [],
+            }
+        };
+        event.write_sse(out);
+    }
+
     /// Appends what `event` is in the Responses stream.
     pub fn write(&mut self, event: &ReplyEvent<'_>, out: &mut Vec<u8>) {
         match *event {
@@ -399,57 +446,8 @@ impl StreamWriter {
                 .write_sse(out);
                 self.sequence = 2;
             }
-            ReplyEvent::Text(text) => {
-                if !(self.open && matches!(self.items.last(), Some(Item::Message { .. }))) {
-                    let id = self.item_id("msg");
-                    self.open_item(
-                        Item::Message {
-                            id,
-                            text: String::new(),
-                        },
-                        out,
-                    );
-                }
-                let sequence_number = self.next();
-                let output_index = self.output_index();
-                if let Some(Item::Message { id, text: so_far }) = self.items.last_mut() {
-                    so_far.push_str(text);
-                    StreamEvent::OutputTextDelta {
-                        sequence_number,
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        delta: text,
-                        logprobs: [],
-                    }
-                    .write_sse(out);
-                }
-            }
-            ReplyEvent::Reasoning(text) => {
-                if !(self.open && matches!(self.items.last(), Some(Item::Reasoning { .. }))) {
-                    let id = self.item_id("rs");
-                    self.open_item(
-                        Item::Reasoning {
-                            id,
-                            text: String::new(),
-                        },
-                        out,
-                    );
-                }
-                let sequence_number = self.next();
-                let output_index = self.output_index();
-                if let Some(Item::Reasoning { id, text: so_far }) = self.items.last_mut() {
-                    so_far.push_str(text);
-                    StreamEvent::ReasoningTextDelta {
-                        sequence_number,
-                        item_id: id,
-                        output_index,
-                        content_index: 0,
-                        delta: text,
-                    }
-                    .write_sse(out);
-                }
-            }
+            ReplyEvent::Text(text) => self.append(false, text, out),
+            ReplyEvent::Reasoning(text) => self.append(true, text, out),
             ReplyEvent::ToolCallStart { id, name } => {
                 let (namespace, name) = self.frame.split(name);
                 let item = Item::Call {

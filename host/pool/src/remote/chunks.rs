@@ -15,6 +15,8 @@
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
 use ringmaster_wire::openai::{Chunk, MatchedStop, Timings, Usage as UsageWire};
 
+use super::tally::Tally;
+
 /// Bytes of text per token, to estimate a whole answer's output when the server reports none.
 const BYTES_PER_TOKEN_ESTIMATE: usize = 4;
 
@@ -32,26 +34,17 @@ pub fn error_message(body: &[u8]) -> Option<String> {
     serde_json::from_slice::<Chunk<'_>>(body).ok()?.error()
 }
 
-/// Usage as last reported.
-#[derive(Debug, Default, Clone, Copy)]
-struct Usage {
-    prompt: Option<u32>,
-    cached: Option<u32>,
-    completion: Option<u32>,
-}
-
-impl Usage {
-    fn update(&mut self, wire: Option<UsageWire>, timings: Option<Timings>) {
-        if let Some(wire) = wire {
-            self.prompt = wire.prompt_tokens.or(self.prompt);
-            self.completion = wire.completion_tokens.or(self.completion);
-            if let Some(cached) = wire.prompt_tokens_details.and_then(|d| d.cached_tokens) {
-                self.cached = Some(cached);
-            }
+/// Records the usage a chunk reports (and llama.cpp's `timings`) in `tally`.
+fn update_usage(tally: &mut Tally, wire: Option<UsageWire>, timings: Option<Timings>) {
+    if let Some(wire) = wire {
+        tally.prompt = wire.prompt_tokens.or(tally.prompt);
+        tally.output = wire.completion_tokens.or(tally.output);
+        if let Some(cached) = wire.prompt_tokens_details.and_then(|d| d.cached_tokens) {
+            tally.cached = Some(cached);
         }
-        if let Some(cached) = timings.and_then(|t| t.cache_n) {
-            self.cached = Some(cached);
-        }
+    }
+    if let Some(cached) = timings.and_then(|t| t.cache_n) {
+        tally.cached = Some(cached);
     }
 }
 
@@ -72,54 +65,48 @@ pub enum ChunkKind {
 /// Turns one reply's chunks into engine events, in order.
 #[derive(Debug, Default)]
 pub struct ReplyDecoder {
-    /// The server's id of the reply (from its first chunk that has one).
-    reply_id: Option<String>,
-    started: bool,
-    finish: Option<FinishReason>,
-    usage: Usage,
-    /// Text chunks seen: the output count of a stream when the server reports none.
-    text_chunks: u32,
+    tally: Tally,
     /// Text bytes seen: a whole answer's output estimate when the server reports none.
     text_bytes: usize,
-    done: bool,
 }
 
 impl ReplyDecoder {
     /// Whether the last event was produced; the rest of the body can be read and dropped.
     pub fn is_done(&self) -> bool {
-        self.done
+        self.tally.done
     }
 
     /// Whether the server reported no output count (the count is this decoder's own).
     pub fn counted_output(&self) -> bool {
-        self.usage.completion.is_none()
+        self.tally.output.is_none()
     }
 
     /// The server's id of the reply, once a chunk named it.
     pub fn reply_id(&self) -> Option<&str> {
-        self.reply_id.as_deref()
+        self.tally.reply_id.as_deref()
     }
 
     /// One SSE event's data; says what the event was.
     pub fn data(&mut self, data: &[u8], out: &mut Vec<GenerateEvent>) -> ChunkKind {
-        if self.done {
+        if self.tally.done {
             return ChunkKind::Other;
         }
         if data.trim_ascii() == b"[DONE]" {
-            self.end(out, true);
+            self.tally.end(out, true);
             return ChunkKind::Other;
         }
         let chunk = match serde_json::from_slice::<Chunk<'_>>(data) {
             Ok(chunk) => chunk,
             Err(e) => {
-                self.fail(DecodeError::Malformed(e.to_string()).to_string(), out);
+                self.tally
+                    .fail(DecodeError::Malformed(e.to_string()).to_string(), out);
                 return ChunkKind::Other;
             }
         };
-        if self.reply_id.is_none()
+        if self.tally.reply_id.is_none()
             && let Some(id) = &chunk.id
         {
-            self.reply_id = Some(id.to_string());
+            self.tally.reply_id = Some(id.to_string());
         }
         self.chunk(chunk, out)
     }
@@ -130,40 +117,38 @@ impl ReplyDecoder {
     /// stream's one-token-per-chunk count does not apply to one chunk).
     pub fn whole(&mut self, body: &[u8], out: &mut Vec<GenerateEvent>) {
         let _ = self.data(body, out);
-        if self.usage.completion.is_none() {
-            self.text_chunks = u32::try_from(self.text_bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE))
+        if self.tally.output.is_none() {
+            self.tally.pieces = u32::try_from(self.text_bytes.div_ceil(BYTES_PER_TOKEN_ESTIMATE))
                 .unwrap_or(u32::MAX);
         }
-        self.end(out, true);
+        self.tally.end(out, true);
     }
 
     /// The body ended (EOF) before or after a finish.
     pub fn end_of_body(&mut self, out: &mut Vec<GenerateEvent>) {
-        self.end(out, false);
+        self.tally.end(out, false);
     }
 
     /// The stream broke, or said something this decoder cannot read.
     pub fn fail(&mut self, message: String, out: &mut Vec<GenerateEvent>) {
-        if !self.done {
-            self.done = true;
-            out.push(GenerateEvent::Failed { message });
-        }
+        self.tally.fail(message, out);
     }
 
     fn chunk(&mut self, chunk: Chunk<'_>, out: &mut Vec<GenerateEvent>) -> ChunkKind {
         if let Some(message) = chunk.error() {
-            self.fail(format!("the GPU server reported an error: {message}"), out);
+            self.tally
+                .fail(format!("the GPU server reported an error: {message}"), out);
             return ChunkKind::Other;
         }
         let has_usage = chunk.usage.is_some();
-        self.usage.update(chunk.usage, chunk.timings);
+        update_usage(&mut self.tally, chunk.usage, chunk.timings);
         let Some(choice) = chunk.choices.into_iter().next() else {
             // A usage-only chunk: after the finish it is the last thing that matters.
             if has_usage {
-                self.start(out);
+                self.tally.start(out);
             }
-            if self.finish.is_some() {
-                self.end(out, true);
+            if self.tally.finish.is_some() {
+                self.tally.end(out, true);
             }
             return if has_usage {
                 ChunkKind::Usage
@@ -196,21 +181,25 @@ impl ReplyDecoder {
             || !tool_calls.is_empty()
             || finish.is_some()
         {
-            self.start(out);
+            self.tally.start(out);
         }
         if !reasoning.is_empty() {
-            self.text_chunks += 1;
             self.text_bytes += reasoning.len();
-            out.push(GenerateEvent::Reasoning {
-                text: reasoning.into_owned(),
-            });
+            self.tally.push(
+                GenerateEvent::Reasoning {
+                    text: reasoning.into_owned(),
+                },
+                out,
+            );
         }
         if !text.is_empty() {
-            self.text_chunks += 1;
             self.text_bytes += text.len();
-            out.push(GenerateEvent::Token {
-                text: text.into_owned(),
-            });
+            self.tally.push(
+                GenerateEvent::Token {
+                    text: text.into_owned(),
+                },
+                out,
+            );
         }
         for (position, call) in tool_calls.into_iter().enumerate() {
             let (name, arguments) = match call.function {
@@ -223,60 +212,24 @@ impl ReplyDecoder {
                 ),
                 None => (None, String::new()),
             };
-            self.text_chunks += 1;
             self.text_bytes += arguments.len();
-            out.push(GenerateEvent::ToolCall {
-                index: call
-                    .index
-                    .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
-                id: call.id.map(|id| id.into_owned()),
-                name,
-                arguments,
-            });
+            self.tally.push(
+                GenerateEvent::ToolCall {
+                    index: call
+                        .index
+                        .unwrap_or_else(|| u32::try_from(position).unwrap_or(u32::MAX)),
+                    id: call.id.map(|id| id.into_owned()),
+                    name,
+                    arguments,
+                },
+                out,
+            );
         }
         let finished = finish.is_some();
         if finished {
-            self.finish = finish;
+            self.tally.finish = finish;
         }
         ChunkKind::Content { finish: finished }
-    }
-
-    pub(super) fn start(&mut self, out: &mut Vec<GenerateEvent>) {
-        if !self.started {
-            self.started = true;
-            out.push(GenerateEvent::Started {
-                prompt_tokens: self.usage.prompt.unwrap_or(0),
-                cached_tokens: self.usage.cached.unwrap_or(0),
-            });
-        }
-    }
-
-    /// Nothing more will come: finish, or fail when the reply never said how it ended (a
-    /// `[DONE]` without a finish reason reads as the end of the turn; a bare end of body after
-    /// no finish is a broken stream).
-    fn end(&mut self, out: &mut Vec<GenerateEvent>, clean: bool) {
-        if self.done {
-            return;
-        }
-        let reason = match self.finish.take() {
-            Some(reason) => reason,
-            None if clean && self.started => FinishReason::EndOfTurn,
-            None => {
-                self.fail(
-                    "the GPU server closed the stream before finishing the reply".into(),
-                    out,
-                );
-                return;
-            }
-        };
-        self.start(out);
-        self.done = true;
-        out.push(GenerateEvent::Finished {
-            reason,
-            prompt_tokens: self.usage.prompt.unwrap_or(0),
-            cached_tokens: self.usage.cached.unwrap_or(0),
-            output_tokens: self.usage.completion.unwrap_or(self.text_chunks),
-        });
     }
 }
 

@@ -15,72 +15,7 @@ use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
 use ringmaster_wire::{Api, anthropic, responses};
 
 use super::chunks::{ChunkKind, ReplyDecoder};
-
-/// What one reply has said so far, whatever its API.
-#[derive(Debug, Default)]
-struct Tally {
-    reply_id: Option<String>,
-    started: bool,
-    finish: Option<FinishReason>,
-    prompt: Option<u32>,
-    cached: Option<u32>,
-    output: Option<u32>,
-    /// Text, reasoning and argument pieces seen: the output count when the server gives none.
-    pieces: u32,
-    done: bool,
-}
-
-impl Tally {
-    fn start(&mut self, out: &mut Vec<GenerateEvent>) {
-        if !self.started {
-            self.started = true;
-            out.push(GenerateEvent::Started {
-                prompt_tokens: self.prompt.unwrap_or(0),
-                cached_tokens: self.cached.unwrap_or(0),
-            });
-        }
-    }
-
-    fn push(&mut self, event: GenerateEvent, out: &mut Vec<GenerateEvent>) {
-        self.start(out);
-        self.pieces += 1;
-        out.push(event);
-    }
-
-    fn fail(&mut self, message: String, out: &mut Vec<GenerateEvent>) {
-        if !self.done {
-            self.done = true;
-            out.push(GenerateEvent::Failed { message });
-        }
-    }
-
-    /// The reply ended: finished when it said how (`clean`: a last event came), failed
-    /// otherwise.
-    fn end(&mut self, out: &mut Vec<GenerateEvent>, clean: bool) {
-        if self.done {
-            return;
-        }
-        let reason = match self.finish.take() {
-            Some(reason) => reason,
-            None if clean && self.started => FinishReason::EndOfTurn,
-            None => {
-                self.fail(
-                    "the GPU server closed the stream before finishing the reply".into(),
-                    out,
-                );
-                return;
-            }
-        };
-        self.start(out);
-        self.done = true;
-        out.push(GenerateEvent::Finished {
-            reason,
-            prompt_tokens: self.prompt.unwrap_or(0),
-            cached_tokens: self.cached.unwrap_or(0),
-            output_tokens: self.output.unwrap_or(self.pieces),
-        });
-    }
-}
+use super::tally::Tally;
 
 /// A Messages server's reply.
 #[derive(Debug, Default)]

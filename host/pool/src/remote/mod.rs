@@ -44,6 +44,7 @@ mod reader;
 mod reply;
 mod request;
 mod sse;
+mod tally;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
