@@ -174,6 +174,14 @@ fn validate(
             }
         }
     }
+    if messages.is_empty() {
+        // Every block was of a kind the servers cannot take (dropped and noted): nothing is
+        // left to answer.
+        return Err(ApiError::invalid(
+            "messages: no message has content a server here can read (text, images, tool use \
+             and tool results); the other blocks were dropped",
+        ));
+    }
     let (system, volatile) = match raw.system.take() {
         None => (None, None),
         Some(content) => system_text(content, limits.volatile, &mut notes)?,

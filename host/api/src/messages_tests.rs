@@ -95,6 +95,16 @@ fn fields_agents_send_are_served_or_noted_and_only_what_changes_the_answer_is_re
     assert_eq!(req.fields.unknown, ["colour"]);
 }
 
+/// Found by the fuzzer: a conversation of blocks no API version defines left no message.
+#[test]
+fn a_conversation_of_unknown_blocks_only_is_refused_not_sent_empty() {
+    let err = parse(
+        r#"{"model":"sim-llama-3-8b","max_tokens":16,"messages":[{"role":"user","content":[{"type":"tenumext","text":"Hi"}]}]}"#,
+    )
+    .unwrap_err();
+    assert!(err.message().starts_with("messages: no message"), "{}", err.message());
+}
+
 #[test]
 fn claude_codes_first_request_is_served() {
     let (models, max) = limits();
