@@ -102,7 +102,11 @@ fn a_conversation_of_unknown_blocks_only_is_refused_not_sent_empty() {
         r#"{"model":"sim-llama-3-8b","max_tokens":16,"messages":[{"role":"user","content":[{"type":"tenumext","text":"Hi"}]}]}"#,
     )
     .unwrap_err();
-    assert!(err.message().starts_with("messages: no message"), "{}", err.message());
+    assert!(
+        err.message().starts_with("messages: no message"),
+        "{}",
+        err.message()
+    );
 }
 
 #[test]
