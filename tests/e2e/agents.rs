@@ -3,7 +3,8 @@
 //! to servers of their own APIs (relayed as they came), the billing line out of the routing
 //! key, unknown fields passed, dropped or refused as configured, reasoning both ways, the
 //! Responses door's store (retrieve, input items, delete, continue, cancel), a 429's headers,
-//! and agent requests with random fields added still served (a property test).
+//! a router told the door (`request.door`), and agent requests with random fields added still
+//! served (a property test).
 
 use proptest::prelude::*;
 use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
@@ -580,4 +581,42 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// Policies see the door (`request.door`): a router fixture that sends Responses requests to
+/// the last server and every other door's to the first gets Codex's request to `b` and Claude
+/// Code's and a chat request to `a`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_sees_the_door_a_request_came_in_by() {
+    let ups = [
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+        FakeUpstream::start(Behavior::Vllm, 3).await,
+    ];
+    let fixture = format!(
+        "{}/../policies/dist/fixtures/door-router.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let mut toml = format!(
+        "models = [\"fake\"]\n[[policies.router]]\nname = \"by-door\"\nsource = {}\n",
+        toml::Value::String(fixture)
+    );
+    for (id, up) in ["a", "b"].iter().zip(&ups) {
+        toml.push_str(&format!(
+            "[[servers]]\nid = \"{id}\"\naddress = \"{}\"\n",
+            up.url()
+        ));
+    }
+    let gw = TestGateway::start(&toml).await;
+    let served = || -> Vec<usize> {
+        ups.iter()
+            .map(|up| up.requests.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    };
+    assert_eq!(post(&gw, &codex()).await.status(), 200);
+    assert_eq!(served(), [0, 1], "a Responses request to the last server");
+    assert_eq!(post(&gw, &claude_code()).await.status(), 200);
+    let chat = json!({"model": "fake", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi"}]});
+    assert_eq!(gw.post_chat(&chat).await.status(), 200);
+    assert_eq!(served(), [2, 1], "the other doors' to the first");
 }

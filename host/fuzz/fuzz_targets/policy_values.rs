@@ -129,6 +129,7 @@ fn request(u: &mut Unstructured<'_>) -> libfuzzer_sys::arbitrary::Result<PolicyR
         priority: Arbitrary::arbitrary(u)?,
         stream: Arbitrary::arbitrary(u)?,
         headers,
+        door: u.choose(&["messages", "chat_completions", "completions", "responses"])?,
     })
 }
 

@@ -179,6 +179,7 @@ fn requests() -> Vec<PolicyRequest> {
                 priority: 1,
                 stream: true,
                 headers: Vec::new(),
+                door: "messages",
             }
         })
         .collect()
@@ -266,6 +267,9 @@ impl wit::types::HostRequest for Bare {
     }
     fn headers(&mut self, _: Resource<BareRequest>) -> Vec<(String, String)> {
         Vec::new()
+    }
+    fn door(&mut self, _: Resource<BareRequest>) -> String {
+        self.request().door.to_owned()
     }
     fn drop(&mut self, _: Resource<BareRequest>) -> wasmtime::Result<()> {
         Ok(())

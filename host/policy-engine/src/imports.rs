@@ -117,6 +117,9 @@ impl p2::types::HostRequest for StoreData {
     fn headers(&mut self, _: Resource<RequestRep>) -> Vec<(String, String)> {
         request(|r| r.headers.clone())
     }
+    fn door(&mut self, _: Resource<RequestRep>) -> String {
+        request(|r| r.door.to_owned())
+    }
     fn drop(&mut self, _: Resource<RequestRep>) -> wasmtime::Result<()> {
         // Guests only ever hold borrows, which are not dropped through the host.
         Ok(())

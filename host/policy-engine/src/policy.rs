@@ -22,8 +22,8 @@ use crate::instance::Core;
 use crate::probe::{self, PROBE_SERVERS, ProbeCluster};
 use crate::state::{StateMode, StateUsage};
 use crate::types::{
-    AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, RouteDecision, RouterHost,
-    SafetyVerdict, WitVerdict,
+    AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, RequestV0_1,
+    RouteDecision, RouterHost, SafetyVerdict, WitVerdict,
 };
 
 /// Longest part of a guest's answer quoted in a fault message.
@@ -37,7 +37,7 @@ pub(crate) struct SafetyWorld;
 /// borrow of the request resource.
 #[derive(Clone, Copy)]
 pub(crate) enum RouteFn {
-    V0_1(TypedFunc<(&'static PolicyRequest,), (RouteDecision,)>),
+    V0_1(TypedFunc<(&'static RequestV0_1<'static>,), (RouteDecision,)>),
     V0_2(TypedFunc<(Resource<RequestRep>,), (RouteDecision,)>),
 }
 
@@ -53,7 +53,7 @@ pub(crate) struct RouterExports {
 /// `admit` in each contract version.
 #[derive(Clone, Copy)]
 pub(crate) enum AdmitFn {
-    V0_1(TypedFunc<(&'static PolicyRequest, AdmissionLoad), (WitVerdict,)>),
+    V0_1(TypedFunc<(&'static RequestV0_1<'static>, AdmissionLoad), (WitVerdict,)>),
     V0_2(TypedFunc<(Resource<RequestRep>, AdmissionLoad), (WitVerdict,)>),
 }
 
@@ -359,8 +359,8 @@ impl RouterPolicy {
         };
         let decision = self.core.call(cx, |store, exports| match exports.route {
             RouteFn::V0_1(route) => {
-                let route: TypedFunc<(&PolicyRequest,), (RouteDecision,)> = route;
-                Ok(route.call(store, (request,))?.0)
+                let route: TypedFunc<(&RequestV0_1<'_>,), (RouteDecision,)> = route;
+                Ok(route.call(store, (&RequestV0_1::from(request),))?.0)
             }
             RouteFn::V0_2(route) => Ok(route.call(store, (request_borrow(),))?.0),
         })?;
@@ -481,8 +481,8 @@ impl AdmissionPolicy {
         };
         let verdict = self.core.call(cx, |store, admit| match admit {
             AdmitFn::V0_1(admit) => {
-                let admit: TypedFunc<(&PolicyRequest, AdmissionLoad), (WitVerdict,)> = admit;
-                Ok(admit.call(store, (request, *load))?.0)
+                let admit: TypedFunc<(&RequestV0_1<'_>, AdmissionLoad), (WitVerdict,)> = admit;
+                Ok(admit.call(store, (&RequestV0_1::from(request), *load))?.0)
             }
             AdmitFn::V0_2(admit) => Ok(admit.call(store, (request_borrow(), *load))?.0),
         })?;

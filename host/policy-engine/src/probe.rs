@@ -93,6 +93,7 @@ pub(crate) fn requests() -> Vec<(&'static str, PolicyRequest)> {
         priority: 1,
         stream: false,
         headers: Vec::new(),
+        door: "messages",
     };
     vec![
         ("a plain request", base.clone()),
@@ -107,6 +108,7 @@ pub(crate) fn requests() -> Vec<(&'static str, PolicyRequest)> {
                 stream: true,
                 headers: vec![("x-probe".into(), "1".into())],
                 priority: 255,
+                door: "responses",
                 ..base.clone()
             },
         ),

@@ -11,8 +11,7 @@ use wasmtime::component::{ComponentType, Lift, Lower};
 
 /// One request as policies see it (`ringmaster:policy/types.request`): its shape, routing key
 /// and prefix hashes, never its text.
-#[derive(Debug, Clone, Default, PartialEq, Eq, ComponentType, Lower)]
-#[component(record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PolicyRequest {
     /// The gateway's request id (`req_…`), for log lines.
     pub id: String,
@@ -21,19 +20,14 @@ pub struct PolicyRequest {
     /// The caller's tier.
     pub tier: String,
     /// The session id, when the request carried one.
-    #[component(name = "session-id")]
     pub session_id: Option<String>,
     /// The routing key: a hash of the session id, or of the system prompt and first user turn.
-    #[component(name = "routing-key")]
     pub routing_key: u64,
     /// Chained hashes of the prompt's fixed-size chunks (`h[i]` covers chunks `0..=i`).
-    #[component(name = "prefix-hashes")]
     pub prefix_hashes: Vec<u64>,
     /// Estimated prompt tokens.
-    #[component(name = "prompt-tokens")]
     pub prompt_tokens: u32,
     /// Requested `max_tokens`.
-    #[component(name = "max-tokens")]
     pub max_tokens: u32,
     /// Priority assigned by admission (0 = lowest).
     pub priority: u8,
@@ -41,6 +35,50 @@ pub struct PolicyRequest {
     pub stream: bool,
     /// Headers the operator chose to pass to policies (lower-case names).
     pub headers: Vec<(String, String)>,
+    /// The door it came in by: `messages`, `chat_completions`, `completions` or `responses`
+    /// (0.2.0's `request.door`; 0.1.0's record has no door).
+    pub door: &'static str,
+}
+
+/// 0.1.0's request record, lent from a [`PolicyRequest`]: 0.1.0 copies the whole record into
+/// the guest, and its record has no door.
+#[derive(ComponentType, Lower)]
+#[component(record)]
+pub(crate) struct RequestV0_1<'a> {
+    id: &'a str,
+    model: &'a str,
+    tier: &'a str,
+    #[component(name = "session-id")]
+    session_id: Option<&'a str>,
+    #[component(name = "routing-key")]
+    routing_key: u64,
+    #[component(name = "prefix-hashes")]
+    prefix_hashes: &'a [u64],
+    #[component(name = "prompt-tokens")]
+    prompt_tokens: u32,
+    #[component(name = "max-tokens")]
+    max_tokens: u32,
+    priority: u8,
+    stream: bool,
+    headers: &'a [(String, String)],
+}
+
+impl<'a> From<&'a PolicyRequest> for RequestV0_1<'a> {
+    fn from(request: &'a PolicyRequest) -> Self {
+        Self {
+            id: &request.id,
+            model: &request.model,
+            tier: &request.tier,
+            session_id: request.session_id.as_deref(),
+            routing_key: request.routing_key,
+            prefix_hashes: &request.prefix_hashes,
+            prompt_tokens: request.prompt_tokens,
+            max_tokens: request.max_tokens,
+            priority: request.priority,
+            stream: request.stream,
+            headers: &request.headers,
+        }
+    }
 }
 
 /// One GPU server's state as the gateway knows it (`ringmaster:policy/types.server`).

@@ -250,6 +250,7 @@ impl SyntheticFleet {
             prefix_hashes: (0..prefix_hashes).map(|h| h ^ i).collect(),
             prompt_tokens,
             max_tokens: 64,
+            door: "messages",
             ..PolicyRequest::default()
         }
     }

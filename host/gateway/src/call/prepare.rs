@@ -86,6 +86,7 @@ impl Call {
             priority: 0,
             stream: request.stream,
             headers: passed_headers,
+            door: door.route(),
         };
         // The request's span (opened by the HTTP layer) is described once its trace is known
         // to be recorded; otherwise nothing is built for it.

@@ -762,6 +762,32 @@ fn fixture_consistent_hash_follows_the_bounded_ring() {
 }
 
 #[test]
+fn fixture_a_router_sees_the_door_a_request_came_in_by() {
+    let Some(bytes) = dist("fixtures/door-router.wasm") else {
+        return;
+    };
+    let engine = engine();
+    let policy = engine
+        .load_router("door-router", &bytes, no_config())
+        .unwrap();
+    let host = FakeHost::new(&["gpu-a", "gpu-b", "gpu-c"]);
+    for (door, expected) in [
+        ("responses", "gpu-c"),
+        ("messages", "gpu-a"),
+        ("chat_completions", "gpu-a"),
+        ("completions", "gpu-a"),
+    ] {
+        let request = PolicyRequest { door, ..request(7) };
+        assert_eq!(
+            policy.route(&host, &request).unwrap(),
+            RouteDecision::Route(expected.into()),
+            "door {door}"
+        );
+    }
+    assert_eq!(policy.faults(), FaultCounts::default());
+}
+
+#[test]
 fn fixture_cache_aware_prefers_the_longest_cached_prefix() {
     let Some(bytes) = dist("cache-aware.wasm") else {
         return;
