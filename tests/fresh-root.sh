@@ -10,7 +10,9 @@
 # (2026-12-06) it passed in 2,889 s (48 min: the build 19.6 min, the fuzz build 10.8 min of
 # it, the latter cut to under a minute by e71db19); at 9682dfa .ci/run on a fresh machine
 # with every cache empty passed in 2,296 s (38 min; the fuzz build 38 s), and in this root at
-# 014a5a7 in 2,337 s (39 min; the build 20.7 min, the fuzz build 36 s).
+# 014a5a7 in 2,337 s (39 min; the build 20.7 min, the fuzz build 36 s); at 28a1e95
+# (2026-12-06, the coding agents' issue: Claude Code and Codex installed and run in a network
+# namespace) in 1,861 s (31 min).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
