@@ -6,3 +6,4 @@
 pub mod fake_upstream;
 pub mod kv_publisher;
 pub mod otlp_receiver;
+pub mod pd_upstream;

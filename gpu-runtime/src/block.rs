@@ -490,6 +490,76 @@ impl BlockManager {
         }
     }
 
+    /// The registered blocks of `seq` among its first `prompt_blocks` (a prompt's full
+    /// blocks), in order, each with its chained hash, its parent's and its tokens (taken from
+    /// `tokens`): what a prefill hands a decode engine. Stops at the first block that is not
+    /// registered.
+    pub fn registered_blocks(
+        &self,
+        seq: SeqId,
+        tokens: &[u32],
+        prompt_blocks: usize,
+    ) -> Vec<(StoredBlock, BlockId)> {
+        let Some(s) = self.seqs.get(&seq) else {
+            return Vec::new();
+        };
+        let n = s.registered.min(prompt_blocks).min(s.hashes.len());
+        (0..n)
+            .map_while(|i| {
+                let chunk = tokens.get(i * BLOCK_SIZE..(i + 1) * BLOCK_SIZE)?;
+                let mut block = [0; BLOCK_SIZE];
+                block.copy_from_slice(chunk);
+                Some((
+                    StoredBlock {
+                        hash: s.hashes[i],
+                        parent: i.checked_sub(1).map(|p| s.hashes[p]),
+                        tokens: block,
+                    },
+                    s.table[i],
+                ))
+            })
+            .collect()
+    }
+
+    /// Registers blocks another engine computed (a prefill's, handed over for a decode), in
+    /// order: each one not cached here gets a block of its own, unreferenced and cached as
+    /// if a finished sequence had left it (the tail before the head in the LRU), published
+    /// like a computed block. Stops at the first one there is no room for without evicting
+    /// one of these, or whose parent is not cached (the rest are computed again). Returns
+    /// the blocks whose contents must be written, each with its index in `blocks`.
+    pub fn import(&mut self, blocks: &[StoredBlock]) -> Vec<(usize, BlockId)> {
+        let mut written = Vec::new();
+        for (i, block) in blocks.iter().enumerate() {
+            if self.cached.contains_key(&block.hash) {
+                continue;
+            }
+            if block
+                .parent
+                .is_some_and(|parent| !self.cached.contains_key(&parent))
+            {
+                break;
+            }
+            // Never evict what this import just registered: those are not in the LRU yet.
+            let Some(b) = self.take_block() else {
+                break;
+            };
+            let meta = &mut self.blocks[b.0 as usize];
+            meta.ref_count = 0;
+            meta.hash = Some(block.hash);
+            self.used -= 1;
+            self.cached.insert(block.hash, b);
+            self.events.push(KvEvent::Stored(*block));
+            written.push((i, b));
+        }
+        for &(_, b) in written.iter().rev() {
+            let tick = self.next_tick;
+            self.next_tick += 1;
+            self.blocks[b.0 as usize].lru_tick = Some(tick);
+            self.lru.insert(tick, b);
+        }
+        written
+    }
+
     /// The prefix-cache changes since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)
@@ -867,6 +937,67 @@ mod tests {
         assert_eq!(bm.cached_blocks(), 1);
         assert_eq!(bm.free_blocks(), 9);
         bm.assert_consistent();
+    }
+
+    #[test]
+    fn imported_blocks_are_cached_unreferenced_and_published() {
+        let mut prefill = BlockManager::new(16);
+        let tokens = toks(0, 3 * BLOCK_SIZE + 5);
+        alloc(&mut prefill, 1, &tokens);
+        prefill.commit_computed(SeqId(1), &tokens, tokens.len());
+        let handed: Vec<StoredBlock> = prefill
+            .registered_blocks(SeqId(1), &tokens, tokens.len() / BLOCK_SIZE)
+            .into_iter()
+            .map(|(block, _)| block)
+            .collect();
+        assert_eq!(handed.len(), 3);
+        let mut decode = BlockManager::new(16);
+        // The first block is there already: only the other two are written.
+        let head = &tokens[..BLOCK_SIZE];
+        alloc(&mut decode, 7, head);
+        decode.commit_computed(SeqId(7), head, BLOCK_SIZE);
+        decode.free(SeqId(7));
+        decode.take_events();
+        let written = decode.import(&handed);
+        assert_eq!(written.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(decode.used_blocks(), 0, "unreferenced");
+        let events = decode.take_events();
+        assert_eq!(events.len(), 2);
+        assert!(events.iter().all(|e| matches!(e, KvEvent::Stored(_))));
+        let hashes = block_hashes(&tokens);
+        assert_eq!(decode.match_prefix(&hashes, tokens.len()).cached_blocks, 3);
+        decode.assert_consistent();
+        // The tail goes before the head when blocks are needed.
+        let mut small = BlockManager::new(3);
+        assert_eq!(small.import(&handed).len(), 3);
+        alloc(&mut small, 9, &toks(1000, BLOCK_SIZE));
+        assert!(small.is_cached(handed[0].hash) && !small.is_cached(handed[2].hash));
+        small.assert_consistent();
+    }
+
+    #[test]
+    fn an_import_stops_where_there_is_no_room_or_no_parent() {
+        let mut prefill = BlockManager::new(16);
+        let tokens = toks(0, 4 * BLOCK_SIZE);
+        alloc(&mut prefill, 1, &tokens);
+        prefill.commit_computed(SeqId(1), &tokens, tokens.len());
+        let handed: Vec<StoredBlock> = prefill
+            .registered_blocks(SeqId(1), &tokens, 4)
+            .into_iter()
+            .map(|(block, _)| block)
+            .collect();
+        let mut full = BlockManager::new(2);
+        alloc(&mut full, 3, &toks(500, 2 * BLOCK_SIZE));
+        assert!(full.import(&handed).is_empty(), "every block is referenced");
+        full.assert_consistent();
+        let mut orphan = BlockManager::new(8);
+        assert!(
+            orphan.import(&handed[1..]).is_empty(),
+            "its parent is not cached"
+        );
+        let mut two = BlockManager::new(2);
+        assert_eq!(two.import(&handed).len(), 2);
+        two.assert_consistent();
     }
 
     #[test]

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::mpsc::error::TryRecvError;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
@@ -50,6 +50,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::block::{BlockHash, KvEvent, SeqId, blocks_for};
 use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
 use crate::generation::GenerationStream;
+use crate::handoff::KvHandoff;
 use crate::output::OutputText;
 use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
 use crate::scheduler::{
@@ -120,6 +121,11 @@ struct Submission {
     sampling: SamplingParams,
     priority: u8,
     events: mpsc::UnboundedSender<GenerateEvent>,
+    /// A prefill for another engine: its prompt's KV cache goes here when it finishes.
+    export: Option<oneshot::Sender<KvHandoff>>,
+    /// A decode of a prompt another engine prefilled: its blocks, registered before it is
+    /// admitted.
+    import: Option<KvHandoff>,
 }
 
 impl EngineHandle {
@@ -203,6 +209,41 @@ impl EngineHandle {
     /// A request with `max_tokens` 0 is answered at once (`Started`, then `Finished` with
     /// [`FinishReason::MaxTokens`]) without reaching the engine.
     pub fn submit(&self, request: GenerateRequest) -> Result<GenerationStream, EngineError> {
+        self.submit_with(request, None, None)
+    }
+
+    /// Submits the prefill leg of a request another engine decodes: the prompt is computed
+    /// and one token sampled (`max_tokens` is taken as 1), and when it finishes its prompt's
+    /// KV cache ([`KvHandoff`]) is sent on the returned receiver, before the stream's
+    /// `Finished`. A cancelled prefill sends nothing.
+    pub fn submit_prefill(
+        &self,
+        mut request: GenerateRequest,
+    ) -> Result<(GenerationStream, oneshot::Receiver<KvHandoff>), EngineError> {
+        request.max_tokens = 1;
+        let (tx, rx) = oneshot::channel();
+        let stream = self.submit_with(request, Some(tx), None)?;
+        Ok((stream, rx))
+    }
+
+    /// Submits the decode leg of a request another engine prefilled: `handoff`'s blocks are
+    /// registered in this engine's prefix cache (those its executor can take, and those it
+    /// has room for) before the request is admitted, so that it computes only what they do
+    /// not cover.
+    pub fn submit_with_kv(
+        &self,
+        request: GenerateRequest,
+        handoff: KvHandoff,
+    ) -> Result<GenerationStream, EngineError> {
+        self.submit_with(request, None, Some(handoff))
+    }
+
+    fn submit_with(
+        &self,
+        request: GenerateRequest,
+        export: Option<oneshot::Sender<KvHandoff>>,
+        import: Option<KvHandoff>,
+    ) -> Result<GenerationStream, EngineError> {
         let inner = &*self.inner;
         if inner.submissions.is_closed() {
             return Err(EngineError::Stopped);
@@ -276,6 +317,8 @@ impl EngineHandle {
             sampling: request.sampling,
             priority: request.priority,
             events: tx,
+            export,
+            import,
         };
         inner.shared.inbox.fetch_add(1, Ordering::Relaxed);
         if inner.submissions.send(submission).is_err() {
@@ -395,6 +438,8 @@ struct Request {
     ignore_eos: bool,
     started: bool,
     output: OutputText,
+    /// Where a prefill's KV cache goes when it finishes.
+    export: Option<oneshot::Sender<KvHandoff>>,
 }
 
 struct Engine {
@@ -556,6 +601,9 @@ impl Engine {
         }
         let prompt_tokens = saturating_u32(s.prompt.len());
         debug!(engine = %self.name, request_id = %s.request_id, seq = %s.seq_id, prompt_tokens, "request.queued");
+        if let Some(handoff) = &s.import {
+            self.import(&s.request_id, handoff);
+        }
         let ignore_eos = s.sampling.ignore_eos;
         self.scheduler.add(NewSequence {
             seq_id: s.seq_id,
@@ -576,8 +624,43 @@ impl Engine {
                 ignore_eos,
                 started: false,
                 output: OutputText::new(&s.stop_sequences),
+                export: s.export,
             },
         );
+    }
+
+    /// Registers a prefill's blocks (another engine's) in the prefix cache and writes their
+    /// contents, before the request that brought them is queued.
+    fn import(&mut self, request_id: &str, handoff: &KvHandoff) {
+        let Some(executor) = self.executor.as_mut() else {
+            return;
+        };
+        if !executor.accepts(&handoff.contents) {
+            debug!(engine = %self.name, request_id, "request.kv_not_imported");
+            return;
+        }
+        let written = self.scheduler.import_blocks(&handoff.blocks);
+        executor.import_blocks(&written, &handoff.contents);
+        debug!(
+            engine = %self.name,
+            request_id,
+            handed_over = handoff.blocks.len(),
+            imported = written.len(),
+            "request.kv_imported"
+        );
+        self.publish_kv_events();
+    }
+
+    /// A finished prefill's handoff: its prompt's blocks and their contents (before the
+    /// sequence's blocks are freed).
+    fn export(&self, seq_id: SeqId) -> Option<KvHandoff> {
+        let executor = self.executor.as_ref()?;
+        let (blocks, ids): (Vec<_>, Vec<_>) =
+            self.scheduler.prompt_blocks(seq_id).into_iter().unzip();
+        Some(KvHandoff {
+            contents: executor.export_blocks(&ids),
+            blocks,
+        })
     }
 
     /// Drops every request whose stream is gone and frees its blocks.
@@ -656,6 +739,15 @@ impl Engine {
         let Some(reason) = reason else {
             return;
         };
+        if let Some(export) = r.export.take() {
+            // Before the stream's end: whoever reads the stream to its end finds it.
+            if let Some(handoff) = self.export(token.seq_id) {
+                let _ = export.send(handoff);
+            }
+        }
+        let Some(r) = self.requests.remove(&token.seq_id) else {
+            return;
+        };
         let _ = r.events.send(GenerateEvent::Finished {
             reason: reason.clone(),
             prompt_tokens: r.prompt_tokens,
@@ -669,7 +761,6 @@ impl Engine {
             output_tokens = r.output_tokens,
             "request.finished"
         );
-        self.requests.remove(&token.seq_id);
         self.scheduler.finish(token.seq_id);
         if let Some(executor) = self.executor.as_mut() {
             executor.sequence_finished(token.seq_id);

@@ -35,6 +35,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::block::{BlockId, SeqId};
 use crate::cost::SimCostModel;
+use crate::handoff::KvContents;
 use crate::request::SamplingParams;
 use crate::tokenizer::{IM_END, SIM_WORDS, SimTokenizer, Tokenizer};
 
@@ -157,6 +158,24 @@ pub trait Executor: Send + 'static {
     /// Called when a sequence leaves the engine for good (finished or cancelled), so that an
     /// executor keeping per-sequence state can drop it. Defaults to doing nothing.
     fn sequence_finished(&mut self, _seq_id: SeqId) {}
+
+    /// The contents of `blocks`, for a decode engine of the same model (a prefill's
+    /// handoff). Defaults to [`KvContents::Unavailable`]: the decode engine computes the
+    /// prompt itself.
+    fn export_blocks(&self, _blocks: &[BlockId]) -> KvContents {
+        KvContents::Unavailable
+    }
+
+    /// Whether [`import_blocks`](Self::import_blocks) can write `contents` (another
+    /// engine's blocks of the same model). Defaults to `false`.
+    fn accepts(&self, _contents: &KvContents) -> bool {
+        false
+    }
+
+    /// Writes the handed-over blocks' contents: `blocks` pairs each block's index in the
+    /// handoff with the block of this executor's cache that takes it. Called only with
+    /// contents [`accepts`](Self::accepts) said yes to.
+    fn import_blocks(&mut self, _blocks: &[(usize, BlockId)], _contents: &KvContents) {}
 }
 
 /// Shortest simulated reply, in tokens (the end-of-turn token excluded): long enough that
@@ -219,6 +238,15 @@ impl SimExecutor {
 }
 
 impl Executor for SimExecutor {
+    // A simulated cache holds nothing: a handoff moves only the modelled bytes.
+    fn export_blocks(&self, _blocks: &[BlockId]) -> KvContents {
+        KvContents::Modelled
+    }
+
+    fn accepts(&self, contents: &KvContents) -> bool {
+        *contents == KvContents::Modelled
+    }
+
     fn execute(&mut self, plan: &StepPlan) -> StepOutcome {
         let sampled = plan
             .seqs

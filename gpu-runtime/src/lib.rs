@@ -55,6 +55,7 @@ mod engine;
 mod error;
 pub mod executor;
 mod generation;
+pub mod handoff;
 pub mod model;
 /// The CUDA back end's kernels and device memory (feature `cuda`).
 #[cfg(feature = "cuda")]
@@ -74,6 +75,7 @@ pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
 pub use generation::{EventSource, GenerationStream, RelayState};
+pub use handoff::{KvContents, KvHandoff};
 pub use request::{
     ChatMessage, Effort, FinishReason, GenerateEvent, GenerateRequest, Image, OutputFormat, Role,
     SamplingParams, ToolCall, ToolChoice, ToolOffer, ToolSpec,

@@ -38,7 +38,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::block::{BlockHash, BlockManager, SeqId, block_hashes};
+use crate::block::{BLOCK_SIZE, BlockHash, BlockId, BlockManager, SeqId, block_hashes};
 use crate::executor::{SampledToken, ScheduledSeq, StepKind, StepOutcome, StepPlan};
 use crate::request::SamplingParams;
 
@@ -198,6 +198,22 @@ impl Scheduler {
     /// prefix cache). Returns whether it existed.
     pub fn finish(&mut self, seq_id: SeqId) -> bool {
         self.abort(seq_id)
+    }
+
+    /// A finished prefill's handoff: the registered full blocks of `seq`'s prompt, with the
+    /// blocks that hold them (see [`BlockManager::registered_blocks`]). Call before
+    /// [`finish`](Self::finish).
+    pub fn prompt_blocks(&self, seq_id: SeqId) -> Vec<(crate::block::StoredBlock, BlockId)> {
+        let Some(seq) = self.seqs.get(&seq_id) else {
+            return Vec::new();
+        };
+        self.blocks
+            .registered_blocks(seq_id, &seq.tokens, seq.prompt_len / BLOCK_SIZE)
+    }
+
+    /// Registers another engine's blocks in the prefix cache (see [`BlockManager::import`]).
+    pub fn import_blocks(&mut self, blocks: &[crate::block::StoredBlock]) -> Vec<(usize, BlockId)> {
+        self.blocks.import(blocks)
     }
 
     /// Whether nothing is running or waiting.

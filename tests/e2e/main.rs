@@ -5,6 +5,7 @@
 mod admin;
 mod agents;
 mod api;
+mod disaggregation;
 mod disconnect;
 mod engine_events;
 mod errors;

@@ -1,12 +1,14 @@
 //! Worker mode over real sockets: the OpenAI endpoints (plain and streamed), health, models,
 //! load and the KV event stream on a simulated engine, and SmolLM2 through a worker when the
-//! model is in the cache (required when `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`).
+//! model is in the cache (required when `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`),
+//! whole and split between a prefill and a decode worker.
 
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use ringmaster_gpu_runtime::{EngineConfig, EngineHandle};
 use ringmaster_worker::Worker;
+use ringmaster_worker::transfer::Role;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -22,11 +24,15 @@ struct TestWorker {
 
 impl TestWorker {
     async fn start(engine: EngineHandle, model: &str) -> Self {
+        Self::start_as(engine, model, Role::Both).await
+    }
+
+    async fn start_as(engine: EngineHandle, model: &str, role: Role) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(ringmaster_worker::serve(
-            Worker::new(engine, model),
+            Worker::with_role(engine, model, role),
             listener,
             async move {
                 let _ = stopped.await;
@@ -361,6 +367,122 @@ async fn smollm_answers_through_a_worker() {
         "The capital of France is Paris."
     );
     assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+}
+
+fn smollm_engine(path: &std::path::Path) -> EngineHandle {
+    let options = ringmaster_gpu_runtime::model::ModelOptions {
+        kv_blocks: 256,
+        threads: 1,
+        isa: None,
+    };
+    let executor = ringmaster_gpu_runtime::model::ModelExecutor::load(path, &options).unwrap();
+    let mut config = EngineConfig::simulated("smollm");
+    config.kv_blocks = 256;
+    config.max_running = 4;
+    config.step_token_budget = 256;
+    EngineHandle::spawn_with_executor(config, executor).unwrap()
+}
+
+/// A real two-leg generation: the gateway sends the prefill leg to one SmolLM2 worker, which
+/// keeps the prompt's KV blocks; the decode worker fetches them, decodes, and answers with
+/// the tokens a worker serving the request whole gives at temperature 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_split_between_two_smollm_workers_answers_as_it_would_whole() {
+    let Some(path) = crate::support::model_path() else {
+        return;
+    };
+    const MODEL: &str = "smollm2-135m-instruct";
+    let prefill = TestWorker::start_as(smollm_engine(&path), MODEL, Role::Prefill).await;
+    let decode = TestWorker::start_as(smollm_engine(&path), MODEL, Role::Decode).await;
+    let whole = TestWorker::start(smollm_engine(&path), MODEL).await;
+    let ask = |stream: bool| {
+        json!({
+            "model": MODEL,
+            "temperature": 0,
+            "max_tokens": 24,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "Name the planets of the solar system in \
+                order from the sun, one a line, and say for each one whether it has rings."}],
+        })
+    };
+    let (status, reference) = whole.post("/v1/chat/completions", &ask(false)).await;
+    assert_eq!(status, 200, "{reference}");
+    let reference = reference["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let gw = crate::support::TestGateway::start(&format!(
+        "[disaggregation]\nmin_uncached_tokens = 8\n\
+         [[servers]]\nid = \"p\"\naddress = \"{}\"\nrole = \"prefill\"\ndisaggregation = \"ringmaster\"\n\
+         [[servers]]\nid = \"d\"\naddress = \"{}\"\nrole = \"decode\"\ndisaggregation = \"ringmaster\"\n",
+        prefill.base, decode.base
+    ))
+    .await;
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), async || {
+            gw.get_json("/v1/models").await["data"][0]["id"] == MODEL
+        })
+        .await,
+        "the workers' model is discovered"
+    );
+    let response = gw.post_chat(&ask(false)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-ringmaster-server"], "d");
+    let reply: Value = response.json().await.unwrap();
+    assert_eq!(
+        reply["choices"][0]["message"]["content"],
+        reference.as_str()
+    );
+    // The decode worker found the prompt's blocks in its cache (fetched from the prefill
+    // worker); the prefill worker computed the prompt and one token.
+    let (_, decode_load) = decode.get("/load").await;
+    let (_, prefill_load) = prefill.get("/load").await;
+    assert_eq!(prefill_load["generated_tokens_total"], 1, "{prefill_load}");
+    assert!(
+        decode_load["cached_prompt_tokens_total"].as_u64().unwrap() >= 16,
+        "{decode_load}"
+    );
+    assert!(
+        decode_load["prefill_tokens_total"].as_u64().unwrap() < 16,
+        "the decode worker computed only the prompt's last tokens: {decode_load}"
+    );
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        crate::support::metric_sum(&metrics, "ringmaster_prefill_legs_total", "outcome=\"ok\""),
+        1.0
+    );
+    // Streamed, another question: the same tokens as served whole.
+    let question =
+        "Name the moons of Mars and of Jupiter that people found before 1700, and who found each.";
+    let mut plain = ask(false);
+    plain["messages"][0]["content"] = json!(question);
+    let (_, whole_reply) = whole.post("/v1/chat/completions", &plain).await;
+    let expected = whole_reply["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut streamed = ask(true);
+    streamed["messages"][0]["content"] = json!(question);
+    let text = gw.post_chat(&streamed).await.text().await.unwrap();
+    let got: String = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(got, expected);
+    assert_eq!(
+        crate::support::metric_sum(
+            &gw.metrics().await,
+            "ringmaster_prefill_legs_total",
+            "outcome=\"ok\""
+        ),
+        2.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

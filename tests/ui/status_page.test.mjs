@@ -82,6 +82,10 @@ time_scale = 0.3
 address = "sim://gpu-0"
 [[servers]]
 address = "sim://gpu-1"
+role = "decode"
+[[servers]]
+address = "sim://gpu-p"
+role = "prefill"
 [[policies.router]]
 name = "control"
 source = "builtin:prefix-affinity"
@@ -144,6 +148,9 @@ test('with the token it shows the servers, the variants and the experiment, live
   // The servers and the variants of the started gateway.
   await page.waitForSelector('#servers tr[data-server="gpu-0"]');
   await page.waitForSelector('#servers tr[data-server="gpu-1"]');
+  // Each server's part in a disaggregated fleet.
+  const roles = await page.$$eval('#servers tbody tr', (rows) => rows.map((r) => [r.dataset.server, r.cells[2].textContent]));
+  assert.deepEqual(roles, [['gpu-0', 'both'], ['gpu-1', 'decode (ringmaster)'], ['gpu-p', 'prefill (ringmaster)']]);
   const variants = await page.$$eval('#variants tbody tr', (rows) => rows.map((r) => r.dataset.variant));
   assert.deepEqual(variants, ['control', 'candidate']);
   const experiment = await page.$$eval('#experiment tbody tr', (rows) => rows.map((r) => r.cells[0].textContent));

@@ -646,3 +646,67 @@ fn the_simulated_tokenizer_travels_as_a_spec() {
     );
     assert_eq!(back.fingerprint(), spec.fingerprint());
 }
+
+#[tokio::test]
+async fn a_prefill_hands_its_prompt_to_a_decode_engine_which_continues_as_whole() {
+    let prefill = EngineHandle::spawn(fast("prefill")).unwrap();
+    let decode = EngineHandle::spawn(fast("decode")).unwrap();
+    let whole = EngineHandle::spawn(fast("whole")).unwrap();
+    let ask = || request(Some(&long_system(300)), vec![user("go on")], 24);
+    let (stream, handoff) = prefill.submit_prefill(ask()).unwrap();
+    let prefilled = collect(stream).await;
+    assert_eq!(prefilled.output_tokens, 1, "a prefill samples one token");
+    let handoff = handoff.await.expect("a finished prefill hands its KV over");
+    let prompt = prefilled.prompt_tokens as usize;
+    assert_eq!(handoff.blocks.len(), prompt / BLOCK_SIZE);
+    assert_eq!(handoff.contents, crate::KvContents::Modelled);
+    assert_eq!(
+        handoff.transfer_bytes(handoff.blocks.len()),
+        (handoff.blocks.len() * BLOCK_SIZE) as u64 * crate::cost::KV_BYTES_PER_TOKEN
+    );
+    // Chained: each block names the one before it.
+    for pair in handoff.blocks.windows(2) {
+        assert_eq!(pair[1].parent, Some(pair[0].hash));
+    }
+    let decoded = collect(decode.submit_with_kv(ask(), handoff.clone()).unwrap()).await;
+    let reference = collect(whole.submit(ask()).unwrap()).await;
+    assert_eq!(
+        decoded.text(),
+        reference.text(),
+        "the same tokens as served whole"
+    );
+    assert_eq!(decoded.output_tokens, 24);
+    // The decode engine computed only what the handed-over blocks do not cover (the match
+    // always leaves the prompt's last token to compute).
+    let covered = (handoff.blocks.len() * BLOCK_SIZE).min(prompt - 1) / BLOCK_SIZE * BLOCK_SIZE;
+    assert_eq!(decoded.cached_tokens as usize, covered);
+    assert_eq!(reference.cached_tokens, 0);
+    // And it keeps them for the next request with that prompt.
+    assert_eq!(
+        decode.cached_prefix_blocks(&handoff.hashes()),
+        handoff.blocks.len()
+    );
+    // A decode engine that is handed blocks of contents it cannot write computes the prompt.
+    let unreadable = crate::KvHandoff {
+        contents: crate::KvContents::Unavailable,
+        ..handoff
+    };
+    let fresh = EngineHandle::spawn(fast("fresh")).unwrap();
+    let computed = collect(fresh.submit_with_kv(ask(), unreadable).unwrap()).await;
+    assert_eq!(computed.cached_tokens, 0);
+    assert_eq!(computed.text(), reference.text());
+}
+
+#[tokio::test]
+async fn a_cancelled_prefill_hands_nothing_over() {
+    let prefill = EngineHandle::spawn(EngineConfig {
+        time_scale: 1.0,
+        ..EngineConfig::simulated("prefill")
+    })
+    .unwrap();
+    let (stream, handoff) = prefill
+        .submit_prefill(request(Some(&long_system(2000)), vec![user("hi")], 50))
+        .unwrap();
+    drop(stream);
+    assert!(handoff.await.is_err());
+}

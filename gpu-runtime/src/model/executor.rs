@@ -17,8 +17,9 @@ use super::gguf::ModelFile;
 use super::llama::{Llama, PagedKv, SeqInput};
 use super::sampler;
 use super::tokenizer::GgufTokenizer;
-use crate::block::SeqId;
+use crate::block::{BlockId, SeqId};
 use crate::executor::{Executor, SampledToken, StepOutcome, StepPlan};
+use crate::handoff::KvContents;
 use crate::tokenizer::Tokenizer;
 
 /// How to run a model.
@@ -161,6 +162,23 @@ impl Executor for ModelExecutor {
 
     fn sequence_finished(&mut self, seq_id: SeqId) {
         self.sampler.finished(seq_id);
+    }
+
+    fn export_blocks(&self, blocks: &[BlockId]) -> KvContents {
+        KvContents::Bytes {
+            block_bytes: self.kv.block_bytes(),
+            data: self.kv.read_blocks(blocks),
+        }
+    }
+
+    fn accepts(&self, contents: &KvContents) -> bool {
+        matches!(contents, KvContents::Bytes { block_bytes, .. } if *block_bytes == self.kv.block_bytes())
+    }
+
+    fn import_blocks(&mut self, blocks: &[(usize, BlockId)], contents: &KvContents) {
+        if let KvContents::Bytes { data, .. } = contents {
+            self.kv.write_blocks(blocks, data);
+        }
     }
 }
 

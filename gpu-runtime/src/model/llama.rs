@@ -100,6 +100,44 @@ impl PagedKv {
         2 * self.k.len() * BLOCK_SIZE * self.kv_dim * std::mem::size_of::<f16>()
     }
 
+    /// The contents of `blocks`, [`block_bytes`](Self::block_bytes) each in block order:
+    /// per block, every layer's keys then values (little-endian halves).
+    pub fn read_blocks(&self, blocks: &[BlockId]) -> Vec<u8> {
+        let slot = BLOCK_SIZE * self.kv_dim;
+        let mut out = Vec::with_capacity(blocks.len() * self.block_bytes());
+        for block in blocks {
+            let start = block.0 as usize * slot;
+            for layer in self.k.iter().chain(&self.v) {
+                for value in &layer[start..start + slot] {
+                    out.extend_from_slice(&value.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    /// Writes blocks read by [`read_blocks`](Self::read_blocks) from a pool of the same
+    /// model: `blocks` pairs each block's index in `data` with the block it goes to here.
+    /// Blocks `data` is too short for are left alone.
+    pub fn write_blocks(&mut self, blocks: &[(usize, BlockId)], data: &[u8]) {
+        let slot = BLOCK_SIZE * self.kv_dim;
+        let block_bytes = self.block_bytes();
+        for &(index, block) in blocks {
+            let Some(bytes) = data.get(index * block_bytes..(index + 1) * block_bytes) else {
+                continue;
+            };
+            let start = block.0 as usize * slot;
+            let mut halves = bytes
+                .chunks_exact(2)
+                .map(|b| f16::from_le_bytes([b[0], b[1]]));
+            for layer in self.k.iter_mut().chain(self.v.iter_mut()) {
+                for (value, half) in layer[start..start + slot].iter_mut().zip(&mut halves) {
+                    *value = half;
+                }
+            }
+        }
+    }
+
     fn offset(&self, table: &[BlockId], position: usize) -> usize {
         let block = table[position / BLOCK_SIZE].0 as usize;
         (block * BLOCK_SIZE + position % BLOCK_SIZE) * self.kv_dim

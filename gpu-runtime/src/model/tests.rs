@@ -198,30 +198,32 @@ fn smollm_tokens_match_the_reference_tokenizer() {
     assert_eq!(String::from_utf8(text).unwrap(), " naïve café 42");
 }
 
-/// Greedy generation through the whole engine: paged blocks, chunked prefill, the scheduler.
-async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32) -> (String, u32) {
-    let mut stream = handle
-        .submit(crate::GenerateRequest {
-            request_id: "test".into(),
-            system: None,
-            messages: vec![crate::ChatMessage {
-                role: crate::Role::User,
-                text: question.into(),
-                ..Default::default()
-            }],
-            max_tokens,
-            stop_sequences: Vec::new(),
-            sampling: crate::SamplingParams {
-                temperature: Some(0.0),
-                ..Default::default()
-            },
-            prompt: None,
-            priority: 0,
-            tools: None,
-            effort: None,
-            output_format: None,
-        })
-        .unwrap();
+/// A greedy request for `question`.
+fn greedy_request(question: &str, max_tokens: u32) -> crate::GenerateRequest {
+    crate::GenerateRequest {
+        request_id: "test".into(),
+        system: None,
+        messages: vec![crate::ChatMessage {
+            role: crate::Role::User,
+            text: question.into(),
+            ..Default::default()
+        }],
+        max_tokens,
+        stop_sequences: Vec::new(),
+        sampling: crate::SamplingParams {
+            temperature: Some(0.0),
+            ..Default::default()
+        },
+        prompt: None,
+        priority: 0,
+        tools: None,
+        effort: None,
+        output_format: None,
+    }
+}
+
+/// A stream's text and cached prompt tokens.
+async fn read(mut stream: crate::GenerationStream) -> (String, u32) {
     let mut text = String::new();
     let mut cached = 0;
     while let Some(event) = stream.next().await {
@@ -235,6 +237,69 @@ async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32)
         }
     }
     (text, cached)
+}
+
+/// Greedy generation through the whole engine: paged blocks, chunked prefill, the scheduler.
+async fn generate(handle: &crate::EngineHandle, question: &str, max_tokens: u32) -> (String, u32) {
+    read(handle.submit(greedy_request(question, max_tokens)).unwrap()).await
+}
+
+fn smollm_engine(path: &std::path::Path, name: &str) -> crate::EngineHandle {
+    let executor = ModelExecutor::load(path, &options(512)).unwrap();
+    let mut config = crate::EngineConfig::simulated(name);
+    config.kv_blocks = 512;
+    config.max_running = 8;
+    config.step_token_budget = 256;
+    crate::EngineHandle::spawn_with_executor(config, executor).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smollm_decodes_from_the_kv_blocks_another_engine_prefilled_as_it_would_whole() {
+    let Some(path) = model_path() else { return };
+    let (prefill, decode, whole) = (
+        smollm_engine(&path, "prefill"),
+        smollm_engine(&path, "decode"),
+        smollm_engine(&path, "whole"),
+    );
+    let question = "Name the planets of the solar system in order from the sun, one a line, \
+                    and say for each one whether it has rings.";
+    let (reference, _) = generate(&whole, question, 40).await;
+    let (stream, handoff) = prefill
+        .submit_prefill(greedy_request(question, 40))
+        .unwrap();
+    let (first, _) = read(stream).await;
+    let handoff = handoff.await.unwrap();
+    assert!(handoff.blocks.len() >= 2, "{} blocks", handoff.blocks.len());
+    let crate::KvContents::Bytes { block_bytes, data } = &handoff.contents else {
+        panic!("a model hands over its blocks' contents");
+    };
+    assert_eq!(data.len(), handoff.blocks.len() * block_bytes);
+    let (decoded, cached) = read(
+        decode
+            .submit_with_kv(greedy_request(question, 40), handoff.clone())
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        decoded, reference,
+        "the same tokens at temperature 0 as served whole"
+    );
+    assert!(
+        reference.starts_with(&first),
+        "{first:?} leads {reference:?}"
+    );
+    assert!(
+        cached as usize >= (handoff.blocks.len() - 1) * crate::BLOCK_SIZE,
+        "cached {cached}"
+    );
+    // The decode engine keeps the blocks it received.
+    assert_eq!(
+        decode.cached_prefix_blocks(&handoff.hashes()),
+        handoff.blocks.len()
+    );
+    let (again, cached_again) = generate(&decode, question, 40).await;
+    assert_eq!(again, reference);
+    assert!(cached_again >= cached);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -152,6 +152,13 @@ pub(crate) async fn explain(
             "preferred": decision.preferred.as_ref().map(|s| s.id()),
             "skipped": decision.skipped.iter().map(|s| s.id()).collect::<Vec<_>>(),
             "capacity": decision.capacity,
+            // Whether the request would be split between a prefill server and the chosen one.
+            "pair": explained.pair.as_ref().map(|pair| json!({
+                "outcome": pair.outcome.as_str(),
+                "prefill": pair.prefill.as_ref().map(|(server, _)| server.id()),
+                "prefill_tokens": pair.prefill.as_ref().map(|(_, tokens)| tokens),
+                "why": pair.why,
+            })),
         }),
     ))
 }

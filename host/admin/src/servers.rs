@@ -79,6 +79,11 @@ fn server_json(server: &Server) -> serde_json::Value {
             }),
             ringmaster_gateway::pool::Backend::Local(_) => serde_json::Value::Null,
         },
+        // Its part in a disaggregated fleet.
+        "role": server.role().role.as_str(),
+        "disaggregation": server.role().connector.map(|c| c.as_str()),
+        "bootstrap_port": server.role().bootstrap_port,
+        "dp_rank": server.role().dp_rank,
         "adapters": server.adapters(),
         "adapter_loads": server.adapter_counts(),
         "load_source": server.load_source(),

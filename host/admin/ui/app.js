@@ -151,6 +151,9 @@ function renderServers(servers) {
     const engine = s.engine || {};
     cell(row, s.id).title = s.address;
     cell(row, s.state, `state-${s.state}`);
+    // Its part in a disaggregated fleet: whole requests, or prefill or decode legs and how
+    // its KV cache moves.
+    cell(row, s.disaggregation ? `${s.role} (${s.disaggregation})` : s.role, `role-${s.role}`);
     const health = !s.routable ? 'unroutable' : 'ok';
     cell(row, health, `health-${health}`);
     cell(row, s.in_flight, 'num');

@@ -9,9 +9,7 @@
 //! The body is read once at its top level (each value's JSON text borrowed, not parsed); only
 //! a value that is edited is parsed and written again.
 
-use std::fmt;
-
-use serde::de::{Deserializer, MapAccess, Visitor};
+use ringmaster_wire::object::{ObjectWriter, TopLevel};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -38,32 +36,9 @@ pub struct RelayEdits<'a> {
     pub prior_items: Option<&'a str>,
 }
 
-/// The body's top level: each key with its value's JSON text, in order.
-struct TopLevel<'a>(Vec<(String, &'a RawValue)>);
-
-impl<'de> serde::Deserialize<'de> for TopLevel<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Entries;
-        impl<'de> Visitor<'de> for Entries {
-            type Value = TopLevel<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(16));
-                while let Some(entry) = map.next_entry::<String, &'de RawValue>()? {
-                    entries.push(entry);
-                }
-                Ok(TopLevel(entries))
-            }
-        }
-        deserializer.deserialize_map(Entries)
-    }
-}
-
 /// The body `door`'s client sent, as the server of the same API gets it.
 pub fn relay_body(door: Door, body: &[u8], edits: &RelayEdits<'_>) -> Result<Vec<u8>, ApiError> {
-    let TopLevel(entries) = serde_json::from_slice(body)
+    let TopLevel(entries) = TopLevel::parse(body)
         .map_err(|e| ApiError::invalid(format!("request body is not a JSON object: {e}")))?;
     let streamed = entries
         .iter()
@@ -141,26 +116,14 @@ pub fn relay_body(door: Door, body: &[u8], edits: &RelayEdits<'_>) -> Result<Vec
     if door == Door::Responses && !entries.iter().any(|(k, _)| k == "store") {
         out.push(("store".into(), false.into()));
     }
-    let mut body = Vec::with_capacity(body.len() + 64);
-    body.push(b'{');
-    let mut first = true;
-    let mut write = |key: &str, text: &str, body: &mut Vec<u8>| {
-        if !first {
-            body.push(b',');
-        }
-        first = false;
-        ringmaster_wire::sse::json_string(body, key);
-        body.push(b':');
-        body.extend_from_slice(text.as_bytes());
-    };
+    let mut object = ObjectWriter::with_capacity(body.len() + 64);
     for (key, text) in &edited {
-        write(key, text, &mut body);
+        object.field(key, text);
     }
     for (key, value) in &out {
-        write(key, &value.to_string(), &mut body);
+        object.field(key, &value.to_string());
     }
-    body.push(b'}');
-    Ok(body)
+    Ok(object.finish())
 }
 
 fn parse<T: serde::de::DeserializeOwned>(value: &RawValue) -> Result<T, ApiError> {

@@ -18,6 +18,7 @@
 
 pub mod autoscale;
 pub mod cluster;
+pub mod disaggregation;
 mod error;
 pub mod keys;
 pub mod limits;
@@ -41,14 +42,15 @@ use ringmaster_ring::RingConfig;
 
 pub use autoscale::AutoscaleSettings;
 pub use cluster::ClusterSettings;
+pub use disaggregation::{Connector, DisaggregationSettings, PrefillFailure, Role, ServerRole};
 pub use error::ConfigError;
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use lora::{AdapterSource, LoraSettings};
 pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
 pub use raw::{
-    RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawLimits, RawModel,
-    RawPolicies, RawRecord, RawResponses, RawRouterVariant, RawRouting, RawSafety, RawServer,
-    RawSimulator, RawTenant,
+    RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawDisaggregation,
+    RawLimits, RawModel, RawPolicies, RawRecord, RawResponses, RawRouterVariant, RawRouting,
+    RawSafety, RawServer, RawSimulator, RawTenant,
 };
 pub use routing::PrefixHashing;
 pub use servers::{
@@ -186,6 +188,9 @@ pub struct Config {
     pub unknown_fields: UnknownFieldPolicy,
     /// How the Responses API's responses are kept (`[responses]`).
     pub responses: ResponseStoreSettings,
+    /// The rules for requests split between a prefill and a decode server
+    /// (`[disaggregation]`).
+    pub disaggregation: DisaggregationSettings,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
     /// Template for simulated servers (name filled in per server).
@@ -377,6 +382,7 @@ impl RawConfig {
             volatile_prefix: routing.volatile_prefix,
             unknown_fields: unknown_fields(self.api.unwrap_or_default())?,
             responses: response_store(self.responses.unwrap_or_default())?,
+            disaggregation: disaggregation::settings(self.disaggregation.unwrap_or_default())?,
             servers,
             simulator,
             local_cache_view,

@@ -54,6 +54,25 @@ pub struct RawConfig {
     pub api: Option<RawApi>,
     /// `[responses]`: the Responses API's stored responses.
     pub responses: Option<RawResponses>,
+    /// `[disaggregation]`: the rules for requests split between a prefill and a decode
+    /// server.
+    pub disaggregation: Option<RawDisaggregation>,
+}
+
+/// `[disaggregation]`: the rules for requests split between a prefill and a decode server.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDisaggregation {
+    /// The host's pair rule: split a request only when the decode server would compute at
+    /// least this many of its prompt tokens itself (default 256).
+    pub min_uncached_tokens: Option<u32>,
+    /// `retry` (another prefill server, then whole on the decode server; the default) or
+    /// `decode` (whole on the decode server at once).
+    pub on_prefill_failure: Option<String>,
+    /// Simulated servers' KV link bandwidth, GB/s (default 50).
+    pub link_gbps: Option<f64>,
+    /// Simulated servers' KV link setup time per transfer, µs (default 100).
+    pub link_latency_us: Option<f64>,
 }
 
 /// `[cluster]`.
@@ -364,6 +383,15 @@ pub struct RawServer {
     /// Whether it gets the system-prompt lines `[routing] volatile_prefix` takes out (true
     /// only for Anthropic's own API, which checks Claude Code's billing line).
     pub keep_volatile: Option<bool>,
+    /// `both` (whole requests; the default), `prefill` or `decode`.
+    pub role: Option<String>,
+    /// How a prefill or decode server's KV cache moves: `vllm-nixl`, `sglang` or
+    /// `ringmaster` (this process's servers: always `ringmaster`).
+    pub disaggregation: Option<String>,
+    /// An SGLang prefill server's `--disaggregation-bootstrap-port` (default 8998).
+    pub bootstrap_port: Option<u16>,
+    /// The engine's data-parallel rank this entry stands for.
+    pub dp_rank: Option<u32>,
 }
 
 /// `[record]`: write every finished Messages request to a Mooncake-format trace (token counts

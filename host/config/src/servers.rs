@@ -111,7 +111,18 @@ impl ServerAddress {
         ))
     }
 
-    /// The default ring id for this address.
+    /// A remote server's host (its bootstrap host for SGLang's decode servers).
+    pub fn host(&self) -> Option<String> {
+        match self {
+            Self::Remote { url, .. } => url
+                .parse::<http::Uri>()
+                .ok()
+                .and_then(|uri| uri.host().map(str::to_owned)),
+            Self::Simulated { .. } | Self::Model { .. } => None,
+        }
+    }
+
+    /// The ring id it defaults to.
     pub fn default_id(&self) -> &str {
         match self {
             Self::Simulated { name, .. } | Self::Model { name, .. } | Self::Remote { name, .. } => {
@@ -286,6 +297,8 @@ pub struct ServerSpec {
     pub tokenizer: Option<TokenizerSource>,
     /// The API it speaks, and what it does with reasoning and volatile lines.
     pub protocol: ServerProtocol,
+    /// Its part in a disaggregated fleet (whole requests unless configured).
+    pub role: crate::ServerRole,
 }
 
 /// How a server is spoken to.
@@ -355,6 +368,7 @@ impl ServerSpec {
             kv_events: None,
             tokenizer: None,
             protocol: ServerProtocol::default(),
+            role: crate::ServerRole::default(),
         })
     }
 
@@ -423,7 +437,13 @@ pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
         raw.kv_events_format.as_deref(),
         raw.tokenizer.as_deref(),
     )?
-    .with_protocol(raw.api.as_deref(), raw.reasoning, raw.keep_volatile)
+    .with_protocol(raw.api.as_deref(), raw.reasoning, raw.keep_volatile)?
+    .with_role(
+        raw.role.as_deref(),
+        raw.disaggregation.as_deref(),
+        raw.bootstrap_port,
+        raw.dp_rank,
+    )
 }
 
 impl ServerSpec {
@@ -444,6 +464,19 @@ impl ServerSpec {
             ));
         }
         self.protocol = ServerProtocol::new(api, reasoning, keep_volatile)?;
+        Ok(self)
+    }
+
+    /// Adds its part in a disaggregated fleet (see [`crate::ServerRole::new`]).
+    pub fn with_role(
+        mut self,
+        role: Option<&str>,
+        connector: Option<&str>,
+        bootstrap_port: Option<u16>,
+        dp_rank: Option<u32>,
+    ) -> Result<Self, String> {
+        let in_process = !matches!(self.address, ServerAddress::Remote { .. });
+        self.role = crate::ServerRole::new(role, connector, bootstrap_port, dp_rank, in_process)?;
         Ok(self)
     }
 }

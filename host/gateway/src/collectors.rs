@@ -11,7 +11,7 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::admission::AdmissionGate;
-use crate::metrics::{ServerLabel, VariantLabel};
+use crate::metrics::{RoleLabels, ServerLabel, VariantLabel};
 use crate::policy::RouterSlot;
 use ringmaster_pool::Pool;
 
@@ -309,6 +309,20 @@ impl Collector for ServerCollector {
                 |s, _| if s.is_draining() { 1.0 } else { 0.0 },
             ),
         ];
+        let mut family = encoder.encode_descriptor(
+            "server_role",
+            "1 for each server, labelled with its part in a disaggregated fleet (role: both, prefill or decode) and how its KV cache moves (disaggregation)",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for (label, server, _) in &servers {
+            let role = server.role();
+            ConstGauge::new(1.0).encode(family.encode_family(&RoleLabels {
+                server: label.server.clone(),
+                role: role.role.as_str(),
+                disaggregation: role.connector.map_or("", |c| c.as_str()),
+            })?)?;
+        }
         for (name, help, read) in gauges {
             let mut family = encoder.encode_descriptor(
                 name,

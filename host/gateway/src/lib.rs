@@ -177,7 +177,8 @@ impl Gateway {
         let engine = PolicyEngine::new(config.policies.engine.clone())?;
         let router = Arc::new(
             RouterSlot::new(engine)
-                .with_guard(config.policies.router_guard, config.ring.load_factor),
+                .with_guard(config.policies.router_guard, config.ring.load_factor)
+                .with_pair_rule(config.disaggregation),
         );
         for variant in &config.policies.router {
             let bytes = policy_bytes(&variant.source).map_err(|source| StartError::ReadPolicy {

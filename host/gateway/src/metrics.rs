@@ -22,6 +22,17 @@ pub struct ServerLabel {
     pub server: String,
 }
 
+/// Label set of a server's role in a disaggregated fleet.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RoleLabels {
+    /// Server id.
+    pub server: String,
+    /// `both`, `prefill` or `decode`.
+    pub role: &'static str,
+    /// How its KV cache moves: `vllm-nixl`, `sglang`, `ringmaster`, or empty.
+    pub disaggregation: &'static str,
+}
+
 /// Label set of HTTP responses.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {
@@ -64,6 +75,13 @@ pub struct FaultLabels {
 pub struct AttemptLabels {
     /// `ok`, or why the attempt failed: `unreachable`, `timeout`, `status-429`, `status-503`,
     /// `status-5xx`, `status-4xx`, `broken`, `refused`, `engine` (a local engine refused it).
+    pub outcome: &'static str,
+}
+
+/// Label set of disaggregation decisions and prefill legs.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// What became of it (see the metric's help).
     pub outcome: &'static str,
 }
 
@@ -149,6 +167,10 @@ pub struct Metrics {
     pub slow_client_disconnects: Counter,
     /// Attempts to start a request on a server, by outcome (a retry is one more attempt).
     pub upstream_attempts: Family<AttemptLabels, Counter>,
+    /// Requests routed, by whether they were split between a prefill and a decode server.
+    pub pair_decisions: Family<OutcomeLabels, Counter>,
+    /// Prefill legs of split requests, by outcome.
+    pub prefill_legs: Family<OutcomeLabels, Counter>,
     /// Requests refused by a token bucket, by tenant and bucket.
     pub rate_limit_refusals: Family<RateLimitLabels, Counter>,
     /// Admission policy answers by verdict (a queued request is asked again on each wake-up).
@@ -263,6 +285,18 @@ impl Metrics {
             "upstream_attempts",
             "Attempts to start a request on a server, by outcome; failures before the first token are retried on the next server",
             upstream_attempts.clone(),
+        );
+        let pair_decisions = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "pair_decisions",
+            "Requests routed, by whether they were split between a prefill and a decode server: split, whole (a server that takes whole requests), bypass (the decode server would compute fewer prompt tokens than min_uncached_tokens), no_prefill_server",
+            pair_decisions.clone(),
+        );
+        let prefill_legs = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "prefill_legs",
+            "Prefill legs of split requests, by outcome: ok, no_params (the prefill returned no kv_transfer_params; the decode server computed the prompt), failed (then retried on another prefill server or served whole on the decode server), refused",
+            prefill_legs.clone(),
         );
         let rate_limit_refusals = Family::<RateLimitLabels, Counter>::default();
         registry.register(
@@ -391,6 +425,8 @@ impl Metrics {
             client_disconnects,
             slow_client_disconnects,
             upstream_attempts,
+            pair_decisions,
+            prefill_legs,
             rate_limit_refusals,
             admission_decisions,
             admission_queue_wait_seconds,

@@ -210,6 +210,7 @@ impl Pool {
             self.snapshot.store(Arc::new(PoolSnapshot {
                 ring: current.ring.clone(),
                 servers: current.servers.clone(),
+                prefill: current.prefill.clone(),
                 draining,
                 version: current.version + 1,
                 models: current.models.clone(),
@@ -245,6 +246,7 @@ mod tests {
                 kv_events: None,
                 tokenizer: None,
                 protocol: Default::default(),
+                role: Default::default(),
             })
             .collect()
     }

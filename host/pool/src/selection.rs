@@ -179,6 +179,22 @@ impl crate::Pool {
         Some(self.count(decision, input, loads))
     }
 
+    /// Counts a request's prefill leg in flight on `server` (a prefill server, off the
+    /// ring: the pair's decision chose it) and records the request's prefixes against it,
+    /// which it will hold once it has prefilled them.
+    pub fn count_leg(&self, server: &Arc<Server>, input: &RoutingInput) -> InFlight {
+        let lock = self.route_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let decision = Decision {
+            server: server.clone(),
+            reason: DecisionReason::Policy,
+            preferred: None,
+            skipped: Vec::new(),
+            capacity: None,
+            load_after: 0,
+        };
+        self.count(decision, input, lock).1
+    }
+
     /// The bounded-load walk over routable servers not in `exclude`: the first with room,
     /// else the first routable one over its cap. With nothing to exclude, an unroutable
     /// owner still gets the request when no server is routable (it may be back; if not, the

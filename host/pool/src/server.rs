@@ -125,12 +125,19 @@ pub struct Server {
     pub(crate) configured_models: Option<Vec<String>>,
     /// The API it speaks and how (a remote server's; this process's engines speak none).
     pub(crate) protocol: ringmaster_config::ServerProtocol,
+    /// Its part in a disaggregated fleet.
+    pub(crate) role: ringmaster_config::ServerRole,
 }
 
 impl Server {
     /// Ring id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Its part in a disaggregated fleet: whole requests, prefill legs or decode legs.
+    pub fn role(&self) -> ringmaster_config::ServerRole {
+        self.role
     }
 
     /// The API it speaks, whether it reasons, whether it wants volatile lines back.
@@ -592,6 +599,7 @@ pub(crate) fn start_server(
         remote_prefill: AtomicU64::new(0),
         configured_models: spec.models.clone(),
         protocol: spec.protocol,
+        role: spec.role,
     }))
 }
 

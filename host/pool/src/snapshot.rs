@@ -15,8 +15,12 @@ use crate::server::Server;
 pub struct PoolSnapshot {
     /// The ring over `servers` (member `i` is `servers[i]`).
     pub ring: Ring,
-    /// Active servers.
+    /// Active servers. In a model's pool, those that take whole requests and decode legs
+    /// (every server but the prefill servers), the ring's members.
     pub servers: Vec<Arc<Server>>,
+    /// In a model's pool, its prefill servers (`role = "prefill"`): off the ring, chosen for
+    /// a request's prefill leg only. Empty in the whole pool, whose `servers` list them.
+    pub prefill: Vec<Arc<Server>>,
     /// Removed servers still finishing requests.
     pub draining: Vec<Arc<Server>>,
     /// Increases by one with every published change.
@@ -67,18 +71,19 @@ pub(crate) fn build_snapshot(
     names.extend(catalogue.aliases.values().cloned());
     let mut models = BTreeMap::new();
     for name in &names {
-        let members: Vec<Arc<Server>> = servers
+        let (members, prefill): (Vec<Arc<Server>>, Vec<Arc<Server>>) = servers
             .iter()
             .zip(&served)
             .filter(|(_, models)| models.as_ref().is_none_or(|m| m.contains(name)))
             .map(|(s, _)| s.clone())
-            .collect();
+            .partition(|s| s.role().decodes());
         let ring = build_ring(&members, ring_config)?;
         models.insert(
             name.clone(),
             Arc::new(PoolSnapshot {
                 ring,
                 servers: members,
+                prefill,
                 draining: Vec::new(),
                 version,
                 models: BTreeMap::new(),
@@ -114,6 +119,7 @@ pub(crate) fn build_snapshot(
     Ok(PoolSnapshot {
         ring: build_ring(&servers, ring_config)?,
         servers,
+        prefill: Vec::new(),
         draining,
         version,
         models,

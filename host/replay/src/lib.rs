@@ -11,6 +11,7 @@
 //! This crate must not change how the gateway routes: it only calls it.
 
 pub mod agent;
+pub mod goodput;
 pub mod oracle;
 pub mod publish;
 pub mod render;
@@ -65,6 +66,23 @@ pub struct Fleet {
     pub record: Option<PathBuf>,
     /// Servers (`replay-N`) that run this many times slower than the others.
     pub slowdown: std::collections::BTreeMap<String, f64>,
+    /// How many of the servers are prefill servers (`prefill-N`; the others are decode
+    /// servers, `decode-N`); 0: every server takes whole requests (`replay-N`).
+    pub prefill_servers: usize,
+    /// `[disaggregation]` for a fleet with prefill servers: the pair rule's threshold, and
+    /// the KV link (GB/s, µs).
+    pub pair: PairRun,
+}
+
+/// The disaggregation settings of one run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PairRun {
+    /// `[disaggregation] min_uncached_tokens` (`None`: the gateway's default).
+    pub min_uncached_tokens: Option<u32>,
+    /// `link_gbps` (`None`: the default).
+    pub link_gbps: Option<f64>,
+    /// `link_latency_us` (`None`: the default).
+    pub link_latency_us: Option<f64>,
 }
 
 /// What to replay, as a TOML file says it.
@@ -108,10 +126,36 @@ struct RawScenario {
     scale: Vec<RawScaleEvent>,
     /// `[agent]`: the made-up coding agent's traffic (with `format = "agent"`).
     agent: Option<RawAgent>,
+    /// `[disaggregation]`: a goodput sweep over fleet layouts, pair rules and rates instead
+    /// of one run per router.
+    disaggregation: Option<RawGoodput>,
     /// Claude Code's billing line, one run per entry: `none` (the trace as it is), `raw` (the
     /// line leads every system prompt, and the gateway keeps it: `[routing] volatile_prefix =
     /// []`), `hygiene` (the line is there, and the gateway takes it out, as by default).
     billing_line: Option<Vec<String>>,
+}
+
+/// `[disaggregation]` in a scenario (see [`goodput`]).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGoodput {
+    /// `aggregated` and `xPyD` layouts of the scenario's servers.
+    layouts: Vec<String>,
+    /// `min_uncached_tokens` thresholds compared on each disaggregated layout (default
+    /// `[256]`, the gateway's default).
+    pair_rules: Option<Vec<u32>>,
+    /// Multiples of the trace's arrival rate.
+    rates: Vec<f64>,
+    /// Time-to-first-token SLO, seconds.
+    ttft_slo_s: f64,
+    /// Inter-token SLO, seconds.
+    itl_slo_s: f64,
+    /// The share of requests that must meet both (default 0.9).
+    attainment: Option<f64>,
+    /// The KV link, GB/s.
+    link_gbps: Option<f64>,
+    /// Its setup time, µs.
+    link_latency_us: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -232,6 +276,8 @@ pub struct Scenario {
     pub scale: Vec<ScaleEvent>,
     /// The billing-line runs (one run per entry, view and router).
     pub billing_lines: Vec<BillingLine>,
+    /// A goodput sweep instead of one run per router (see [`goodput`]).
+    pub goodput: Option<goodput::GoodputSpec>,
 }
 
 impl Scenario {
@@ -373,6 +419,10 @@ impl Scenario {
                 .map(|l| BillingLine::parse(l))
                 .collect::<Result<_, _>>()?,
         };
+        let goodput = raw
+            .disaggregation
+            .map(|spec| goodput_spec(spec, servers))
+            .transpose()?;
         let trace = match (&format, raw.trace) {
             (TraceFormat::Agent(_), None) => PathBuf::from("made-up-coding-agent-sessions"),
             (TraceFormat::Agent(_), Some(_)) => {
@@ -397,11 +447,36 @@ impl Scenario {
                 router_load_factor: raw.router_load_factor,
                 record: raw.record.map(|r| base.join(r)),
                 slowdown,
+                prefill_servers: 0,
+                pair: PairRun::default(),
             },
             routers,
             cache_views,
             billing_lines,
+            goodput,
         })
+    }
+
+    /// The replays it takes: one per router, view and billing line; or, for a goodput
+    /// sweep, one per router, layout, pair rule and rate.
+    pub fn runs(&self) -> usize {
+        match &self.goodput {
+            Some(spec) => {
+                let rows: usize = spec
+                    .layouts
+                    .iter()
+                    .map(|l| {
+                        if l.prefill == 0 {
+                            1
+                        } else {
+                            spec.pair_rules.len()
+                        }
+                    })
+                    .sum();
+                self.routers.len() * rows * spec.rates.len()
+            }
+            None => self.routers.len() * self.cache_views.len() * self.billing_lines.len(),
+        }
     }
 
     /// The fleet's total KV capacity in trace blocks (of 512 tokens).
@@ -413,6 +488,45 @@ impl Scenario {
         per_server * self.fleet.servers * ringmaster_gpu_runtime::BLOCK_SIZE
             / trace::TRACE_BLOCK_TOKENS as usize
     }
+}
+
+fn goodput_spec(raw: RawGoodput, servers: usize) -> Result<goodput::GoodputSpec, String> {
+    let layouts = raw
+        .layouts
+        .iter()
+        .map(|name| goodput::Layout::parse(name, servers))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("disaggregation.layouts: {e}"))?;
+    if layouts.is_empty() {
+        return Err("disaggregation.layouts: name at least one layout".into());
+    }
+    if raw.rates.is_empty()
+        || raw.rates.iter().any(|r| !(r.is_finite() && *r > 0.0))
+        || raw.rates.windows(2).any(|w| w[1] <= w[0])
+    {
+        return Err("disaggregation.rates: positive multiples of the trace's rate, rising".into());
+    }
+    let positive = |name: &str, value: f64| {
+        if value.is_finite() && value > 0.0 {
+            Ok(value)
+        } else {
+            Err(format!("disaggregation.{name}: must be above 0"))
+        }
+    };
+    let attainment = raw.attainment.unwrap_or(0.9);
+    if !(attainment > 0.0 && attainment <= 1.0) {
+        return Err("disaggregation.attainment: must be above 0 and at most 1".into());
+    }
+    Ok(goodput::GoodputSpec {
+        layouts,
+        pair_rules: raw.pair_rules.unwrap_or_else(|| vec![256]),
+        rates: raw.rates,
+        ttft_slo_s: positive("ttft_slo_s", raw.ttft_slo_s)?,
+        itl_slo_s: positive("itl_slo_s", raw.itl_slo_s)?,
+        attainment,
+        link_gbps: raw.link_gbps,
+        link_latency_us: raw.link_latency_us,
+    })
 }
 
 /// Everything a scenario's replay produced.
@@ -433,6 +547,8 @@ pub struct Report {
     /// Per router, what each run measured (for the plots).
     #[serde(skip)]
     pub runs: Vec<run::RunData>,
+    /// The goodput sweep's rows, when the scenario asks for one.
+    pub goodput: Vec<goodput::GoodputRow>,
 }
 
 impl Report {
@@ -482,7 +598,30 @@ pub async fn run_scenario(
     let unbounded = oracle::unbounded(&requests);
     let mut routers = Vec::new();
     let mut runs = Vec::new();
-    for view in &scenario.cache_views {
+    let mut goodput_rows = Vec::new();
+    if let Some(spec) = &scenario.goodput {
+        for router in &scenario.routers {
+            let rows = goodput::sweep(
+                &scenario.fleet,
+                router,
+                spec,
+                (&requests, &turns),
+                |label| progress(&format!("{router} · {label}")),
+            )
+            .await?;
+            goodput_rows.extend(rows.into_iter().map(|mut row| {
+                if scenario.routers.len() > 1 {
+                    row.label = format!("{router} · {}", row.label);
+                }
+                row
+            }));
+        }
+    }
+    for view in scenario
+        .cache_views
+        .iter()
+        .filter(|_| scenario.goodput.is_none())
+    {
         for router in &scenario.routers {
             for line in &scenario.billing_lines {
                 // With several views or lines, each row says which.
@@ -515,6 +654,7 @@ pub async fn run_scenario(
         unbounded,
         routers,
         runs,
+        goodput: goodput_rows,
     })
 }
 

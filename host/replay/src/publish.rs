@@ -28,6 +28,14 @@ pub fn write(report: &Report, name: &str, out: &Path) -> Result<String, ReplayEr
     let json = out.join(format!("{name}.json"));
     let text = serde_json::to_string_pretty(report).map_err(|e| io_error(&json, e))?;
     std::fs::write(&json, text).map_err(|e| io_error(&json, e))?;
+    if let Some(spec) = &report.scenario.goodput {
+        let plot = out.join(format!("{name}-goodput.svg"));
+        attainment_by_rate(report, spec.attainment, &plot)?;
+        let section = goodput_section(report, name, &json, &plot);
+        let md = out.join(format!("{name}.md"));
+        std::fs::write(&md, &section).map_err(|e| io_error(&md, e))?;
+        return Ok(section);
+    }
     let ttft_plot = out.join(format!("{name}-ttft.svg"));
     ttft_cdf(report, &ttft_plot)?;
     let mut load_plots = Vec::new();
@@ -107,6 +115,106 @@ fn section(
         json.display(),
     ));
     text
+}
+
+/// A goodput sweep's section: the fleet, the SLOs, the table and the plot.
+fn goodput_section(report: &Report, name: &str, json: &Path, plot: &Path) -> String {
+    let s = &report.scenario;
+    let Some(spec) = &s.goodput else {
+        return String::new();
+    };
+    // Latencies are quoted at the highest rate every row was run at below its goodput, or
+    // the trace's own rate when that is one of the rates.
+    let at = spec
+        .rates
+        .iter()
+        .position(|r| (*r - 1.0).abs() < 1e-9)
+        .unwrap_or(0);
+    let mut text = format!(
+        "### `{name}`: {} requests of `{}`, {} simulated servers; SLOs: TTFT ≤ {} s and a mean \
+         inter-token gap ≤ {} ms for {:.0} % of requests\n\n",
+        report.requests,
+        s.trace
+            .file_name()
+            .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
+        s.fleet.servers,
+        spec.ttft_slo_s,
+        spec.itl_slo_s * 1000.0,
+        spec.attainment * 100.0,
+    );
+    text.push_str(&format!(
+        "Rates: {} × the trace's own ({:.2} req/s); latencies and splits at {}× the trace's rate.\n\n",
+        spec.rates
+            .iter()
+            .map(|r| format!("{r}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        report
+            .goodput
+            .first()
+            .and_then(|row| row.points.first())
+            .map_or(0.0, |p| p.rate_rps / spec.rates[0]),
+        spec.rates[at],
+    ));
+    text.push_str(&crate::goodput::table(&report.goodput, at));
+    text.push_str(&format!(
+        "\nAttainment by rate: ![attainment]({}). Data: `{}`.\n",
+        plot.display(),
+        json.display()
+    ));
+    text
+}
+
+/// Each row's SLO attainment against the offered rate, with the target as a line.
+fn attainment_by_rate(report: &Report, target: f64, path: &Path) -> Result<(), ReplayError> {
+    let top = report
+        .goodput
+        .iter()
+        .flat_map(|row| row.points.iter().map(|p| p.rate_rps))
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption("SLO attainment by request rate", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0.0..top * 1.05, 0.0..1.0)
+        .map_err(|e| plot_error(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("requests per second")
+        .y_desc("requests meeting both SLOs")
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    chart
+        .draw_series(LineSeries::new(
+            [(0.0, target), (top * 1.05, target)],
+            BLACK.mix(0.4).stroke_width(1),
+        ))
+        .map_err(|e| plot_error(path, e))?;
+    for (i, row) in report.goodput.iter().enumerate() {
+        let colour = COLOURS[i % COLOURS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                row.points.iter().map(|p| (p.rate_rps, p.attainment)),
+                colour.stroke_width(2),
+            ))
+            .map_err(|e| plot_error(path, e))?
+            .label(row.label.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], colour.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| plot_error(path, e))?;
+    root.present().map_err(|e| plot_error(path, e))
 }
 
 /// Replaces the generated routing section of `doc` with `content` (appending the section,

@@ -53,6 +53,12 @@ pub struct Outcome {
     pub cached_tokens: u32,
     /// Tokens generated.
     pub output_tokens: u32,
+    /// The mean gap between its tokens after the first, seconds (`None` with fewer than two).
+    pub tpot_s: Option<f64>,
+    /// Each gap between two of its tokens as the client got them, seconds (tokens that came
+    /// in one frame: the first after the gap, the others 0).
+    #[serde(skip)]
+    pub gaps: Vec<f32>,
     /// Why it failed, if it did.
     pub error: Option<String>,
 }
@@ -118,6 +124,8 @@ pub struct RunData {
     pub makespan_s: f64,
     /// Per scale event.
     pub scale: Vec<ScaleOutcome>,
+    /// Requests by whether they were split between a prefill and a decode server.
+    pub pairs: Vec<(String, u64)>,
 }
 
 /// The gateway configuration for a replay of `fleet` routed by `router` (`native`: the ring
@@ -169,13 +177,37 @@ pub fn gateway_config_with(
     if let Some(blocks) = fleet.kv_blocks {
         toml.push_str(&format!("kv_blocks = {blocks}\n"));
     }
-    for i in 0..fleet.servers {
-        let name = format!("replay-{i}");
-        match fleet.slowdown.get(&name) {
-            Some(factor) => toml.push_str(&format!(
-                "[[servers]]\naddress = \"sim://{name}?slowdown={factor}\"\n"
-            )),
-            None => toml.push_str(&format!("[[servers]]\naddress = \"sim://{name}\"\n")),
+    if fleet.prefill_servers == 0 {
+        for i in 0..fleet.servers {
+            let name = format!("replay-{i}");
+            match fleet.slowdown.get(&name) {
+                Some(factor) => toml.push_str(&format!(
+                    "[[servers]]\naddress = \"sim://{name}?slowdown={factor}\"\n"
+                )),
+                None => toml.push_str(&format!("[[servers]]\naddress = \"sim://{name}\"\n")),
+            }
+        }
+    } else {
+        let pair = &fleet.pair;
+        toml.push_str("[disaggregation]\n");
+        if let Some(tokens) = pair.min_uncached_tokens {
+            toml.push_str(&format!("min_uncached_tokens = {tokens}\n"));
+        }
+        if let Some(gbps) = pair.link_gbps {
+            toml.push_str(&format!("link_gbps = {gbps}\n"));
+        }
+        if let Some(us) = pair.link_latency_us {
+            toml.push_str(&format!("link_latency_us = {us}\n"));
+        }
+        for i in 0..fleet.prefill_servers {
+            toml.push_str(&format!(
+                "[[servers]]\naddress = \"sim://prefill-{i}\"\nrole = \"prefill\"\n"
+            ));
+        }
+        for i in 0..fleet.servers.saturating_sub(fleet.prefill_servers) {
+            toml.push_str(&format!(
+                "[[servers]]\naddress = \"sim://decode-{i}\"\nrole = \"decode\"\n"
+            ));
         }
     }
     if router != "native" {
@@ -212,6 +244,25 @@ pub async fn replay(
     turns: &[Vec<usize>],
     scale: &[ScaleEvent],
 ) -> Result<RunData, ReplayError> {
+    replay_at(
+        fleet,
+        (router, cache_view, line),
+        (requests, turns),
+        scale,
+        1.0,
+    )
+    .await
+}
+
+/// [`replay`], the requests arriving `rate` times as often as the trace says (2.0: every gap
+/// between two arrivals halved).
+pub async fn replay_at(
+    fleet: &Fleet,
+    (router, cache_view, line): (&str, &str, BillingLine),
+    (requests, turns): (&[TraceRequest], &[Vec<usize>]),
+    scale: &[ScaleEvent],
+    rate: f64,
+) -> Result<RunData, ReplayError> {
     let hygiene = line != BillingLine::Raw;
     let config = RawConfig::from_toml(&gateway_config_with(fleet, (router, cache_view), hygiene))
         .and_then(RawConfig::validate)
@@ -227,7 +278,7 @@ pub async fn replay(
     let mut events = scale.iter().peekable();
     let mut scaled = Vec::new();
     for (index, request) in requests.iter().enumerate() {
-        let arrival = request.arrival - first_arrival;
+        let arrival = (request.arrival - first_arrival).div_f64(rate);
         while let Some(event) = events.next_if(|e| Duration::from_secs_f64(e.at_s) <= arrival) {
             tokio::time::sleep_until(start + Duration::from_secs_f64(event.at_s)).await;
             scaled.push(apply_scale(&gateway, event, &known));
@@ -284,6 +335,7 @@ pub async fn replay(
             ),
         makespan_s,
         scale: scaled,
+        pairs: metric_by_label(&metrics, "ringmaster_pair_decisions_total", "outcome"),
     })
 }
 
@@ -391,6 +443,8 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let mut body = response.into_body();
+    let mut first_token: Option<Instant> = None;
+    let mut last_token: Option<Instant> = None;
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame;
         let Ok(data) = frame.into_data() else {
@@ -400,13 +454,38 @@ async fn one_request(gateway: Arc<Gateway>, index: usize, body: Bytes, start: In
         if outcome.ttft_s.is_none() && !data.starts_with(b":") {
             outcome.ttft_s = Some(arrived.elapsed().as_secs_f64());
         }
+        let tokens = count(&data, b"\"content_block_delta\"");
+        if tokens > 0 {
+            let now = Instant::now();
+            if let Some(last) = last_token {
+                outcome.gaps.push((now - last).as_secs_f32());
+                outcome.gaps.extend(std::iter::repeat_n(0.0, tokens - 1));
+            } else {
+                first_token = Some(now);
+                outcome.gaps.extend(std::iter::repeat_n(0.0, tokens - 1));
+            }
+            last_token = Some(now);
+        }
         read_events(&data, &mut outcome);
     }
     outcome.e2e_s = arrived.elapsed().as_secs_f64();
+    if let (Some(first), Some(last)) = (first_token, last_token)
+        && !outcome.gaps.is_empty()
+    {
+        outcome.tpot_s = Some((last - first).as_secs_f64() / outcome.gaps.len() as f64);
+    }
     if outcome.error.is_none() && outcome.prompt_tokens == 0 {
         outcome.error = Some("the reply ended without its usage".to_owned());
     }
     outcome
+}
+
+/// How many times `needle` occurs in `haystack`.
+fn count(haystack: &[u8], needle: &[u8]) -> usize {
+    haystack
+        .windows(needle.len())
+        .filter(|window| *window == needle)
+        .count()
 }
 
 /// Takes the usage (from `message_delta`) and any error event from one SSE frame.

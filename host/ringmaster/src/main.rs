@@ -126,6 +126,11 @@ struct WorkerArgs {
     /// With --simulated: the time scale (1.0 real time, 0.1 ten times faster).
     #[arg(long, default_value_t = 1.0, requires = "simulated")]
     time_scale: f64,
+    /// Its part in a disaggregated fleet: `both` (whole requests and either leg), `prefill`
+    /// (computes prompts and keeps their KV blocks for a decode worker) or `decode` (decodes
+    /// from a prefill worker's blocks). Whole requests are served in every role.
+    #[arg(long, default_value = "both", value_parser = ["both", "prefill", "decode"])]
+    role: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -407,6 +412,7 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
 fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
     let process_started = std::time::Instant::now();
+    let role = ringmaster_worker::transfer::Role::parse(&args.role).unwrap_or_default();
     if args.simulated {
         let name = args.name.clone().unwrap_or_else(|| "sim".to_owned());
         let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
@@ -419,7 +425,7 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         config.validate().context("invalid engine settings")?;
         let starter: EngineStarter =
             Box::new(|config| Ok(ringmaster_gpu_runtime::EngineHandle::spawn(config)?));
-        return run_worker(args.listen, name, config, starter, process_started);
+        return run_worker((args.listen, role), name, config, starter, process_started);
     }
     let path = args.model.unwrap_or_else(default_model_path);
     let name = match args.name {
@@ -476,12 +482,12 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
     };
     config.validate().context("invalid engine settings")?;
-    run_worker(args.listen, name, config, executor, process_started)
+    run_worker((args.listen, role), name, config, executor, process_started)
 }
 
 /// Serves one engine over HTTP until SIGINT or SIGTERM.
 fn run_worker(
-    listen: String,
+    (listen, role): (String, ringmaster_worker::transfer::Role),
     name: String,
     config: ringmaster_gpu_runtime::EngineConfig,
     executor: EngineStarter,
@@ -504,7 +510,7 @@ fn run_worker(
             "worker.listening"
         );
         ringmaster_worker::serve(
-            ringmaster_worker::Worker::new(engine, name),
+            ringmaster_worker::Worker::with_role(engine, name, role),
             listener,
             shutdown_signal(),
         )
@@ -689,7 +695,7 @@ fn bench_replay(args: ReplayArgs) -> anyhow::Result<()> {
         );
         let runtime = ringmaster_replay::runtime()?;
         let started = std::time::Instant::now();
-        let bar = policy_cmd::replay_bar(scenario.routers.len(), &name);
+        let bar = policy_cmd::replay_bar(scenario.runs(), &name);
         let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
             bar.inc(1);
             bar.set_message(router.to_owned());

@@ -83,6 +83,13 @@ pub const ROUTING_PREFILL_BACKLOG: &str = "ringmaster.routing.prefill_backlog";
 pub const ROUTING_CAPACITY: &str = "ringmaster.routing.capacity";
 /// Servers in the snapshot the decision saw.
 pub const ROUTING_CANDIDATES: &str = "ringmaster.routing.candidates";
+/// Whether the request was split between a prefill and a decode server: `split`, `whole`,
+/// `bypass`, `no_prefill_server`.
+pub const ROUTING_PAIR: &str = "ringmaster.routing.pair";
+/// The prefill server of a split request.
+pub const ROUTING_PREFILL_SERVER: &str = "ringmaster.routing.prefill_server";
+/// Which leg of a split request an upstream span is: `prefill` or `decode`.
+pub const LEG: &str = "ringmaster.leg";
 /// Whether the request waited in the admission queue.
 pub const ADMISSION_QUEUED: &str = "ringmaster.admission.queued";
 /// The attempt's number (1 for the first).

@@ -8,7 +8,8 @@
 //! - [`responses`]: OpenAI's Responses API: request, items, response object, stream events;
 //! - [`worker`]: `ringmaster worker`'s load report, KV events and tokenizer description;
 //! - [`models`]: the model list both APIs read;
-//! - [`sse`]: server-sent event frames.
+//! - [`sse`]: server-sent event frames;
+//! - [`object`]: a JSON object edited at its top level, its values passed as their text.
 //!
 //! The gateway's doors, the pool's client, the worker and the tests' fake servers all compile
 //! against these types; nothing else writes these shapes. Fields a reader drops borrow from
@@ -18,6 +19,7 @@
 
 pub mod anthropic;
 pub mod models;
+pub mod object;
 pub mod openai;
 pub mod responses;
 mod skipped;

@@ -1,6 +1,7 @@
 //! The worker protocol: what `ringmaster worker` serves besides OpenAI's chat endpoints, and
 //! what a gateway's pool reads from it: the load report (`GET /load`), the prefix cache's
-//! events (`GET /kv/events`) and the tokenizer (`GET /tokenizer`).
+//! events (`GET /kv/events`), the tokenizer (`GET /tokenizer`), and a prefill's KV blocks for
+//! the decode worker of a split request (`GET /kv/transfer/{id}`, [`KvTransfer`]).
 //!
 //! These shapes are the protocol, apart from the engine's own structs: the engine may change
 //! its internals, and the worker and the pool each convert at their edge.
@@ -194,4 +195,29 @@ mod tests {
         let partial: Load = serde_json::from_str(r#"{"waiting":2}"#).unwrap();
         assert_eq!((partial.waiting, partial.running), (2, 0));
     }
+}
+
+/// `GET /kv/transfer/{id}`: the first line of a prefill's handoff, a JSON object ending in
+/// `\n`; the blocks' contents follow it, raw (`block_bytes` each, in block order), when
+/// `contents` is `bytes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvTransfer {
+    /// The prompt's computed full blocks, in order.
+    pub blocks: Vec<TransferBlock>,
+    /// `bytes` (the raw contents follow), `modelled` (a simulated engine: nothing follows) or
+    /// `unavailable` (the decode worker computes the prompt).
+    pub contents: String,
+    /// Bytes per block of the contents (0 when none follow).
+    pub block_bytes: usize,
+}
+
+/// One block of a [`KvTransfer`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferBlock {
+    /// Its chained hash.
+    pub hash: HexHash,
+    /// The block before it (`null` for the first).
+    pub parent: Option<HexHash>,
+    /// Its token ids.
+    pub tokens: Vec<u32>,
 }

@@ -22,12 +22,17 @@
 //!   engine's tokenizer as data (`ringmaster_gpu_runtime::TokenizerSpec`), so a gateway can
 //!   compute the block hashes of a prompt as this worker will and match them against the
 //!   events.
+//! - `GET /kv/transfer/{id}`: the KV blocks a prefill leg computed here, once, for the decode
+//!   worker of the same request (see [`transfer`]: a chat or completions request with
+//!   `kv_transfer_params` is a split request's prefill or decode leg, as vLLM's
+//!   `NixlConnector` defines them).
 //!
 //! A client that disconnects cancels its generation: the engine frees its KV blocks at once.
 //! This crate owns the HTTP surface only; the engine, its executor and its model are the
 //! engine crate's, built by the caller.
 
 pub mod openai;
+pub mod transfer;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -70,16 +75,34 @@ pub struct Worker {
     model: String,
     /// The `/tokenizer` body, built on first use (about 2 MB for a 49k-token vocabulary).
     tokenizer_body: std::sync::OnceLock<Bytes>,
+    /// The blocks its prefill legs computed for decode workers.
+    transfers: transfer::Transfers,
 }
 
 impl Worker {
-    /// A worker serving `engine` as the model `model`.
+    /// A worker serving `engine` as the model `model`, taking whole requests and either leg
+    /// of a split one.
     pub fn new(engine: EngineHandle, model: impl Into<String>) -> Arc<Self> {
+        Self::with_role(engine, model, transfer::Role::Both)
+    }
+
+    /// A worker of `role` in a disaggregated fleet (`ringmaster worker --role`).
+    pub fn with_role(
+        engine: EngineHandle,
+        model: impl Into<String>,
+        role: transfer::Role,
+    ) -> Arc<Self> {
         Arc::new(Self {
             engine,
             model: model.into(),
             tokenizer_body: std::sync::OnceLock::new(),
+            transfers: transfer::Transfers::new(role),
         })
+    }
+
+    /// The blocks its prefill legs computed and keep for decode workers.
+    pub fn transfers(&self) -> &transfer::Transfers {
+        &self.transfers
     }
 
     /// The model name requests must use (or omit).
@@ -143,6 +166,9 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
         (&Method::GET, "/load") => json_response(StatusCode::OK, &worker.engine.load()),
         (&Method::GET, "/kv/events") => kv_events(&worker),
         (&Method::GET, "/tokenizer") => tokenizer(&worker),
+        (&Method::GET, path) if path.starts_with("/kv/transfer/") => {
+            kv_transfer(&worker, &path["/kv/transfer/".len()..])
+        }
         (&Method::POST, "/v1/chat/completions") => {
             generate(&worker, req, Endpoint::Chat, &request_id).await
         }
@@ -171,6 +197,26 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
     };
     debug!(request_id = %request_id, %method, %path, status = response.status().as_u16(), "worker.response");
     response
+}
+
+/// `GET /kv/transfer/{id}`: a prefill's blocks, once.
+fn kv_transfer(worker: &Worker, id: &str) -> Response<ResponseBody> {
+    match worker.transfers.take(id) {
+        Some(bytes) => Response::builder()
+            .status(StatusCode::OK)
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(full(bytes))
+            .unwrap_or_else(|_| Response::new(full(Bytes::new()))),
+        None => error_response(
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+            &format!(
+                "no KV blocks kept for {id:?} (never prefilled here, fetched already, or older \
+                 than {} s)",
+                transfer::KV_LEASE.as_secs()
+            ),
+        ),
+    }
 }
 
 fn health(worker: &Worker) -> Response<ResponseBody> {
@@ -302,6 +348,25 @@ async fn generate(
     endpoint: Endpoint,
     request_id: &str,
 ) -> Response<ResponseBody> {
+    // A prefill leg's blocks are named by the id its proxy gave both legs, and found where
+    // the proxy reached this worker.
+    let pair_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 256 && !id.contains('/'))
+        .map_or_else(|| request_id.to_owned(), str::to_owned);
+    let reached_at = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|host| host.parse::<http::uri::Authority>().ok())
+        .map(|authority| {
+            (
+                authority.host().to_owned(),
+                authority.port_u16().unwrap_or(80),
+            )
+        });
     let body = match Limited::new(req.into_body(), MAX_BODY_BYTES)
         .collect()
         .await
@@ -323,35 +388,49 @@ async fn generate(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
         }
     };
-    let mut stream = match worker.engine.submit(request.generate) {
+    let leg = match transfer::leg_of(&body, worker.transfers.role) {
+        Ok(leg) => leg,
+        Err(message) => {
+            return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
+        }
+    };
+    let mut handoff = None;
+    let submitted = match leg {
+        transfer::Leg::Whole => worker.engine.submit(request.generate),
+        transfer::Leg::Prefill => match worker.engine.submit_prefill(request.generate) {
+            Ok((stream, kept)) => {
+                handoff = Some(kept);
+                Ok(stream)
+            }
+            Err(e) => Err(e),
+        },
+        transfer::Leg::Decode(remote) => match transfer::fetch(&remote).await {
+            Ok(blocks) => worker.engine.submit_with_kv(request.generate, blocks),
+            Err(why) => {
+                worker.transfers.fetch_failed();
+                warn!(request_id = %request_id, prefill = %remote.remote_host, error = %why, "worker.kv_fetch_failed");
+                worker.engine.submit(request.generate)
+            }
+        },
+    };
+    if let Some(handoff) = handoff {
+        return match submitted {
+            Ok(stream) => {
+                prefill_reply(
+                    worker,
+                    stream,
+                    handoff,
+                    (endpoint, request_id),
+                    (&pair_id, reached_at),
+                )
+                .await
+            }
+            Err(e) => engine_error(e),
+        };
+    }
+    let mut stream = match submitted {
         Ok(stream) => stream,
-        Err(e @ EngineError::Stopped) => {
-            return error_response(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "overloaded_error",
-                &e.to_string(),
-            );
-        }
-        Err(
-            e @ (EngineError::PromptTooLong { .. }
-            | EngineError::ContextTooLong { .. }
-            | EngineError::EmptyPrompt
-            | EngineError::ToolsUnsupported
-            | EngineError::ImagesUnsupported),
-        ) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                &e.to_string(),
-            );
-        }
-        Err(e) => {
-            return error_response(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "api_error",
-                &e.to_string(),
-            );
-        }
+        Err(e) => return engine_error(e),
     };
     let reply = Reply {
         id: match endpoint {
@@ -461,6 +540,97 @@ async fn generate(
         }
     });
     sse_response(body)
+}
+
+/// An engine's refusal as the client's error: its status and OpenAI's shape.
+fn engine_error(error: EngineError) -> Response<ResponseBody> {
+    match error {
+        e @ EngineError::Stopped => error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            &e.to_string(),
+        ),
+        e @ (EngineError::PromptTooLong { .. }
+        | EngineError::ContextTooLong { .. }
+        | EngineError::EmptyPrompt
+        | EngineError::ToolsUnsupported
+        | EngineError::ImagesUnsupported) => error_response(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &e.to_string(),
+        ),
+        e => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "api_error",
+            &e.to_string(),
+        ),
+    }
+}
+
+/// A prefill leg's answer: the whole reply (one token) with the `kv_transfer_params` that
+/// name the blocks it keeps for the decode worker.
+async fn prefill_reply(
+    worker: &Worker,
+    mut stream: ringmaster_gpu_runtime::GenerationStream,
+    handoff: tokio::sync::oneshot::Receiver<ringmaster_gpu_runtime::KvHandoff>,
+    (endpoint, request_id): (Endpoint, &str),
+    (pair_id, reached_at): (&str, Option<(String, u16)>),
+) -> Response<ResponseBody> {
+    let reply = Reply {
+        id: match endpoint {
+            Endpoint::Chat => format!("chatcmpl-{request_id}"),
+            Endpoint::Completions => format!("cmpl-{request_id}"),
+        },
+        endpoint,
+        model: worker.model.clone(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let mut text = String::new();
+    let mut finished = None;
+    while let Some(event) = stream.next().await {
+        match event {
+            GenerateEvent::Token { text: piece } => text.push_str(&piece),
+            GenerateEvent::Finished {
+                reason,
+                prompt_tokens,
+                cached_tokens,
+                output_tokens,
+            } => {
+                finished = Some((
+                    reason,
+                    openai::usage(prompt_tokens, cached_tokens, output_tokens),
+                ))
+            }
+            _ => {}
+        }
+    }
+    let (Some((reason, usage)), Ok(handoff)) = (finished, handoff.await) else {
+        return error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "the engine stopped before the prefill finished",
+        );
+    };
+    let whole = serde_json::to_vec(&reply.whole(&text, openai::finish_reason(&reason), usage))
+        .unwrap_or_default();
+    let (host, port) = reached_at.unwrap_or_else(|| ("127.0.0.1".to_owned(), 80));
+    let params = worker.transfers.keep(pair_id, &handoff, (&host, port));
+    debug!(request_id = %request_id, pair_id, blocks = handoff.blocks.len(), "worker.prefilled");
+    let Ok(top) = ringmaster_wire::object::TopLevel::parse(&whole) else {
+        return json_response(StatusCode::OK, &params);
+    };
+    let mut out = ringmaster_wire::object::ObjectWriter::with_capacity(whole.len() + 512);
+    for (key, value) in &top.0 {
+        out.field(key, value.get());
+    }
+    out.field("kv_transfer_params", &params.to_string());
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(full(Bytes::from(out.finish())))
+        .unwrap_or_else(|_| Response::new(full(Bytes::new())))
 }
 
 fn sse_data(value: &impl serde::Serialize) -> Bytes {

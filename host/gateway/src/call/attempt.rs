@@ -13,14 +13,16 @@ use std::time::Duration;
 use ringmaster_api::relay::RelayEdits;
 use ringmaster_api::{ApiError, ErrorKind, FieldNotes, UnknownFields};
 use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream};
-use ringmaster_pool::remote::{Endpoint, ReplyMode, Target, UpstreamRequest};
+use ringmaster_pool::remote::{Endpoint, ReplyMode, UpstreamRequest};
 use ringmaster_pool::{Backend, BackendError, Decision, InFlight};
 use ringmaster_wire::Api;
 use tracing::debug;
 
+use super::legs::Encoded;
 use super::{AdapterUse, Call};
 use crate::metrics::AttemptLabels;
 use crate::policy::Routed;
+use crate::policy::pair::PrefillLeg;
 
 /// A generation under way: its stream, the server it runs on, and how many attempts it took.
 #[derive(Debug)]
@@ -39,13 +41,15 @@ pub(crate) struct Started {
 impl Call {
     /// How a remote server of `api` is asked for its reply: whole for a client that wants one
     /// message; streamed, and relayed as it came to a client that speaks the server's chat
-    /// API where nothing in its chunks has to change (the same model name, and no filter that
-    /// may hold text back).
-    fn reply_mode(&self, api: Api) -> ReplyMode {
+    /// API where nothing in its chunks has to change (the same model name, no filter that
+    /// may hold text back, and not a split request's, whose usage is the gateway's).
+    fn reply_mode(&self, api: Api, paired: bool) -> ReplyMode {
         if !self.request.stream {
             ReplyMode::Whole
         } else if self.request.door.relays_chat_chunks()
             && api == Api::Chat
+            // A split request's usage is rewritten (the prefill's cached tokens).
+            && !paired
             && self.served_model == self.request.model
             && self.gateway.safety.slot.current().is_none()
         {
@@ -83,8 +87,12 @@ impl Call {
     /// Phase 4: see the module's documentation.
     pub(crate) async fn attempt(&mut self, routed: Routed) -> Result<Started, ApiError> {
         let generate = self.generate_request();
-        self.start(generate, routed.decision, routed.in_flight)
-            .await
+        self.start(
+            generate,
+            (routed.decision, routed.in_flight),
+            routed.pair.prefill,
+        )
+        .await
     }
 
     /// A LoRA adapter's request on `worker`: the adapter's use recorded, and loaded there
@@ -116,21 +124,22 @@ impl Call {
     /// The request for `server` (a remote one), encoded once per kind of server: the
     /// client's body relayed to a server of the door's API, else the engines' request
     /// translated into the server's API.
-    fn upstream_for(
+    pub(super) fn upstream_for(
         &self,
         server: &ringmaster_pool::Server,
         generate: &GenerateRequest,
-        encoded: &mut Vec<(Target, bool, UpstreamRequest)>,
+        encoded: &mut Encoded,
+        paired: bool,
     ) -> Result<UpstreamRequest, ApiError> {
         let target = server.target();
         let keep_volatile = server.protocol().keep_volatile;
-        if let Some((_, _, request)) = encoded
+        if let Some((_, _, _, request)) = encoded
             .iter()
-            .find(|(t, keep, _)| *t == target && *keep == keep_volatile)
+            .find(|(t, keep, p, _)| *t == target && *keep == keep_volatile && *p == paired)
         {
             return Ok(request.clone());
         }
-        let mode = self.reply_mode(target.api);
+        let mode = self.reply_mode(target.api, paired);
         let request = match (&self.body, self.relays_to(target.api)) {
             (Some(body), true) => {
                 let unknown = match self.gateway.unknown_fields {
@@ -171,7 +180,7 @@ impl Call {
             }
             _ => UpstreamRequest::encode_for(generate, &self.served_model, mode, target),
         };
-        encoded.push((target, keep_volatile, request.clone()));
+        encoded.push((target, keep_volatile, paired, request.clone()));
         Ok(request)
     }
 
@@ -199,15 +208,15 @@ impl Call {
     async fn start(
         &self,
         generate: GenerateRequest,
-        mut decision: Decision,
-        mut in_flight: InFlight,
+        (mut decision, mut in_flight): (Decision, InFlight),
+        mut prefill: Option<PrefillLeg>,
     ) -> Result<Started, ApiError> {
         let gateway = &self.gateway;
         let retry = &gateway.config.retry;
         // A local engine takes the request over; a remote one reads the bytes encoded once
         // for its kind of server.
         let mut generate = Some(generate);
-        let mut encoded: Vec<(Target, bool, UpstreamRequest)> = Vec::new();
+        let mut encoded: Encoded = Vec::new();
         let mut tried: Vec<String> = Vec::new();
         let mut attempts = 0u32;
         let mut retry_reason: Option<String> = None;
@@ -217,30 +226,53 @@ impl Call {
                 .trace
                 .as_ref()
                 .map(|parent| attempt_span(parent, &decision, attempts, retry_reason.as_deref()));
+            // Only the first attempt is split: a retry is served whole.
+            let leg = prefill.take();
+            if let (Some(span), Some(_)) = (&span, &leg) {
+                use ringmaster_telemetry::SpanExt;
+                span.attribute(ringmaster_telemetry::semconv::LEG, "decode");
+            }
             let result = match decision.server.engine() {
                 Backend::Local(engine) => match generate.take() {
-                    Some(request) => engine.submit(request).map_err(BackendError::Engine),
+                    Some(request) => match leg {
+                        Some(leg) => self.local_pair(engine, request, leg).await,
+                        None => engine.submit(request).map_err(BackendError::Engine),
+                    },
                     None => Err(BackendError::Engine(EngineError::Stopped)),
                 },
                 Backend::Remote(worker) => {
+                    let paired = leg.is_some();
                     let upstream = match generate.as_ref() {
                         Some(request) => {
                             let mut upstream =
-                                self.upstream_for(&decision.server, request, &mut encoded)?;
+                                self.upstream_for(&decision.server, request, &mut encoded, paired)?;
                             upstream.set_trace_context(self.trace_context_for(span.as_ref()));
                             Some(upstream)
                         }
                         None => None,
                     };
+                    let encoded = &mut encoded;
+                    let server = &decision.server;
                     let submitted = async {
-                        match upstream.as_ref() {
-                            Some(request) => match self.ready_adapter(worker).await {
-                                Ok(()) => {
-                                    worker.submit(request).await.map_err(BackendError::Remote)
-                                }
-                                Err(error) => Err(BackendError::Remote(error)),
-                            },
-                            None => Err(BackendError::Engine(EngineError::Stopped)),
+                        let (Some(request), Some(generate)) =
+                            (upstream.as_ref(), generate.as_ref())
+                        else {
+                            return Err(BackendError::Engine(EngineError::Stopped));
+                        };
+                        self.ready_adapter(worker)
+                            .await
+                            .map_err(BackendError::Remote)?;
+                        match leg {
+                            Some(leg) => {
+                                self.remote_pair(
+                                    (server, worker),
+                                    request,
+                                    leg,
+                                    (generate, encoded),
+                                )
+                                .await
+                            }
+                            None => worker.submit(request).await.map_err(BackendError::Remote),
                         }
                     };
                     match &span {
@@ -313,7 +345,7 @@ impl Call {
 impl Call {
     /// The trace context a server is sent: this attempt's span when the request is traced,
     /// else the client's own as it came (`[telemetry] propagate = false`: none).
-    fn trace_context_for(
+    pub(super) fn trace_context_for(
         &self,
         span: Option<&tracing::Span>,
     ) -> Vec<(http::HeaderName, http::HeaderValue)> {

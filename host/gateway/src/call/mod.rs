@@ -19,6 +19,8 @@
 mod admit;
 mod answer;
 pub(crate) mod attempt;
+mod legs;
+mod local_pair;
 pub(crate) mod prepare;
 mod route;
 pub(crate) mod track;

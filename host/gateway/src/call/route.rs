@@ -15,7 +15,7 @@ use tracing::debug;
 use super::Call;
 use super::track::{Observation, Tracker};
 use crate::Gateway;
-use crate::metrics::{DecisionLabels, FaultLabels, VariantLabel};
+use crate::metrics::{DecisionLabels, FaultLabels, OutcomeLabels, VariantLabel};
 use crate::policy::{RouteOutcome, Routed};
 
 impl Call {
@@ -72,11 +72,21 @@ impl Call {
             routed.fault.as_ref(),
             routing_started.elapsed(),
         );
+        gateway
+            .metrics
+            .pair_decisions
+            .get_or_create(&OutcomeLabels {
+                outcome: routed.pair.outcome.as_str(),
+            })
+            .inc();
         if let Some(span) = &span {
             describe_decision(span, &routed, &tracker, reason);
         }
         debug!(
             server = routed.decision.server.id(),
+            pair = routed.pair.outcome.as_str(),
+            prefill = routed.pair.prefill.as_ref().map(|leg| leg.server.id()),
+            pair_why = %routed.pair.why,
             reason = routed.decision.reason.as_str(),
             variant = %tracker.label.variant,
             key_source = self.input.source.as_str(),
@@ -165,6 +175,10 @@ fn describe_decision(
     }
     span.attribute(k::ROUTING_SERVER, decision.server.id().to_owned());
     span.attribute(k::ROUTING_REASON, reason);
+    span.attribute(k::ROUTING_PAIR, routed.pair.outcome.as_str());
+    if let Some(leg) = &routed.pair.prefill {
+        span.attribute(k::ROUTING_PREFILL_SERVER, leg.server.id().to_owned());
+    }
     span.attribute(
         k::ROUTING_SPILLED,
         !decision.skipped.is_empty()

@@ -29,6 +29,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use ringmaster_pool::{CapGuard, Decision, InFlight};
 
+pub mod pair;
 mod rollout;
 mod rollout_slot;
 mod route;
@@ -143,6 +144,19 @@ pub struct Routed {
     pub fault: Option<PolicyFault>,
     /// What the decision saw of the chosen server (for the request's trace).
     pub seen: Seen,
+    /// Whether the request is split between a prefill server and the decision's.
+    pub pair: Pair,
+}
+
+/// Whether a routed request is split, why, and its prefill leg when it is.
+#[derive(Debug)]
+pub struct Pair {
+    /// Split or not.
+    pub outcome: pair::PairOutcome,
+    /// Why, in words.
+    pub why: String,
+    /// The prefill leg, when split.
+    pub prefill: Option<pair::PrefillLeg>,
 }
 
 /// What a routing decision saw of the server it chose.
@@ -190,6 +204,8 @@ pub struct RouterSlot {
     rollback_after_faults: u32,
     guard: CapGuard,
     ring_load_factor: f64,
+    /// The host's pair rule (`[disaggregation]`).
+    pair_rule: ringmaster_config::DisaggregationSettings,
 }
 
 /// Keys the host adds to every router policy's configuration, so that a policy knows the
@@ -208,7 +224,20 @@ impl RouterSlot {
             rollback_after_faults: DEFAULT_ROLLBACK_AFTER_FAULTS,
             guard: CapGuard::default(),
             ring_load_factor: ringmaster_ring::DEFAULT_LOAD_FACTOR,
+            pair_rule: ringmaster_config::DisaggregationSettings::default(),
         }
+    }
+
+    /// The slot with `rule` deciding which requests are split between a prefill and a
+    /// decode server (see [`pair`]).
+    pub fn with_pair_rule(mut self, rule: ringmaster_config::DisaggregationSettings) -> Self {
+        self.pair_rule = rule;
+        self
+    }
+
+    /// The rules for split requests.
+    pub fn pair_rule(&self) -> &ringmaster_config::DisaggregationSettings {
+        &self.pair_rule
     }
 
     /// The slot with `guard` over its policies' choices, on a ring whose own factor is

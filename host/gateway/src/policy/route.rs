@@ -10,8 +10,9 @@ use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Decision, Pool, PoolSnapshot};
 use tracing::warn;
 
+use super::pair::{self, PairPlan};
 use super::view::PoolView;
-use super::{RouteOutcome, Routed, RouterSlot, Seen, Variant};
+use super::{Pair, RouteOutcome, Routed, RouterSlot, Seen, Variant};
 use crate::routing::RoutingInput;
 
 impl RouterSlot {
@@ -61,7 +62,19 @@ impl RouterSlot {
         };
         let reach = view.reach(decision.server.id(), request.prompt_tokens);
         let uncached = view.uncached_tokens(decision.server.id(), request.prompt_tokens);
-        in_flight.charge_prefill(uncached);
+        let pair = pair::plan(
+            pool,
+            snapshot,
+            &decision.server,
+            (uncached, request.prompt_tokens),
+            (input, chat),
+            &self.pair_rule,
+        );
+        let prefill = pair.count(pool, input);
+        if prefill.is_none() {
+            // A split request's decode server computes only the prompt's last tokens.
+            in_flight.charge_prefill(uncached);
+        }
         if let Some(variant) = &variant {
             variant.stats.requests.fetch_add(1, Ordering::Relaxed);
         }
@@ -80,6 +93,11 @@ impl RouterSlot {
             in_flight,
             variant,
             fault,
+            pair: Pair {
+                outcome: pair.outcome,
+                why: pair.why,
+                prefill,
+            },
         }))
     }
 
@@ -134,6 +152,8 @@ pub struct Explained {
     pub rejected: Option<String>,
     /// The fault that made the ring decide instead, if any.
     pub fault: Option<PolicyFault>,
+    /// Whether the request would be split, and with which prefill server.
+    pub pair: Option<PairPlan>,
 }
 
 impl RouterSlot {
@@ -154,22 +174,37 @@ impl RouterSlot {
             decision: None,
             rejected: None,
             fault: None,
-        };
-        let Some(variant) = variant else {
-            explained.decision = pool.explain_on(snapshot, input);
-            return explained;
+            pair: None,
         };
         let view = PoolView::new(snapshot, pool, input, chat);
-        match variant.policy.route(&view, request) {
-            Ok(RouteDecision::Route(id)) => {
-                explained.decision = pool.explain_assign_on(snapshot, &id, input, self.guard);
-                explained.chosen = Some(id);
-            }
-            Ok(RouteDecision::Reject(reason)) => explained.rejected = Some(reason),
-            Err(fault) => {
-                explained.fault = Some(fault);
-                explained.decision = pool.explain_on(snapshot, input);
-            }
+        match &variant {
+            None => explained.decision = pool.explain_on(snapshot, input),
+            Some(variant) => match variant.policy.route(&view, request) {
+                Ok(RouteDecision::Route(id)) => {
+                    explained.decision = pool.explain_assign_on(snapshot, &id, input, self.guard);
+                    explained.chosen = Some(id);
+                }
+                Ok(RouteDecision::Reject(reason)) => explained.rejected = Some(reason),
+                Err(fault) => {
+                    explained.fault = Some(fault);
+                    explained.decision = pool.explain_on(snapshot, input);
+                }
+            },
+        }
+        if let Some(decision) = &explained.decision {
+            let server = decision.server.id();
+            view.reach(server, request.prompt_tokens);
+            explained.pair = Some(pair::plan(
+                pool,
+                snapshot,
+                &decision.server,
+                (
+                    view.uncached_tokens(server, request.prompt_tokens),
+                    request.prompt_tokens,
+                ),
+                (input, chat),
+                &self.pair_rule,
+            ));
         }
         explained
     }

@@ -219,18 +219,27 @@ pub struct PrefixMatch {
     pub source: MatchSource,
 }
 
-/// For every server in `snapshot`, how much of the prompt of `input` it holds: from the
-/// server's own report of its cache when it has one, else from the routing history.
+/// For every server in `snapshot` (its ring: the prefill servers are asked apart, see
+/// [`prefix_matches_of`]), how much of the prompt of `input` it holds: from the server's own
+/// report of its cache when it has one, else from the routing history.
 pub fn prefix_matches(
     snapshot: &PoolSnapshot,
+    prefixes: &PrefixIndex,
+    prompt: (&RoutingInput, ChatPrompt<'_>),
+) -> Vec<PrefixMatch> {
+    prefix_matches_of(&snapshot.servers, prefixes, prompt)
+}
+
+/// [`prefix_matches`] for `servers`.
+pub fn prefix_matches_of(
+    servers: &[std::sync::Arc<ringmaster_pool::Server>],
     prefixes: &PrefixIndex,
     (input, chat): (&RoutingInput, ChatPrompt<'_>),
 ) -> Vec<PrefixMatch> {
     let mut estimated: Option<Vec<(usize, u32)>> = None;
     let mut blocks = PromptBlocks::new(chat);
     let hashes = input.prefix_hashes.len();
-    snapshot
-        .servers
+    servers
         .iter()
         .map(|s| {
             let reported = s.cache_scheme().and_then(|scheme| {

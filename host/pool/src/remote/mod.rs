@@ -40,6 +40,7 @@ pub mod engine_events;
 pub mod engine_metrics;
 mod follow;
 mod health;
+pub mod legs;
 mod reader;
 mod reply;
 mod request;
@@ -58,6 +59,7 @@ use tracing::warn;
 pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
 pub use follow::LoadSource;
 pub use health::{Health, RemoteError};
+pub use legs::{Bootstrap, LegError, PrefillAnswer};
 pub use reader::ReplyReader;
 pub use request::{Endpoint, Target, UpstreamRequest};
 pub use sse::{SseDecoder, SseError};
@@ -293,6 +295,11 @@ impl RemoteWorker {
         }
     }
 
+    /// The server's base URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     /// Where the server's load figures come from.
     pub fn load_source(&self) -> LoadSource {
         *self
@@ -341,7 +348,25 @@ impl RemoteWorker {
     /// Cancel safety: dropping the future drops the request, which closes its connection.
     pub async fn submit(&self, request: &UpstreamRequest) -> Result<GenerationStream, RemoteError> {
         let result = self.start_reply(request).await;
-        match &result {
+        self.account(&result);
+        result
+    }
+
+    /// Runs a prefill leg (a whole answer, asked for with [`UpstreamRequest::nixl_prefill`])
+    /// and reads what the decode leg needs of it.
+    ///
+    /// Cancel safety: dropping the future drops the request, which closes its connection
+    /// (the server aborts the prefill and frees its blocks).
+    pub async fn prefill(&self, request: &UpstreamRequest) -> Result<PrefillAnswer, RemoteError> {
+        let result = self.prefill_reply(request).await;
+        self.account(&result);
+        result
+    }
+
+    /// The server's health after an answer: a success, or a failure that counts towards
+    /// ejecting it (a refusal is the request's fault, not the server's).
+    fn account<T>(&self, result: &Result<T, RemoteError>) {
+        match result {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
             Err(e) => {
@@ -350,19 +375,29 @@ impl RemoteWorker {
                 }
             }
         }
-        result
     }
 
-    async fn start_reply(
+    async fn prefill_reply(&self, request: &UpstreamRequest) -> Result<PrefillAnswer, RemoteError> {
+        let (response, mut lease) = self
+            .post(request, self.settings.whole_answer_timeout)
+            .await?;
+        let bytes = read_body(response.into_body(), &mut lease, &self.settings)
+            .await
+            .map_err(|why| RemoteError::Broken {
+                url: self.url.clone(),
+                why,
+            })?;
+        Ok(PrefillAnswer::read(&bytes, request.endpoint))
+    }
+
+    /// Posts `request` and waits up to `headers_timeout` for the answer's headers: the
+    /// answer when it is a success, else the error its status and body say.
+    async fn post(
         &self,
         request: &UpstreamRequest,
-    ) -> Result<GenerationStream, RemoteError> {
+        headers_timeout: std::time::Duration,
+    ) -> Result<(http::Response<Incoming>, Option<Lease>), RemoteError> {
         let whole = request.mode == ReplyMode::Whole;
-        let headers_timeout = if whole {
-            self.settings.whole_answer_timeout
-        } else {
-            self.settings.first_byte_timeout
-        };
         let endpoint = match request.endpoint {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
@@ -422,6 +457,19 @@ impl RemoteWorker {
                 }
             });
         }
+        Ok((response, lease))
+    }
+
+    async fn start_reply(
+        &self,
+        request: &UpstreamRequest,
+    ) -> Result<GenerationStream, RemoteError> {
+        let headers_timeout = if request.mode == ReplyMode::Whole {
+            self.settings.whole_answer_timeout
+        } else {
+            self.settings.first_byte_timeout
+        };
+        let (response, lease) = self.post(request, headers_timeout).await?;
         // One JSON answer (asked for, or sent where a stream was asked): read here, with no
         // reader task and no relay.
         let json_answer = response

@@ -1,0 +1,358 @@
+//! Goodput of a fleet (DistServe, OSDI 2024): the highest request rate at which a share of the
+//! requests (`attainment`, 90 % by default) meet both a time-to-first-token SLO and an
+//! inter-token SLO (the request's mean gap between tokens after the first). Each fleet layout
+//! (aggregated, or `xPyD`: x prefill and y decode servers) and pair rule is replayed at
+//! several multiples of the trace's own arrival rate; attainment is read at each, and the
+//! goodput is where it crosses the target.
+//!
+//! This module owns the sweep and its figures; it must not write files ([`crate::publish`]).
+
+use serde::Serialize;
+
+use crate::report::percentile;
+use crate::run::{self, RunData};
+use crate::trace::TraceRequest;
+use crate::{BillingLine, Fleet, PairRun, ReplayError};
+
+/// A fleet's layout: how many of its servers are prefill servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    /// Prefill servers (0: aggregated).
+    pub prefill: usize,
+    /// Decode servers (all of them, aggregated).
+    pub decode: usize,
+}
+
+impl Layout {
+    /// `aggregated`, or `xPyD`, for `servers` in all.
+    pub fn parse(name: &str, servers: usize) -> Result<Self, String> {
+        if name == "aggregated" {
+            return Ok(Self {
+                prefill: 0,
+                decode: servers,
+            });
+        }
+        let parsed = name
+            .strip_suffix('D')
+            .and_then(|rest| rest.split_once('P'))
+            .and_then(|(p, d)| Some((p.parse::<usize>().ok()?, d.parse::<usize>().ok()?)));
+        match parsed {
+            Some((prefill, decode)) if prefill > 0 && decode > 0 && prefill + decode == servers => {
+                Ok(Self { prefill, decode })
+            }
+            _ => Err(format!(
+                "layout {name:?}: expected \"aggregated\" or xPyD with x + y = {servers} servers \
+                 (x, y at least 1)"
+            )),
+        }
+    }
+
+    /// Its name.
+    pub fn name(&self) -> String {
+        if self.prefill == 0 {
+            "aggregated".to_owned()
+        } else {
+            format!("{}P{}D", self.prefill, self.decode)
+        }
+    }
+}
+
+/// What a goodput sweep replays and what it counts as good.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GoodputSpec {
+    /// The layouts compared.
+    pub layouts: Vec<Layout>,
+    /// The pair rules compared on each disaggregated layout: `[disaggregation]
+    /// min_uncached_tokens` values (0: every request split).
+    pub pair_rules: Vec<u32>,
+    /// Multiples of the trace's arrival rate.
+    pub rates: Vec<f64>,
+    /// Time-to-first-token SLO, seconds.
+    pub ttft_slo_s: f64,
+    /// Inter-token SLO (a request's mean gap after its first token), seconds.
+    pub itl_slo_s: f64,
+    /// The share of requests that must meet both.
+    pub attainment: f64,
+    /// The KV link between servers, GB/s.
+    pub link_gbps: Option<f64>,
+    /// Its setup time per transfer, µs.
+    pub link_latency_us: Option<f64>,
+}
+
+/// One layout and rule at one rate.
+#[derive(Clone, Debug, Serialize)]
+pub struct RatePoint {
+    /// Requests per second offered.
+    pub rate_rps: f64,
+    /// The share of requests that met both SLOs.
+    pub attainment: f64,
+    /// TTFT p50 / p90 / p99, seconds.
+    pub ttft_s: [f64; 3],
+    /// Inter-token gaps over every token, p50 / p90 / p99, seconds.
+    pub itl_s: [f64; 3],
+    /// Requests that failed.
+    pub failed: usize,
+    /// Requests split between a prefill and a decode server.
+    pub split: u64,
+}
+
+/// One layout and rule over every rate.
+#[derive(Clone, Debug, Serialize)]
+pub struct GoodputRow {
+    /// `layout` or `layout · rule`.
+    pub label: String,
+    /// The layout.
+    pub layout: Layout,
+    /// The pair rule's threshold (`None`: aggregated).
+    pub min_uncached_tokens: Option<u32>,
+    /// Per rate, in order.
+    pub points: Vec<RatePoint>,
+    /// The highest rate that meets the attainment, requests per second (interpolated where
+    /// attainment crosses the target; `None`: not even the lowest rate does).
+    pub goodput_rps: Option<f64>,
+    /// Whether even the highest rate met it (the goodput is at least that).
+    pub at_least: bool,
+}
+
+/// The trace's own arrival rate: requests per second from the first arrival to the last.
+pub fn trace_rate(requests: &[TraceRequest]) -> f64 {
+    match (requests.first(), requests.last()) {
+        (Some(first), Some(last)) if last.arrival > first.arrival => {
+            requests.len() as f64 / (last.arrival - first.arrival).as_secs_f64()
+        }
+        _ => 1.0,
+    }
+}
+
+/// Sweeps `spec` over `fleet` routed by `router`: one row per aggregated layout, one per
+/// disaggregated layout and pair rule. `progress` hears each run's label.
+pub async fn sweep(
+    fleet: &Fleet,
+    router: &str,
+    spec: &GoodputSpec,
+    (requests, turns): (&[TraceRequest], &[Vec<usize>]),
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<GoodputRow>, ReplayError> {
+    let base = trace_rate(requests);
+    let mut rows = Vec::new();
+    for layout in &spec.layouts {
+        let rules: Vec<Option<u32>> = if layout.prefill == 0 {
+            vec![None]
+        } else {
+            spec.pair_rules.iter().copied().map(Some).collect()
+        };
+        for rule in rules {
+            let label = match rule {
+                None => layout.name(),
+                Some(tokens) => format!("{} · split at ≥ {tokens} uncached tokens", layout.name()),
+            };
+            let fleet = Fleet {
+                servers: layout.prefill + layout.decode,
+                prefill_servers: layout.prefill,
+                pair: PairRun {
+                    min_uncached_tokens: rule,
+                    link_gbps: spec.link_gbps,
+                    link_latency_us: spec.link_latency_us,
+                },
+                ..fleet.clone()
+            };
+            let mut points = Vec::new();
+            for &rate in &spec.rates {
+                progress(&format!("{label} at {rate}× the trace's rate"));
+                let data = run::replay_at(
+                    &fleet,
+                    (router, "in_process", BillingLine::None),
+                    (requests, turns),
+                    &[],
+                    rate,
+                )
+                .await?;
+                points.push(point(&data, base * rate, spec));
+            }
+            let (goodput_rps, at_least) = goodput(&points, spec.attainment);
+            rows.push(GoodputRow {
+                label,
+                layout: *layout,
+                min_uncached_tokens: rule,
+                points,
+                goodput_rps,
+                at_least,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// What one run at `rate_rps` measured against the SLOs.
+fn point(data: &RunData, rate_rps: f64, spec: &GoodputSpec) -> RatePoint {
+    let total = data.outcomes.len().max(1);
+    let good = data
+        .outcomes
+        .iter()
+        .filter(|o| o.error.is_none())
+        .filter(|o| o.ttft_s.is_some_and(|t| t <= spec.ttft_slo_s))
+        .filter(|o| o.tpot_s.is_none_or(|t| t <= spec.itl_slo_s))
+        .count();
+    let mut ttft: Vec<f64> = data.outcomes.iter().filter_map(|o| o.ttft_s).collect();
+    let mut gaps: Vec<f64> = data
+        .outcomes
+        .iter()
+        .flat_map(|o| o.gaps.iter().map(|g| f64::from(*g)))
+        .collect();
+    let quantiles = |values: &mut Vec<f64>| {
+        [
+            percentile(values, 0.50),
+            percentile(values, 0.90),
+            percentile(values, 0.99),
+        ]
+    };
+    RatePoint {
+        rate_rps,
+        attainment: good as f64 / total as f64,
+        ttft_s: quantiles(&mut ttft),
+        itl_s: quantiles(&mut gaps),
+        failed: data.outcomes.iter().filter(|o| o.error.is_some()).count(),
+        split: data
+            .pairs
+            .iter()
+            .find(|(outcome, _)| outcome == "split")
+            .map_or(0, |(_, n)| *n),
+    }
+}
+
+/// The highest rate whose attainment meets `target`, interpolated linearly between the last
+/// rate that meets it and the next (which does not); whether the highest rate met it.
+pub fn goodput(points: &[RatePoint], target: f64) -> (Option<f64>, bool) {
+    let mut best = None;
+    for (i, point) in points.iter().enumerate() {
+        if point.attainment < target {
+            continue;
+        }
+        best = Some(point.rate_rps);
+        match points.get(i + 1) {
+            Some(next) if next.attainment < target => {
+                let drop = point.attainment - next.attainment;
+                let share = if drop > 0.0 {
+                    (point.attainment - target) / drop
+                } else {
+                    0.0
+                };
+                best = Some(point.rate_rps + share * (next.rate_rps - point.rate_rps));
+            }
+            Some(_) => {}
+            None => return (best, true),
+        }
+    }
+    (best, false)
+}
+
+/// The Markdown table of `rows`: goodput against the aggregated fleet's, and each row's
+/// latencies at the rate given by `at` (an index into the rates).
+pub fn table(rows: &[GoodputRow], at: usize) -> String {
+    let aggregated = rows
+        .iter()
+        .find(|r| r.layout.prefill == 0)
+        .and_then(|r| r.goodput_rps);
+    let mut out = String::from(
+        "| fleet · pair rule | goodput (req/s) | vs aggregated | split | TTFT p50 / p90 / p99 | ITL p50 / p90 / p99 | attainment per rate |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for row in rows {
+        let goodput = match (row.goodput_rps, row.at_least) {
+            (None, _) => "< lowest rate".to_owned(),
+            (Some(g), true) => format!("≥ {g:.2}"),
+            (Some(g), false) => format!("{g:.2}"),
+        };
+        let ratio = match (row.goodput_rps, aggregated) {
+            (Some(g), Some(a)) if a > 0.0 => format!("{:.2}×", g / a),
+            _ => "–".to_owned(),
+        };
+        let point = row.points.get(at).or(row.points.last());
+        let (split, ttft, itl) = point.map_or_else(
+            || ("–".to_owned(), "–".to_owned(), "–".to_owned()),
+            |p| {
+                (
+                    p.split.to_string(),
+                    format!(
+                        "{} / {} / {}",
+                        ms(p.ttft_s[0]),
+                        ms(p.ttft_s[1]),
+                        ms(p.ttft_s[2])
+                    ),
+                    format!(
+                        "{} / {} / {}",
+                        ms(p.itl_s[0]),
+                        ms(p.itl_s[1]),
+                        ms(p.itl_s[2])
+                    ),
+                )
+            },
+        );
+        let attainment = row
+            .points
+            .iter()
+            .map(|p| format!("{:.0} %", 100.0 * p.attainment))
+            .collect::<Vec<_>>()
+            .join(" · ");
+        out.push_str(&format!(
+            "| {} | {goodput} | {ratio} | {split} | {ttft} | {itl} | {attainment} |\n",
+            row.label
+        ));
+    }
+    out
+}
+
+fn ms(seconds: f64) -> String {
+    if seconds >= 10.0 {
+        format!("{seconds:.1} s")
+    } else if seconds >= 1.0 {
+        format!("{seconds:.2} s")
+    } else {
+        format!("{:.0} ms", seconds * 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(rate_rps: f64, attainment: f64) -> RatePoint {
+        RatePoint {
+            rate_rps,
+            attainment,
+            ttft_s: [0.0; 3],
+            itl_s: [0.0; 3],
+            failed: 0,
+            split: 0,
+        }
+    }
+
+    #[test]
+    fn layouts_are_named_as_the_field_names_them() {
+        assert_eq!(
+            Layout::parse("2P6D", 8).unwrap(),
+            Layout {
+                prefill: 2,
+                decode: 6
+            }
+        );
+        assert_eq!(Layout::parse("aggregated", 8).unwrap().name(), "aggregated");
+        assert_eq!(Layout::parse("4P4D", 8).unwrap().name(), "4P4D");
+        for bad in ["3P3D", "0P8D", "8P0D", "2p6d", "P6D"] {
+            assert!(Layout::parse(bad, 8).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn goodput_is_where_attainment_crosses_the_target() {
+        let points = [point(1.0, 1.0), point(2.0, 0.95), point(3.0, 0.85)];
+        let (rate, at_least) = goodput(&points, 0.9);
+        assert!((rate.unwrap() - 2.5).abs() < 1e-9);
+        assert!(!at_least);
+        assert_eq!(goodput(&points[..2], 0.9), (Some(2.0), true));
+        assert_eq!(goodput(&[point(1.0, 0.5)], 0.9), (None, false));
+        // A rate that misses between two that meet does not end the search.
+        let bumpy = [point(1.0, 0.95), point(2.0, 0.85), point(3.0, 0.92)];
+        assert_eq!(goodput(&bumpy, 0.9), (Some(3.0), true));
+    }
+}
