@@ -195,6 +195,18 @@ pub enum PrefillFailure {
     Decode,
 }
 
+/// What a request worth splitting does when the least busy prefill server has more prefill
+/// work ahead than its decode server would have doing the prompt itself
+/// (`[disaggregation] when_prefill_busy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhenPrefillBusy {
+    /// The decode server computes the prompt itself (Dynamo's `prefill_load` rule).
+    #[default]
+    Decode,
+    /// It waits in the prefill server's queue all the same.
+    Wait,
+}
+
 /// `[disaggregation]`: the fleet's rules for split requests.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DisaggregationSettings {
@@ -204,6 +216,8 @@ pub struct DisaggregationSettings {
     pub min_uncached_tokens: u32,
     /// What a prefill that fails before its answer does.
     pub on_prefill_failure: PrefillFailure,
+    /// What a request does when every prefill server is busier than its decode server.
+    pub when_prefill_busy: WhenPrefillBusy,
     /// Simulated servers' KV link: bytes per second between two servers.
     pub link_bytes_per_s: f64,
     /// Simulated servers' KV link: the time to open one transfer.
@@ -223,6 +237,7 @@ impl Default for DisaggregationSettings {
         Self {
             min_uncached_tokens: DEFAULT_MIN_UNCACHED_TOKENS,
             on_prefill_failure: PrefillFailure::Retry,
+            when_prefill_busy: WhenPrefillBusy::Decode,
             link_bytes_per_s: DEFAULT_LINK_GBPS * 1e9,
             link_latency: DEFAULT_LINK_LATENCY,
         }
@@ -240,6 +255,17 @@ pub(crate) fn settings(raw: RawDisaggregation) -> Result<DisaggregationSettings,
                 "on_prefill_failure",
                 "expected \"retry\" (another prefill server, then whole on the decode \
                  server) or \"decode\" (whole on the decode server at once)",
+            ));
+        }
+    };
+    let when_prefill_busy = match raw.when_prefill_busy.as_deref() {
+        None | Some("decode") => WhenPrefillBusy::Decode,
+        Some("wait") => WhenPrefillBusy::Wait,
+        Some(_) => {
+            return Err(invalid(
+                "when_prefill_busy",
+                "expected \"decode\" (the decode server computes the prompt when every \
+                 prefill server is busier) or \"wait\" (queue at the prefill server)",
             ));
         }
     };
@@ -261,6 +287,7 @@ pub(crate) fn settings(raw: RawDisaggregation) -> Result<DisaggregationSettings,
             .min_uncached_tokens
             .unwrap_or(defaults.min_uncached_tokens),
         on_prefill_failure,
+        when_prefill_busy,
         link_bytes_per_s: gbps * 1e9,
         link_latency: Duration::from_secs_f64(latency_us / 1e6),
     })
@@ -345,13 +372,22 @@ mod tests {
             })
             .contains("link_gbps")
         );
+        assert!(
+            bad(RawDisaggregation {
+                when_prefill_busy: Some("later".into()),
+                ..RawDisaggregation::default()
+            })
+            .contains("when_prefill_busy")
+        );
         let set = settings(RawDisaggregation {
             min_uncached_tokens: Some(0),
             on_prefill_failure: Some("decode".into()),
+            when_prefill_busy: Some("wait".into()),
             link_gbps: Some(25.0),
             link_latency_us: Some(0.0),
         })
         .unwrap();
+        assert_eq!(set.when_prefill_busy, WhenPrefillBusy::Wait);
         assert_eq!(set.min_uncached_tokens, 0);
         assert_eq!(set.on_prefill_failure, PrefillFailure::Decode);
         assert_eq!(set.link_latency, Duration::ZERO);

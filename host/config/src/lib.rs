@@ -42,7 +42,9 @@ use ringmaster_ring::RingConfig;
 
 pub use autoscale::AutoscaleSettings;
 pub use cluster::ClusterSettings;
-pub use disaggregation::{Connector, DisaggregationSettings, PrefillFailure, Role, ServerRole};
+pub use disaggregation::{
+    Connector, DisaggregationSettings, PrefillFailure, Role, ServerRole, WhenPrefillBusy,
+};
 pub use error::ConfigError;
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use lora::{AdapterSource, LoraSettings};

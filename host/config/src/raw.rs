@@ -69,6 +69,9 @@ pub struct RawDisaggregation {
     /// `retry` (another prefill server, then whole on the decode server; the default) or
     /// `decode` (whole on the decode server at once).
     pub on_prefill_failure: Option<String>,
+    /// `decode` (the decode server computes the prompt when every prefill server has more
+    /// work ahead than it would; the default) or `wait` (queue at the prefill server).
+    pub when_prefill_busy: Option<String>,
     /// Simulated servers' KV link bandwidth, GB/s (default 50).
     pub link_gbps: Option<f64>,
     /// Simulated servers' KV link setup time per transfer, µs (default 100).

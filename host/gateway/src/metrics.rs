@@ -289,7 +289,7 @@ impl Metrics {
         let pair_decisions = Family::<OutcomeLabels, Counter>::default();
         registry.register(
             "pair_decisions",
-            "Requests routed, by whether they were split between a prefill and a decode server: split, whole (a server that takes whole requests), bypass (the decode server would compute fewer prompt tokens than min_uncached_tokens), no_prefill_server",
+            "Requests routed, by whether they were split between a prefill and a decode server: split, whole (a server that takes whole requests), bypass (the decode server would compute fewer prompt tokens than min_uncached_tokens), no_prefill_server, prefill_busy (the least busy prefill server has more work ahead than the decode server would doing the prompt itself)",
             pair_decisions.clone(),
         );
         let prefill_legs = Family::<OutcomeLabels, Counter>::default();

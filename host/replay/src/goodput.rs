@@ -2,8 +2,8 @@
 //! requests (`attainment`, 90 % by default) meet both a time-to-first-token SLO and an
 //! inter-token SLO (the request's mean gap between tokens after the first). Each fleet layout
 //! (aggregated, or `xPyD`: x prefill and y decode servers) and pair rule is replayed at
-//! several multiples of the trace's own arrival rate; attainment is read at each, and the
-//! goodput is where it crosses the target.
+//! several multiples of the trace's own arrival rate; attainment is read at each, against each
+//! SLO, and the goodput is where it crosses the target.
 //!
 //! This module owns the sweep and its figures; it must not write files ([`crate::publish`]).
 
@@ -62,15 +62,12 @@ impl Layout {
 pub struct GoodputSpec {
     /// The layouts compared.
     pub layouts: Vec<Layout>,
-    /// The pair rules compared on each disaggregated layout: `[disaggregation]
-    /// min_uncached_tokens` values (0: every request split).
-    pub pair_rules: Vec<u32>,
+    /// The host pair rules compared on each disaggregated layout.
+    pub pair_rules: Vec<PairRule>,
     /// Multiples of the trace's arrival rate.
     pub rates: Vec<f64>,
-    /// Time-to-first-token SLO, seconds.
-    pub ttft_slo_s: f64,
-    /// Inter-token SLO (a request's mean gap after its first token), seconds.
-    pub itl_slo_s: f64,
+    /// The SLOs goodput is measured against (each run is read against every one).
+    pub slos: Vec<Slo>,
     /// The share of requests that must meet both.
     pub attainment: f64,
     /// The KV link between servers, GB/s.
@@ -79,13 +76,48 @@ pub struct GoodputSpec {
     pub link_latency_us: Option<f64>,
 }
 
+/// A pair of SLOs a request must meet.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Slo {
+    /// Its name in the tables.
+    pub name: String,
+    /// Time to first token, seconds.
+    pub ttft_s: f64,
+    /// The request's mean gap between tokens after the first, seconds.
+    pub itl_s: f64,
+}
+
+/// A host pair rule: `[disaggregation]`'s keys (`None`: the gateway's default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PairRule {
+    /// `min_uncached_tokens`.
+    pub min_uncached_tokens: Option<u32>,
+    /// `when_prefill_busy`: `decode` or `wait`.
+    pub when_prefill_busy: Option<&'static str>,
+}
+
+impl PairRule {
+    /// How a table names it.
+    pub fn label(&self) -> String {
+        let threshold = self.min_uncached_tokens.map_or_else(
+            || "the default rule".to_owned(),
+            |t| format!("split at ≥ {t} uncached tokens"),
+        );
+        match self.when_prefill_busy {
+            Some("wait") => format!("{threshold}, waiting for busy prefill servers"),
+            Some(_) => format!("{threshold}, decoding whole past busy prefill servers"),
+            None => threshold,
+        }
+    }
+}
+
 /// One layout and rule at one rate.
 #[derive(Clone, Debug, Serialize)]
 pub struct RatePoint {
     /// Requests per second offered.
     pub rate_rps: f64,
-    /// The share of requests that met both SLOs.
-    pub attainment: f64,
+    /// Per SLO, the share of requests that met both its bounds.
+    pub attainment: Vec<f64>,
     /// TTFT p50 / p90 / p99, seconds.
     pub ttft_s: [f64; 3],
     /// Inter-token gaps over every token, p50 / p90 / p99, seconds.
@@ -103,13 +135,20 @@ pub struct GoodputRow {
     pub label: String,
     /// The layout.
     pub layout: Layout,
-    /// The pair rule's threshold (`None`: aggregated).
-    pub min_uncached_tokens: Option<u32>,
+    /// The pair rule (`None`: aggregated).
+    pub rule: Option<PairRule>,
     /// Per rate, in order.
     pub points: Vec<RatePoint>,
+    /// Per SLO, the goodput.
+    pub goodput: Vec<Goodput>,
+}
+
+/// A goodput against one SLO.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Goodput {
     /// The highest rate that meets the attainment, requests per second (interpolated where
     /// attainment crosses the target; `None`: not even the lowest rate does).
-    pub goodput_rps: Option<f64>,
+    pub rps: Option<f64>,
     /// Whether even the highest rate met it (the goodput is at least that).
     pub at_least: bool,
 }
@@ -136,7 +175,7 @@ pub async fn sweep(
     let base = trace_rate(requests);
     let mut rows = Vec::new();
     for layout in &spec.layouts {
-        let rules: Vec<Option<u32>> = if layout.prefill == 0 {
+        let rules: Vec<Option<PairRule>> = if layout.prefill == 0 {
             vec![None]
         } else {
             spec.pair_rules.iter().copied().map(Some).collect()
@@ -144,15 +183,16 @@ pub async fn sweep(
         for rule in rules {
             let label = match rule {
                 None => layout.name(),
-                Some(tokens) => format!("{} · split at ≥ {tokens} uncached tokens", layout.name()),
+                Some(rule) => format!("{} · {}", layout.name(), rule.label()),
             };
             let fleet = Fleet {
                 servers: layout.prefill + layout.decode,
                 prefill_servers: layout.prefill,
                 pair: PairRun {
-                    min_uncached_tokens: rule,
+                    min_uncached_tokens: rule.and_then(|r| r.min_uncached_tokens),
                     link_gbps: spec.link_gbps,
                     link_latency_us: spec.link_latency_us,
+                    when_prefill_busy: rule.and_then(|r| r.when_prefill_busy),
                 },
                 ..fleet.clone()
             };
@@ -169,14 +209,15 @@ pub async fn sweep(
                 .await?;
                 points.push(point(&data, base * rate, spec));
             }
-            let (goodput_rps, at_least) = goodput(&points, spec.attainment);
+            let goodput = (0..spec.slos.len())
+                .map(|slo| goodput(&points, slo, spec.attainment))
+                .collect();
             rows.push(GoodputRow {
                 label,
                 layout: *layout,
-                min_uncached_tokens: rule,
+                rule,
                 points,
-                goodput_rps,
-                at_least,
+                goodput,
             });
         }
     }
@@ -186,13 +227,20 @@ pub async fn sweep(
 /// What one run at `rate_rps` measured against the SLOs.
 fn point(data: &RunData, rate_rps: f64, spec: &GoodputSpec) -> RatePoint {
     let total = data.outcomes.len().max(1);
-    let good = data
-        .outcomes
+    let attainment = spec
+        .slos
         .iter()
-        .filter(|o| o.error.is_none())
-        .filter(|o| o.ttft_s.is_some_and(|t| t <= spec.ttft_slo_s))
-        .filter(|o| o.tpot_s.is_none_or(|t| t <= spec.itl_slo_s))
-        .count();
+        .map(|slo| {
+            let good = data
+                .outcomes
+                .iter()
+                .filter(|o| o.error.is_none())
+                .filter(|o| o.ttft_s.is_some_and(|t| t <= slo.ttft_s))
+                .filter(|o| o.tpot_s.is_none_or(|t| t <= slo.itl_s))
+                .count();
+            good as f64 / total as f64
+        })
+        .collect();
     let mut ttft: Vec<f64> = data.outcomes.iter().filter_map(|o| o.ttft_s).collect();
     let mut gaps: Vec<f64> = data
         .outcomes
@@ -208,7 +256,7 @@ fn point(data: &RunData, rate_rps: f64, spec: &GoodputSpec) -> RatePoint {
     };
     RatePoint {
         rate_rps,
-        attainment: good as f64 / total as f64,
+        attainment,
         ttft_s: quantiles(&mut ttft),
         itl_s: quantiles(&mut gaps),
         failed: data.outcomes.iter().filter(|o| o.error.is_some()).count(),
@@ -220,53 +268,77 @@ fn point(data: &RunData, rate_rps: f64, spec: &GoodputSpec) -> RatePoint {
     }
 }
 
-/// The highest rate whose attainment meets `target`, interpolated linearly between the last
-/// rate that meets it and the next (which does not); whether the highest rate met it.
-pub fn goodput(points: &[RatePoint], target: f64) -> (Option<f64>, bool) {
+/// The highest rate whose attainment of SLO `slo` meets `target`, interpolated linearly
+/// between the last rate that meets it and the next (which does not); whether the highest
+/// rate met it.
+pub fn goodput(points: &[RatePoint], slo: usize, target: f64) -> Goodput {
+    let at = |p: &RatePoint| p.attainment.get(slo).copied().unwrap_or(0.0);
     let mut best = None;
     for (i, point) in points.iter().enumerate() {
-        if point.attainment < target {
+        if at(point) < target {
             continue;
         }
         best = Some(point.rate_rps);
         match points.get(i + 1) {
-            Some(next) if next.attainment < target => {
-                let drop = point.attainment - next.attainment;
+            Some(next) if at(next) < target => {
+                let drop = at(point) - at(next);
                 let share = if drop > 0.0 {
-                    (point.attainment - target) / drop
+                    (at(point) - target) / drop
                 } else {
                     0.0
                 };
                 best = Some(point.rate_rps + share * (next.rate_rps - point.rate_rps));
             }
             Some(_) => {}
-            None => return (best, true),
+            None => {
+                return Goodput {
+                    rps: best,
+                    at_least: true,
+                };
+            }
         }
     }
-    (best, false)
+    Goodput {
+        rps: best,
+        at_least: false,
+    }
 }
 
-/// The Markdown table of `rows`: goodput against the aggregated fleet's, and each row's
-/// latencies at the rate given by `at` (an index into the rates).
-pub fn table(rows: &[GoodputRow], at: usize) -> String {
-    let aggregated = rows
-        .iter()
-        .find(|r| r.layout.prefill == 0)
-        .and_then(|r| r.goodput_rps);
-    let mut out = String::from(
-        "| fleet · pair rule | goodput (req/s) | vs aggregated | split | TTFT p50 / p90 / p99 | ITL p50 / p90 / p99 | attainment per rate |\n\
-         |---|---|---|---|---|---|---|\n",
+/// The Markdown table of `rows`: per SLO, goodput against the aggregated fleet's; each row's
+/// requests split and latencies at the rate given by `at` (an index into the rates); its
+/// attainment of the first SLO per rate.
+pub fn table(rows: &[GoodputRow], slos: &[Slo], at: usize) -> String {
+    let aggregated = rows.iter().find(|r| r.layout.prefill == 0);
+    let mut out = String::from("| fleet · pair rule |");
+    for slo in slos {
+        out.push_str(&format!(" goodput, {} (req/s) |", slo.name));
+    }
+    out.push_str(
+        " split | TTFT p50 / p90 / p99 | ITL p50 / p90 / p99 | attainment per rate (first SLO) |\n|---|",
     );
+    for _ in slos {
+        out.push_str("---|");
+    }
+    out.push_str("---|---|---|---|\n");
     for row in rows {
-        let goodput = match (row.goodput_rps, row.at_least) {
-            (None, _) => "< lowest rate".to_owned(),
-            (Some(g), true) => format!("≥ {g:.2}"),
-            (Some(g), false) => format!("{g:.2}"),
-        };
-        let ratio = match (row.goodput_rps, aggregated) {
-            (Some(g), Some(a)) if a > 0.0 => format!("{:.2}×", g / a),
-            _ => "–".to_owned(),
-        };
+        out.push_str(&format!("| {} |", row.label));
+        for (i, goodput) in row.goodput.iter().enumerate() {
+            let value = match (goodput.rps, goodput.at_least) {
+                (None, _) => "< lowest rate".to_owned(),
+                (Some(g), true) => format!("≥ {g:.2}"),
+                (Some(g), false) => format!("{g:.2}"),
+            };
+            let base = aggregated
+                .and_then(|a| a.goodput.get(i))
+                .and_then(|g| g.rps);
+            let ratio = match (goodput.rps, base) {
+                (Some(g), Some(a)) if a > 0.0 && row.layout.prefill > 0 => {
+                    format!(" ({:.2}×)", g / a)
+                }
+                _ => String::new(),
+            };
+            out.push_str(&format!(" {value}{ratio} |"));
+        }
         let point = row.points.get(at).or(row.points.last());
         let (split, ttft, itl) = point.map_or_else(
             || ("–".to_owned(), "–".to_owned(), "–".to_owned()),
@@ -291,13 +363,15 @@ pub fn table(rows: &[GoodputRow], at: usize) -> String {
         let attainment = row
             .points
             .iter()
-            .map(|p| format!("{:.0} %", 100.0 * p.attainment))
+            .map(|p| {
+                format!(
+                    "{:.0} %",
+                    100.0 * p.attainment.first().copied().unwrap_or(0.0)
+                )
+            })
             .collect::<Vec<_>>()
             .join(" · ");
-        out.push_str(&format!(
-            "| {} | {goodput} | {ratio} | {split} | {ttft} | {itl} | {attainment} |\n",
-            row.label
-        ));
+        out.push_str(&format!(" {split} | {ttft} | {itl} | {attainment} |\n"));
     }
     out
 }
@@ -319,7 +393,7 @@ mod tests {
     fn point(rate_rps: f64, attainment: f64) -> RatePoint {
         RatePoint {
             rate_rps,
-            attainment,
+            attainment: vec![attainment],
             ttft_s: [0.0; 3],
             itl_s: [0.0; 3],
             failed: 0,
@@ -346,13 +420,25 @@ mod tests {
     #[test]
     fn goodput_is_where_attainment_crosses_the_target() {
         let points = [point(1.0, 1.0), point(2.0, 0.95), point(3.0, 0.85)];
-        let (rate, at_least) = goodput(&points, 0.9);
-        assert!((rate.unwrap() - 2.5).abs() < 1e-9);
-        assert!(!at_least);
-        assert_eq!(goodput(&points[..2], 0.9), (Some(2.0), true));
-        assert_eq!(goodput(&[point(1.0, 0.5)], 0.9), (None, false));
+        let crossed = goodput(&points, 0, 0.9);
+        assert!((crossed.rps.unwrap() - 2.5).abs() < 1e-9);
+        assert!(!crossed.at_least);
+        assert_eq!(
+            goodput(&points[..2], 0, 0.9),
+            Goodput {
+                rps: Some(2.0),
+                at_least: true
+            }
+        );
+        assert_eq!(goodput(&[point(1.0, 0.5)], 0, 0.9).rps, None);
         // A rate that misses between two that meet does not end the search.
         let bumpy = [point(1.0, 0.95), point(2.0, 0.85), point(3.0, 0.92)];
-        assert_eq!(goodput(&bumpy, 0.9), (Some(3.0), true));
+        assert_eq!(
+            goodput(&bumpy, 0, 0.9),
+            Goodput {
+                rps: Some(3.0),
+                at_least: true
+            }
+        );
     }
 }

@@ -83,6 +83,8 @@ pub struct PairRun {
     pub link_gbps: Option<f64>,
     /// `link_latency_us` (`None`: the default).
     pub link_latency_us: Option<f64>,
+    /// `when_prefill_busy` (`None`: the default, `decode`).
+    pub when_prefill_busy: Option<&'static str>,
 }
 
 /// What to replay, as a TOML file says it.
@@ -141,21 +143,35 @@ struct RawScenario {
 struct RawGoodput {
     /// `aggregated` and `xPyD` layouts of the scenario's servers.
     layouts: Vec<String>,
-    /// `min_uncached_tokens` thresholds compared on each disaggregated layout (default
-    /// `[256]`, the gateway's default).
-    pair_rules: Option<Vec<u32>>,
+    /// The host pair rules compared on each disaggregated layout (default: the gateway's).
+    pair_rules: Option<Vec<RawPairRule>>,
     /// Multiples of the trace's arrival rate.
     rates: Vec<f64>,
-    /// Time-to-first-token SLO, seconds.
-    ttft_slo_s: f64,
-    /// Inter-token SLO, seconds.
-    itl_slo_s: f64,
+    /// `[[disaggregation.slo]]`: the SLOs goodput is measured against.
+    slo: Vec<RawSlo>,
     /// The share of requests that must meet both (default 0.9).
     attainment: Option<f64>,
     /// The KV link, GB/s.
     link_gbps: Option<f64>,
     /// Its setup time, µs.
     link_latency_us: Option<f64>,
+}
+
+/// One SLO of a goodput sweep.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSlo {
+    name: String,
+    ttft_s: f64,
+    itl_s: f64,
+}
+
+/// One pair rule of a goodput sweep: `[disaggregation]`'s keys.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPairRule {
+    min_uncached_tokens: Option<u32>,
+    when_prefill_busy: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -517,12 +533,45 @@ fn goodput_spec(raw: RawGoodput, servers: usize) -> Result<goodput::GoodputSpec,
     if !(attainment > 0.0 && attainment <= 1.0) {
         return Err("disaggregation.attainment: must be above 0 and at most 1".into());
     }
+    let pair_rules = raw
+        .pair_rules
+        .unwrap_or_else(|| vec![RawPairRule::default()])
+        .into_iter()
+        .map(|rule| {
+            let when_prefill_busy = match rule.when_prefill_busy.as_deref() {
+                None => None,
+                Some("decode") => Some("decode"),
+                Some("wait") => Some("wait"),
+                Some(other) => {
+                    return Err(format!(
+                        "disaggregation.pair_rules: when_prefill_busy {other:?} is not decode or wait"
+                    ));
+                }
+            };
+            Ok(goodput::PairRule {
+                min_uncached_tokens: rule.min_uncached_tokens,
+                when_prefill_busy,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
     Ok(goodput::GoodputSpec {
         layouts,
-        pair_rules: raw.pair_rules.unwrap_or_else(|| vec![256]),
+        pair_rules,
         rates: raw.rates,
-        ttft_slo_s: positive("ttft_slo_s", raw.ttft_slo_s)?,
-        itl_slo_s: positive("itl_slo_s", raw.itl_slo_s)?,
+        slos: if raw.slo.is_empty() {
+            return Err("disaggregation.slo: name at least one SLO".into());
+        } else {
+            raw.slo
+                .into_iter()
+                .map(|slo| {
+                    Ok(goodput::Slo {
+                        ttft_s: positive("slo.ttft_s", slo.ttft_s)?,
+                        itl_s: positive("slo.itl_s", slo.itl_s)?,
+                        name: slo.name,
+                    })
+                })
+                .collect::<Result<_, String>>()?
+        },
         attainment,
         link_gbps: raw.link_gbps,
         link_latency_us: raw.link_latency_us,

@@ -29,9 +29,13 @@ pub fn write(report: &Report, name: &str, out: &Path) -> Result<String, ReplayEr
     let text = serde_json::to_string_pretty(report).map_err(|e| io_error(&json, e))?;
     std::fs::write(&json, text).map_err(|e| io_error(&json, e))?;
     if let Some(spec) = &report.scenario.goodput {
-        let plot = out.join(format!("{name}-goodput.svg"));
-        attainment_by_rate(report, spec.attainment, &plot)?;
-        let section = goodput_section(report, name, &json, &plot);
+        let mut plots = Vec::new();
+        for (i, slo) in spec.slos.iter().enumerate() {
+            let plot = out.join(format!("{name}-goodput-{}.svg", file_safe(&slo.name)));
+            attainment_by_rate(report, (i, slo), spec.attainment, &plot)?;
+            plots.push((slo.name.clone(), plot));
+        }
+        let section = goodput_section(report, name, &json, &plots);
         let md = out.join(format!("{name}.md"));
         std::fs::write(&md, &section).map_err(|e| io_error(&md, e))?;
         return Ok(section);
@@ -117,33 +121,49 @@ fn section(
     text
 }
 
-/// A goodput sweep's section: the fleet, the SLOs, the table and the plot.
-fn goodput_section(report: &Report, name: &str, json: &Path, plot: &Path) -> String {
+/// A goodput sweep's section: the fleet, the SLOs, the table and the plots.
+fn goodput_section(
+    report: &Report,
+    name: &str,
+    json: &Path,
+    plots: &[(String, PathBuf)],
+) -> String {
     let s = &report.scenario;
     let Some(spec) = &s.goodput else {
         return String::new();
     };
-    // Latencies are quoted at the highest rate every row was run at below its goodput, or
-    // the trace's own rate when that is one of the rates.
+    // Latencies are quoted at the trace's own rate when it is one of the rates, else at the
+    // lowest.
     let at = spec
         .rates
         .iter()
         .position(|r| (*r - 1.0).abs() < 1e-9)
         .unwrap_or(0);
+    let slos = spec
+        .slos
+        .iter()
+        .map(|slo| {
+            format!(
+                "{}: TTFT ≤ {} s and a mean inter-token gap ≤ {} ms",
+                slo.name,
+                slo.ttft_s,
+                slo.itl_s * 1000.0
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
     let mut text = format!(
-        "### `{name}`: {} requests of `{}`, {} simulated servers; SLOs: TTFT ≤ {} s and a mean \
-         inter-token gap ≤ {} ms for {:.0} % of requests\n\n",
+        "### `{name}`: {} requests of `{}`, {} simulated servers; goodput at {:.0} % of requests \
+         meeting {slos}\n\n",
         report.requests,
         s.trace
             .file_name()
             .map_or_else(String::new, |f| f.to_string_lossy().into_owned()),
         s.fleet.servers,
-        spec.ttft_slo_s,
-        spec.itl_slo_s * 1000.0,
         spec.attainment * 100.0,
     );
     text.push_str(&format!(
-        "Rates: {} × the trace's own ({:.2} req/s); latencies and splits at {}× the trace's rate.\n\n",
+        "Rates: {} × the trace's own ({:.2} req/s); splits and latencies at {}× the trace's rate.\n\n",
         spec.rates
             .iter()
             .map(|r| format!("{r}"))
@@ -156,17 +176,26 @@ fn goodput_section(report: &Report, name: &str, json: &Path, plot: &Path) -> Str
             .map_or(0.0, |p| p.rate_rps / spec.rates[0]),
         spec.rates[at],
     ));
-    text.push_str(&crate::goodput::table(&report.goodput, at));
+    text.push_str(&crate::goodput::table(&report.goodput, &spec.slos, at));
     text.push_str(&format!(
-        "\nAttainment by rate: ![attainment]({}). Data: `{}`.\n",
-        plot.display(),
+        "\nAttainment by rate: {}. Data: `{}`.\n",
+        plots
+            .iter()
+            .map(|(slo, path)| format!("![{slo}]({})", path.display()))
+            .collect::<Vec<_>>()
+            .join(" "),
         json.display()
     ));
     text
 }
 
-/// Each row's SLO attainment against the offered rate, with the target as a line.
-fn attainment_by_rate(report: &Report, target: f64, path: &Path) -> Result<(), ReplayError> {
+/// Each row's attainment of one SLO against the offered rate, with the target as a line.
+fn attainment_by_rate(
+    report: &Report,
+    (index, slo): (usize, &crate::goodput::Slo),
+    target: f64,
+    path: &Path,
+) -> Result<(), ReplayError> {
     let top = report
         .goodput
         .iter()
@@ -176,7 +205,15 @@ fn attainment_by_rate(report: &Report, target: f64, path: &Path) -> Result<(), R
     let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_error(path, e))?;
     let mut chart = ChartBuilder::on(&root)
-        .caption("SLO attainment by request rate", ("sans-serif", 22))
+        .caption(
+            format!(
+                "Requests meeting TTFT ≤ {} s and inter-token ≤ {} ms ({}), by rate",
+                slo.ttft_s,
+                slo.itl_s * 1000.0,
+                slo.name
+            ),
+            ("sans-serif", 20),
+        )
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(50)
@@ -198,7 +235,9 @@ fn attainment_by_rate(report: &Report, target: f64, path: &Path) -> Result<(), R
         let colour = COLOURS[i % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(
-                row.points.iter().map(|p| (p.rate_rps, p.attainment)),
+                row.points
+                    .iter()
+                    .map(|p| (p.rate_rps, p.attainment.get(index).copied().unwrap_or(0.0))),
                 colour.stroke_width(2),
             ))
             .map_err(|e| plot_error(path, e))?

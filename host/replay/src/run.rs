@@ -199,6 +199,9 @@ pub fn gateway_config_with(
         if let Some(us) = pair.link_latency_us {
             toml.push_str(&format!("link_latency_us = {us}\n"));
         }
+        if let Some(busy) = pair.when_prefill_busy {
+            toml.push_str(&format!("when_prefill_busy = \"{busy}\"\n"));
+        }
         for i in 0..fleet.prefill_servers {
             toml.push_str(&format!(
                 "[[servers]]\naddress = \"sim://prefill-{i}\"\nrole = \"prefill\"\n"

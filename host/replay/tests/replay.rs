@@ -325,3 +325,51 @@ fn the_billing_line_costs_the_cache_everything_unless_the_gateway_takes_it_out()
         hit("none")
     );
 }
+
+/// A goodput sweep over an aggregated and a disaggregated fleet: the split requests go to the
+/// prefill servers and decode elsewhere, the decode servers' token gaps are shorter than an
+/// aggregated server's (no prompt chunks in their steps), and attainment falls as the rate
+/// rises.
+#[test]
+fn a_goodput_sweep_splits_requests_and_measures_their_token_gaps() {
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
+    let text = "trace = \"mooncake_conversation_head.jsonl\"\nrequests = 300\nservers = 4\n\
+                routers = [\"builtin:prefix-affinity\"]\n\
+                [disaggregation]\nlayouts = [\"aggregated\", \"1P3D\"]\n\
+                pair_rules = [{ min_uncached_tokens = 0, when_prefill_busy = \"wait\" }, {}]\n\
+                rates = [1.0, 4.0]\n\
+                [[disaggregation.slo]]\nname = \"tight\"\nttft_s = 5.0\nitl_s = 0.02\n";
+    let scenario = Scenario::from_toml(text, &base).unwrap();
+    assert_eq!(scenario.runs(), 6);
+    let report = replay(&scenario);
+    assert_eq!(
+        report.goodput.len(),
+        3,
+        "aggregated, and 1P3D with two rules"
+    );
+    let aggregated = &report.goodput[0];
+    let always = &report.goodput[1];
+    assert_eq!(aggregated.points[0].split, 0);
+    assert_eq!(always.points[0].split, 300, "every request split");
+    // Decode servers that never prefill: their worst token gaps are a decode step's.
+    assert!(
+        always.points[0].itl_s[2] < aggregated.points[0].itl_s[2],
+        "ITL p99 {} split against {} aggregated",
+        always.points[0].itl_s[2],
+        aggregated.points[0].itl_s[2]
+    );
+    for row in &report.goodput {
+        assert_eq!(row.points.len(), 2);
+        assert!(row.points[1].attainment[0] <= row.points[0].attainment[0] + 1e-9);
+        assert_eq!(row.points[0].failed, 0);
+    }
+    let table = ringmaster_replay::goodput::table(
+        &report.goodput,
+        &scenario.goodput.as_ref().unwrap().slos,
+        0,
+    );
+    assert!(
+        table.contains("| 1P3D · split at ≥ 0 uncached tokens, waiting for busy prefill servers |"),
+        "{table}"
+    );
+}

@@ -9,11 +9,14 @@
 //! prompt, and a split would only add a transfer). The prefill server is the one with the
 //! least work ahead of it for this prompt: its prefill backlog plus the prompt tokens it does
 //! not hold; ties go to a rendezvous hash of the routing key, so one prefix keeps going to one
-//! prefill server. Nothing here sends anything: the call carries the legs out.
+//! prefill server. When even that server has more prefill work ahead than the decode server
+//! would have doing the prompt itself, the decode server serves it whole (Dynamo's
+//! `prefill_load` rule: prefill servers that fall behind stop costing TTFT). Nothing here
+//! sends anything: the call carries the legs out.
 
 use std::sync::Arc;
 
-use ringmaster_config::{Connector, DisaggregationSettings};
+use ringmaster_config::{Connector, DisaggregationSettings, WhenPrefillBusy};
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Backend, InFlight, Pool, PoolSnapshot, Server};
 
@@ -33,15 +36,19 @@ pub enum PairOutcome {
     Bypass,
     /// Whole on the decode server: no healthy prefill server of its connector.
     NoPrefillServer,
+    /// Whole on the decode server: the least busy prefill server has more prefill work ahead
+    /// than the decode server would have doing this prompt itself.
+    PrefillBusy,
 }
 
 impl PairOutcome {
     /// Every outcome.
-    pub const ALL: [PairOutcome; 4] = [
+    pub const ALL: [PairOutcome; 5] = [
         PairOutcome::Split,
         PairOutcome::Whole,
         PairOutcome::Bypass,
         PairOutcome::NoPrefillServer,
+        PairOutcome::PrefillBusy,
     ];
 
     /// Its name in metrics, explain and traces.
@@ -51,6 +58,7 @@ impl PairOutcome {
             Self::Whole => "whole",
             Self::Bypass => "bypass",
             Self::NoPrefillServer => "no_prefill_server",
+            Self::PrefillBusy => "prefill_busy",
         }
     }
 }
@@ -124,6 +132,22 @@ pub fn plan(
     let Some((server, tokens, work)) = least_work(pool, &candidates, prompt, prompt_tokens) else {
         return whole(PairOutcome::NoPrefillServer, "no prefill server".to_owned());
     };
+    // Dynamo's `prefill_load` rule: a split only pays while a prefill server would start on
+    // the prompt no later than the decode server would finish it itself.
+    let local = decode
+        .fleet_prefill_backlog()
+        .saturating_add(uncached_on_decode);
+    if work > local && rule.when_prefill_busy == WhenPrefillBusy::Decode {
+        return whole(
+            PairOutcome::PrefillBusy,
+            format!(
+                "{} has {work} prefill tokens ahead, more than the {local} {} would compute \
+                 doing this prompt itself",
+                server.id(),
+                decode.id()
+            ),
+        );
+    }
     PairPlan {
         outcome: PairOutcome::Split,
         why: format!(
