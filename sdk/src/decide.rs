@@ -8,7 +8,7 @@
 //! Conventions: only healthy servers are ever picked; ties end with the lower server id, so
 //! every helper is deterministic for a given input.
 
-use crate::types::Server;
+use crate::types::{Role, Server};
 
 /// The healthy servers, in the order given.
 pub fn healthy(servers: &[Server]) -> impl Iterator<Item = &Server> {
@@ -154,10 +154,96 @@ pub fn first_match(text: &str, lowercase_patterns: &[String]) -> Option<usize> {
         .position(|p| !p.is_empty() && text.contains(p.as_str()))
 }
 
+// ---- Disaggregated fleets: which servers split a request (0.3.0's pairs) ----
+
+/// One entry of `cluster.prefix-matches`: a server and the leading prefix hashes it holds.
+pub type PrefixMatch = (String, u32);
+/// One entry of `cluster.prefill-backlog`: a server and its queued prompt tokens.
+pub type Backlog = (String, u64);
+
+/// The healthy servers of `servers` that can decode a request another server prefilled.
+pub fn decode_servers(servers: &[Server]) -> impl Iterator<Item = &Server> {
+    healthy(servers).filter(|s| s.role == Role::Decode)
+}
+
+/// Of the healthy `candidates`, the one with the least prefill work ahead for a prompt of
+/// `prompt_tokens` in `total` prefix hashes: its backlog plus the tokens it does not hold.
+/// Ties go to the first in the order given. With that work, and those uncached tokens.
+pub fn least_prefill_work<'a>(
+    candidates: &'a [Server],
+    (matches, backlogs): (&[PrefixMatch], &[Backlog]),
+    prompt_tokens: u32,
+    total: usize,
+) -> Option<(&'a Server, u64, u64)> {
+    healthy(candidates)
+        .map(|s| {
+            let uncached = uncached_tokens(prompt_tokens, matched(matches, &s.id), total);
+            (
+                s,
+                backlog(backlogs, &s.id).saturating_add(uncached),
+                uncached,
+            )
+        })
+        .min_by_key(|(_, work, _)| *work)
+}
+
+/// Whether a request the decode server would prefill `uncached_on_decode` tokens of is worth
+/// splitting by the gateway's own rule: at least `min_uncached_tokens`, and (unless
+/// `wait_for_busy_prefill`) a prefill server with no more work ahead (`prefill_work`) than the
+/// decode server would have doing the prompt itself (`decode_backlog + uncached_on_decode`).
+pub fn worth_splitting(
+    uncached_on_decode: u64,
+    (decode_backlog, prefill_work): (u64, u64),
+    min_uncached_tokens: u64,
+    wait_for_busy_prefill: bool,
+) -> bool {
+    uncached_on_decode >= min_uncached_tokens
+        && (wait_for_busy_prefill
+            || prefill_work <= decode_backlog.saturating_add(uncached_on_decode))
+}
+
+/// llm-d's prefix-based decider (`prefix-based-pd-decider`): split iff the decode server
+/// would compute at least `non_cached_tokens` of the prompt and the prompt has at least
+/// `min_prompt_tokens` (each 0: no bound).
+pub fn llm_d_splits(
+    uncached_on_decode: u64,
+    prompt_tokens: u32,
+    non_cached_tokens: u64,
+    min_prompt_tokens: u32,
+) -> bool {
+    uncached_on_decode >= non_cached_tokens && prompt_tokens >= min_prompt_tokens
+}
+
+/// NVIDIA Dynamo's `isl_bounding` rule for conditional disaggregation: prefill on the decode
+/// server when the effective input length (the prompt tokens it would compute) is under
+/// `threshold` **and** under `ratio` of the raw input length; split otherwise.
+pub fn dynamo_prefills_locally(effective: u64, raw: u32, threshold: u64, ratio: f64) -> bool {
+    raw > 0 && effective < threshold && (effective as f64) < ratio * f64::from(raw)
+}
+
+/// Of two servers drawn by `seed` from the healthy `servers`, the one with fewer requests in
+/// flight (the power of two choices, as SMG's and vllm-router's `power_of_two`); ties go to the
+/// first drawn.
+pub fn power_of_two(servers: &[Server], seed: u64) -> Option<&Server> {
+    let healthy: Vec<&Server> = healthy(servers).collect();
+    let n = healthy.len() as u64;
+    if n == 0 {
+        return None;
+    }
+    let first = healthy[(seed % n) as usize];
+    let second = healthy[((seed / n.max(1)).wrapping_add(1 + seed % n) % n) as usize];
+    Some(if second.in_flight < first.in_flight {
+        second
+    } else {
+        first
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::testing::{ServerBuilder, server};
+    use crate::types::Role;
 
     #[test]
     fn unhealthy_servers_are_never_picked() {
@@ -298,5 +384,49 @@ mod tests {
             None
         );
         assert_eq!(first_match("anything", &[]), None);
+    }
+
+    #[test]
+    fn pair_helpers_follow_the_peers_rules() {
+        let servers = [
+            server("d1").role(Role::Decode).in_flight(3),
+            server("w").in_flight(0),
+            server("d2").role(Role::Decode).in_flight(1).unhealthy(),
+        ];
+        let decode: Vec<_> = decode_servers(&servers).map(|s| s.id.as_str()).collect();
+        assert_eq!(decode, ["d1"]);
+        let prefill = [
+            server("p1").role(Role::Prefill),
+            server("p2").role(Role::Prefill),
+        ];
+        let matches = [("p2".to_owned(), 5)];
+        let backlogs = [("p1".to_owned(), 100)];
+        // p2 holds half the prompt: 500 tokens to do against p1's 100 + 1000.
+        let (best, work, uncached) =
+            least_prefill_work(&prefill, (&matches, &backlogs), 1000, 10).unwrap();
+        assert_eq!((best.id.as_str(), work, uncached), ("p2", 500, 500));
+        assert!(worth_splitting(1000, (0, 500), 256, false));
+        assert!(
+            !worth_splitting(100, (0, 50), 256, false),
+            "under the threshold"
+        );
+        assert!(
+            !worth_splitting(1000, (0, 2000), 256, false),
+            "prefill busier"
+        );
+        assert!(worth_splitting(1000, (0, 2000), 256, true), "waits for it");
+        assert!(llm_d_splits(16, 10, 16, 0));
+        assert!(!llm_d_splits(15, 10, 16, 0));
+        assert!(!llm_d_splits(100, 10, 0, 20));
+        // Dynamo: 1,000 of 10,000 tokens to compute is local; 3,000 of 4,000 is split.
+        assert!(dynamo_prefills_locally(1000, 10_000, 2048, 0.7));
+        assert!(!dynamo_prefills_locally(3000, 4000, 2048, 0.7));
+        assert!(
+            !dynamo_prefills_locally(1500, 2000, 2048, 0.7),
+            "over 0.7 of the raw"
+        );
+        let pick = power_of_two(&servers, 7).unwrap();
+        assert!(pick.healthy);
+        assert!(power_of_two(&[], 1).is_none());
     }
 }

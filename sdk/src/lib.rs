@@ -1,7 +1,7 @@
 //! Write Ringmaster policies in Rust.
 //!
 //! A Ringmaster policy is a WebAssembly component that targets one of the worlds of the WIT
-//! package `ringmaster:policy@0.2.0` (see `wit/policy.wit`): a **router** picks the GPU server
+//! package `ringmaster:policy@0.3.0` (see `wit/policy.wit`): a **router** picks the GPU server
 //! for a request (a **learning router** also hears how each request went), an **admission**
 //! policy decides whether a request runs now, waits or is refused, and a **safety filter**
 //! checks the text going in and coming out. This crate
@@ -119,13 +119,13 @@ pub mod learning_router {
         default_bindings_module: "ringmaster_policy_sdk::learning_router",
         additional_derives: [PartialEq, Eq],
         with: {
-            "ringmaster:policy/types@0.2.0": crate::router::ringmaster::policy::types,
-            "ringmaster:policy/ring@0.2.0": crate::router::ringmaster::policy::ring,
-            "ringmaster:policy/cluster@0.2.0": crate::router::ringmaster::policy::cluster,
-            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
-            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
-            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
-            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
+            "ringmaster:policy/types@0.3.0": crate::router::ringmaster::policy::types,
+            "ringmaster:policy/ring@0.3.0": crate::router::ringmaster::policy::ring,
+            "ringmaster:policy/cluster@0.3.0": crate::router::ringmaster::policy::cluster,
+            "ringmaster:policy/state@0.3.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.3.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.3.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.3.0": crate::router::ringmaster::policy::config,
         },
     });
 }
@@ -141,12 +141,12 @@ pub mod admission {
         default_bindings_module: "ringmaster_policy_sdk::admission",
         additional_derives: [PartialEq, Eq],
         with: {
-            "ringmaster:policy/types@0.2.0": crate::router::ringmaster::policy::types,
-            "ringmaster:policy/cluster@0.2.0": crate::router::ringmaster::policy::cluster,
-            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
-            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
-            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
-            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
+            "ringmaster:policy/types@0.3.0": crate::router::ringmaster::policy::types,
+            "ringmaster:policy/cluster@0.3.0": crate::router::ringmaster::policy::cluster,
+            "ringmaster:policy/state@0.3.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.3.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.3.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.3.0": crate::router::ringmaster::policy::config,
         },
     });
 }
@@ -162,10 +162,10 @@ pub mod safety {
         default_bindings_module: "ringmaster_policy_sdk::safety",
         additional_derives: [PartialEq, Eq],
         with: {
-            "ringmaster:policy/state@0.2.0": crate::router::ringmaster::policy::state,
-            "ringmaster:policy/log@0.2.0": crate::router::ringmaster::policy::log,
-            "ringmaster:policy/metrics@0.2.0": crate::router::ringmaster::policy::metrics,
-            "ringmaster:policy/config@0.2.0": crate::router::ringmaster::policy::config,
+            "ringmaster:policy/state@0.3.0": crate::router::ringmaster::policy::state,
+            "ringmaster:policy/log@0.3.0": crate::router::ringmaster::policy::log,
+            "ringmaster:policy/metrics@0.3.0": crate::router::ringmaster::policy::metrics,
+            "ringmaster:policy/config@0.3.0": crate::router::ringmaster::policy::config,
         },
     });
 }
@@ -173,7 +173,7 @@ pub mod safety {
 /// What every world shares: the [`Request`](types::Request) resource, the
 /// [`Server`](types::Server) record and a learning router's [`Outcome`](types::Outcome).
 pub mod types {
-    pub use crate::router::ringmaster::policy::types::{Outcome, Request, Server};
+    pub use crate::router::ringmaster::policy::types::{Outcome, Pair, Request, Role, Server};
 }
 
 /// The host's interfaces a policy may import.

@@ -12,12 +12,14 @@
 //! assert!(servers[0].healthy && !servers[1].healthy);
 //! ```
 
-use crate::types::Server;
+use crate::types::{Role, Server};
 
-/// A healthy server of weight 1 with no load and an empty KV cache of 1024 blocks.
+/// A healthy server of weight 1 that takes whole requests, with no load and an empty KV cache
+/// of 1024 blocks.
 pub fn server(id: &str) -> Server {
     Server {
         id: id.to_owned(),
+        role: Role::Both,
         healthy: true,
         weight: 1,
         in_flight: 0,
@@ -39,6 +41,8 @@ pub trait ServerBuilder: Sized {
     fn unhealthy(self) -> Self;
     /// Sets the KV-cache blocks in use and in all.
     fn kv_blocks(self, used: u32, total: u32) -> Self;
+    /// Sets what it does in a disaggregated fleet.
+    fn role(self, role: Role) -> Self;
 }
 
 impl ServerBuilder for Server {
@@ -61,6 +65,10 @@ impl ServerBuilder for Server {
     fn kv_blocks(mut self, used: u32, total: u32) -> Self {
         self.kv_blocks_used = used;
         self.kv_blocks_total = total;
+        self
+    }
+    fn role(mut self, role: Role) -> Self {
+        self.role = role;
         self
     }
 }

@@ -560,3 +560,79 @@ async fn simulated_servers_hand_the_prompt_over_and_the_decode_server_keeps_it()
         1.0
     );
 }
+
+/// Pair routers (`ringmaster:policy@0.3.0`) decide the split themselves, and are A/B tested
+/// like any router: two built-in pair routers share the traffic, each request split as its
+/// variant says, and explain shows the router's own reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pair_routers_decide_the_split_and_are_ab_tested_like_any_router() {
+    let log = log();
+    let prefill = PdServer::start(PdEngine::VllmNixl, PdRole::Prefill, PdFault::None, &log).await;
+    let decode = PdServer::start(PdEngine::VllmNixl, PdRole::Decode, PdFault::None, &log).await;
+    let toml = gateway_config(
+        "[[policies.router]]\nname = \"prefix\"\nsource = \"builtin:pair-prefix\"\nweight = 50\n\
+         config = { min_uncached_tokens = \"0\" }\n\
+         [[policies.router]]\nname = \"split\"\nsource = \"builtin:pair-split\"\nweight = 50\n",
+        &[
+            server("p0", &prefill.url(), NIXL_PREFILL),
+            server("d0", &decode.url(), NIXL_DECODE),
+        ],
+    );
+    let gw = TestGateway::start(&toml).await;
+    let mut variants = std::collections::BTreeSet::new();
+    for i in 0..16 {
+        let response = gw.post_chat(&long_chat(&format!("ab {i}"))).await;
+        assert_eq!(response.status(), 200);
+        variants.insert(
+            response.headers()["x-ringmaster-variant"]
+                .to_str()
+                .unwrap()
+                .to_owned(),
+        );
+    }
+    assert_eq!(
+        variants.into_iter().collect::<Vec<_>>(),
+        ["prefix", "split"],
+        "both variants served"
+    );
+    {
+        let log = read(&log);
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+        let prefills = log
+            .legs
+            .iter()
+            .filter(|leg| leg.1 == PdRole::Prefill)
+            .count();
+        assert_eq!(prefills, 16, "every request split by both routers");
+    }
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_pair_decisions_total",
+            "outcome=\"split\""
+        ),
+        16.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_policy_faults_total", ""),
+        0.0
+    );
+    let explained = gw
+        .admin(reqwest::Method::POST, "/admin/route/explain")
+        .await
+        .json(&long_chat("explain the pair"))
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    assert_eq!(explained["pair"]["outcome"], "split", "{explained}");
+    assert_eq!(explained["pair"]["prefill"], "p0", "{explained}");
+    let why = explained["pair"]["why"].as_str().unwrap();
+    assert!(
+        why.contains("prefill and decode chosen apart") || why.contains("would compute"),
+        "the router's own reason: {why}"
+    );
+}

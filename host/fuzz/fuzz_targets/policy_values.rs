@@ -13,7 +13,7 @@ use libfuzzer_sys::arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use ringmaster_policy_engine::{
     AdmissionLoad, AdmissionPolicy, AdmissionVerdict, EngineConfig, MAX_ANSWER_TEXT_BYTES,
-    PolicyEngine, PolicyRequest, RouteDecision, RouterHost, RouterPolicy, SafetyPolicy,
+    PolicyEngine, PolicyRequest, PolicyRole, RouteDecision, RouterHost, RouterPolicy, SafetyPolicy,
     SafetyVerdict, ServerView, builtin,
 };
 
@@ -139,6 +139,11 @@ fn cluster(u: &mut Unstructured<'_>) -> libfuzzer_sys::arbitrary::Result<Cluster
     for _ in 0..n {
         servers.push(ServerView {
             id: Arbitrary::arbitrary(u)?,
+            role: if bool::arbitrary(u)? {
+                PolicyRole::Decode
+            } else {
+                PolicyRole::Both
+            },
             healthy: Arbitrary::arbitrary(u)?,
             weight: Arbitrary::arbitrary(u)?,
             in_flight: Arbitrary::arbitrary(u)?,
@@ -162,6 +167,16 @@ fuzz_target!(|bytes: &[u8]| {
         match router.route(&cluster, &request) {
             Ok(RouteDecision::Route(id)) => assert!(cluster.routable(&id), "{id:?}"),
             Ok(RouteDecision::Reject(reason)) => assert!(reason.len() <= MAX_ANSWER_TEXT_BYTES),
+            // This cluster has no prefill servers: a pair can only keep a request whole.
+            Ok(RouteDecision::Pair {
+                decode,
+                prefill,
+                reason,
+            }) => {
+                assert!(cluster.routable(&decode), "{decode:?}");
+                assert_eq!(prefill, None);
+                assert!(reason.len() <= MAX_ANSWER_TEXT_BYTES);
+            }
             Err(_) => {}
         }
     }

@@ -80,6 +80,7 @@ impl Cluster {
                 let i32 = i as u32;
                 ServerView {
                     id: format!("gpu-{i}"),
+                    role: ringmaster_policy_engine::PolicyRole::Both,
                     healthy: true,
                     weight: 1,
                     in_flight: i32 % 7,
@@ -214,6 +215,7 @@ impl WasiView for Bare {
 fn server(s: &ServerView) -> wit::types::Server {
     wit::types::Server {
         id: s.id.clone(),
+        role: wit::types::Role::Both,
         healthy: s.healthy,
         weight: s.weight,
         in_flight: s.in_flight,
@@ -319,6 +321,9 @@ impl wit::ring::Host for Bare {
 impl wit::cluster::Host for Bare {
     fn servers(&mut self) -> Vec<wit::types::Server> {
         self.cluster.servers.iter().map(server).collect()
+    }
+    fn prefill_servers(&mut self) -> Vec<wit::types::Server> {
+        Vec::new()
     }
     fn get(&mut self, id: String) -> Option<wit::types::Server> {
         self.cluster.servers.iter().find(|s| s.id == id).map(server)

@@ -40,6 +40,22 @@ pub const BUILTIN_POLICIES: &[(&str, &[u8])] = &[
         include_bytes!("../../../policies/dist/round-robin.wasm"),
     ),
     (
+        "pair-prefix",
+        include_bytes!("../../../policies/dist/pair-prefix.wasm"),
+    ),
+    (
+        "pair-llm-d",
+        include_bytes!("../../../policies/dist/pair-llm-d.wasm"),
+    ),
+    (
+        "pair-dynamo",
+        include_bytes!("../../../policies/dist/pair-dynamo.wasm"),
+    ),
+    (
+        "pair-split",
+        include_bytes!("../../../policies/dist/pair-split.wasm"),
+    ),
+    (
         "learned-ttft",
         include_bytes!("../../../policies/dist/learned-ttft.wasm"),
     ),

@@ -44,6 +44,15 @@ pub(crate) enum Version {
     V0_1,
     /// `0.2.0`: the request is a resource with getters; `state` and `observe` exist.
     V0_2,
+    /// `0.3.0`: a router may answer a pair; servers carry their role.
+    V0_3,
+}
+
+impl Version {
+    /// Whether the version has `state`, `observe` and the request resource (0.2.0 on).
+    pub(crate) fn has_resources(self) -> bool {
+        self != Self::V0_1
+    }
 }
 
 impl Version {
@@ -51,6 +60,7 @@ impl Version {
         match self {
             Self::V0_1 => "0.1.0",
             Self::V0_2 => "0.2.0",
+            Self::V0_3 => "0.3.0",
         }
     }
 }
@@ -76,9 +86,10 @@ pub(crate) fn contract_version(
     match seen.as_slice() {
         [] | ["0.1.0"] => Ok(Version::V0_1),
         ["0.2.0"] => Ok(Version::V0_2),
+        ["0.3.0"] => Ok(Version::V0_3),
         [one] => Err(PolicyError::WrongWorld(format!(
             "`{name}` was built against ringmaster:policy@{one}, which this gateway does not \
-             know (it loads 0.2.0 and 0.1.0)",
+             know (it loads 0.3.0, 0.2.0 and 0.1.0)",
             one = if one.is_empty() { "(no version)" } else { one }
         ))),
         many => Err(PolicyError::WrongWorld(format!(

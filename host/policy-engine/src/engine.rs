@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Cache, CacheConfig, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
-use crate::contract::{Version, World, check_header, check_world};
+use crate::contract::{World, check_header, check_world};
 use crate::error::{FaultCounters, PolicyError, PolicyFault};
 use crate::host::{CounterSet, PolicyShared};
 use crate::instance::{Core, InstantiateError};
@@ -205,7 +205,7 @@ impl PolicyEngine {
         let optional: Vec<bool> = W::OPTIONAL_EXPORTS
             .iter()
             .map(|export| match component.get_export_index(None, export) {
-                Some(index) if version == Version::V0_2 => {
+                Some(index) if version.has_resources() => {
                     export_indices.push(index);
                     true
                 }

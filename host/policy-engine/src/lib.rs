@@ -99,8 +99,8 @@ pub use error::{FaultCounts, PolicyError, PolicyFault};
 pub use policy::{AdmissionPolicy, RouterPolicy, SafetyPolicy};
 pub use state::{DEFAULT_STATE_MAX_BYTES, DEFAULT_STATE_MAX_ENTRIES, StateMode, StateUsage};
 pub use types::{
-    AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, RouteDecision, RouterHost,
-    SafetyVerdict, ServerView,
+    AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, PolicyRole, RouteDecision,
+    RouterHost, SafetyVerdict, ServerView,
 };
 
 /// The longest reason a policy's refusal may carry to a client (a router's `reject`, an

@@ -23,7 +23,7 @@ use crate::probe::{self, PROBE_SERVERS, ProbeCluster};
 use crate::state::{StateMode, StateUsage};
 use crate::types::{
     AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, RequestV0_1,
-    RouteDecision, RouterHost, SafetyVerdict, WitVerdict,
+    RouteDecision, RouterHost, SafetyVerdict, WitDecision, WitDecisionV3, WitVerdict,
 };
 
 /// Longest part of a guest's answer quoted in a fault message.
@@ -37,8 +37,9 @@ pub(crate) struct SafetyWorld;
 /// borrow of the request resource.
 #[derive(Clone, Copy)]
 pub(crate) enum RouteFn {
-    V0_1(TypedFunc<(&'static RequestV0_1<'static>,), (RouteDecision,)>),
-    V0_2(TypedFunc<(Resource<RequestRep>,), (RouteDecision,)>),
+    V0_1(TypedFunc<(&'static RequestV0_1<'static>,), (WitDecision,)>),
+    V0_2(TypedFunc<(Resource<RequestRep>,), (WitDecision,)>),
+    V0_3(TypedFunc<(Resource<RequestRep>,), (WitDecisionV3,)>),
 }
 
 type ObserveFn = TypedFunc<(&'static Outcome,), ()>;
@@ -54,6 +55,7 @@ pub(crate) struct RouterExports {
 #[derive(Clone, Copy)]
 pub(crate) enum AdmitFn {
     V0_1(TypedFunc<(&'static RequestV0_1<'static>, AdmissionLoad), (WitVerdict,)>),
+    /// 0.2.0 and 0.3.0 (`admit` is the same in both).
     V0_2(TypedFunc<(Resource<RequestRep>, AdmissionLoad), (WitVerdict,)>),
 }
 
@@ -84,6 +86,7 @@ impl World for RouterWorld {
         let route = match version {
             Version::V0_1 => RouteFn::V0_1(instance.get_typed_func(&mut *store, indices[0])?),
             Version::V0_2 => RouteFn::V0_2(instance.get_typed_func(&mut *store, indices[0])?),
+            Version::V0_3 => RouteFn::V0_3(instance.get_typed_func(&mut *store, indices[0])?),
         };
         let observe = match optional.first() {
             Some(true) => Some(instance.get_typed_func(&mut *store, indices[1])?),
@@ -114,7 +117,9 @@ impl World for AdmissionWorld {
     ) -> wasmtime::Result<AdmitFn> {
         Ok(match version {
             Version::V0_1 => AdmitFn::V0_1(instance.get_typed_func(store, indices[0])?),
-            Version::V0_2 => AdmitFn::V0_2(instance.get_typed_func(store, indices[0])?),
+            Version::V0_2 | Version::V0_3 => {
+                AdmitFn::V0_2(instance.get_typed_func(store, indices[0])?)
+            }
         })
     }
 }
@@ -204,7 +209,7 @@ impl PolicyEngine {
             for (i, (what, request)) in probe::requests().iter().enumerate() {
                 let cluster = ProbeCluster::new(request);
                 match policy.decide(&cluster, request, false) {
-                    Ok(RouteDecision::Route(id)) => {
+                    Ok(RouteDecision::Route(id) | RouteDecision::Pair { decode: id, .. }) => {
                         debug_assert!(PROBE_SERVERS.contains(&id.as_str()))
                     }
                     Ok(RouteDecision::Reject(_)) => {}
@@ -214,7 +219,7 @@ impl PolicyEngine {
                             i,
                             what,
                             &fault,
-                            "route to one of `probe-0`..`probe-3` or reject",
+                            "route to one of `probe-0`..`probe-3` (with a prefill server `probe-p0` or `probe-p1`, for a pair) or reject",
                         ));
                     }
                 }
@@ -359,21 +364,45 @@ impl RouterPolicy {
         };
         let decision = self.core.call(cx, |store, exports| match exports.route {
             RouteFn::V0_1(route) => {
-                let route: TypedFunc<(&RequestV0_1<'_>,), (RouteDecision,)> = route;
-                Ok(route.call(store, (&RequestV0_1::from(request),))?.0)
+                let route: TypedFunc<(&RequestV0_1<'_>,), (WitDecision,)> = route;
+                Ok(route.call(store, (&RequestV0_1::from(request),))?.0.into())
             }
-            RouteFn::V0_2(route) => Ok(route.call(store, (request_borrow(),))?.0),
+            RouteFn::V0_2(route) => Ok(route.call(store, (request_borrow(),))?.0.into()),
+            RouteFn::V0_3(route) => Ok(route.call(store, (request_borrow(),))?.0.into()),
         })?;
-        if let RouteDecision::Route(id) = &decision
-            && !host.routable(id)
-        {
-            return Err(self.core.fault(PolicyFault::InvalidAnswer(format!(
+        let invalid = match &decision {
+            RouteDecision::Route(id) if !host.routable(id) => Some(format!(
                 "it answered route({}), which is not a healthy server in the pool",
                 quote(id)
-            ))));
+            )),
+            RouteDecision::Pair { decode, .. } if !host.routable(decode) => Some(format!(
+                "it answered a pair decoding on {}, which is not a healthy server a request \
+                 may be routed to",
+                quote(decode)
+            )),
+            RouteDecision::Pair {
+                prefill: Some(prefill),
+                ..
+            } if !host.prefill_routable(prefill) => Some(format!(
+                "it answered a pair prefilling on {}, which is not a healthy prefill server",
+                quote(prefill)
+            )),
+            _ => None,
+        };
+        if let Some(why) = invalid {
+            return Err(self.core.fault(PolicyFault::InvalidAnswer(why)));
         }
         Ok(match decision {
             RouteDecision::Reject(reason) => RouteDecision::Reject(bounded(reason)),
+            RouteDecision::Pair {
+                decode,
+                prefill,
+                reason,
+            } => RouteDecision::Pair {
+                decode,
+                prefill,
+                reason: bounded(reason),
+            },
             route => route,
         })
     }

@@ -1,16 +1,21 @@
 //! The synthetic inputs a new policy must handle before it is accepted: a four-server cluster
-//! that answers the `ring` and `cluster` imports, and a few requests and loads that cover the
-//! edges (no session, a session, no prefix hashes, many, extreme keys and priorities).
+//! (two of them decode servers) with two prefill servers beside it, that answers the `ring`
+//! and `cluster` imports, and a few requests and loads that cover the edges (no session, a
+//! session, no prefix hashes, many, extreme keys and priorities).
 
-use crate::types::{AdmissionLoad, PolicyRequest, RouterHost, ServerView};
+use crate::types::{AdmissionLoad, PolicyRequest, PolicyRole, RouterHost, ServerView};
 
-/// The ids of the probe cluster's servers.
+/// The ids of the probe cluster's servers a request may be routed to.
 pub(crate) const PROBE_SERVERS: [&str; 4] = ["probe-0", "probe-1", "probe-2", "probe-3"];
+/// The ids of its prefill servers (0.3.0 routers see them).
+pub(crate) const PROBE_PREFILL_SERVERS: [&str; 2] = ["probe-p0", "probe-p1"];
 
-/// A four-server cluster, all healthy, with different loads.
+/// A four-server cluster, all healthy, with different loads; `probe-2` and `probe-3` are
+/// decode servers, with two prefill servers beside them.
 #[derive(Debug)]
 pub(crate) struct ProbeCluster {
     servers: Vec<ServerView>,
+    prefill: Vec<ServerView>,
     prefix_hashes: usize,
 }
 
@@ -24,6 +29,11 @@ impl ProbeCluster {
                 let i = u32::try_from(i).unwrap_or(0);
                 ServerView {
                     id: (*id).to_owned(),
+                    role: if i >= 2 {
+                        PolicyRole::Decode
+                    } else {
+                        PolicyRole::Both
+                    },
                     healthy: true,
                     weight: 1 + i % 2,
                     in_flight: i * 3,
@@ -33,8 +43,23 @@ impl ProbeCluster {
                 }
             })
             .collect();
+        let prefill = PROBE_PREFILL_SERVERS
+            .iter()
+            .enumerate()
+            .map(|(i, id)| ServerView {
+                id: (*id).to_owned(),
+                role: PolicyRole::Prefill,
+                healthy: true,
+                weight: 1,
+                in_flight: u32::try_from(i).unwrap_or(0) * 2,
+                waiting: 0,
+                kv_blocks_used: 0,
+                kv_blocks_total: 26_000,
+            })
+            .collect();
         Self {
             servers,
+            prefill,
             prefix_hashes: request.prefix_hashes.len(),
         }
     }
@@ -76,6 +101,26 @@ impl RouterHost for ProbeCluster {
             (self.servers[1].id.clone(), n),
             (self.servers[2].id.clone(), n / 2),
         ]
+    }
+
+    fn prefill_servers(&self) -> Vec<ServerView> {
+        self.prefill.clone()
+    }
+
+    fn prefill_prefix_matches(&self) -> Vec<(String, u32)> {
+        let n = u32::try_from(self.prefix_hashes).unwrap_or(u32::MAX);
+        if n == 0 {
+            return Vec::new();
+        }
+        vec![(self.prefill[0].id.clone(), n / 3)]
+    }
+
+    fn prefill_servers_backlog(&self) -> Vec<(String, u64)> {
+        vec![(self.prefill[1].id.clone(), 4096)]
+    }
+
+    fn prefill_routable(&self, id: &str) -> bool {
+        self.prefill.iter().any(|s| s.id == id)
     }
 }
 

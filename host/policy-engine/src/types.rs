@@ -81,26 +81,36 @@ impl<'a> From<&'a PolicyRequest> for RequestV0_1<'a> {
     }
 }
 
+/// What a server does in a disaggregated fleet (0.3.0's `types.role`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum PolicyRole {
+    /// Whole requests.
+    #[default]
+    Both,
+    /// Prompts only, for a decode server.
+    Prefill,
+    /// Decoding from a prefill server's KV cache; whole requests too.
+    Decode,
+}
+
 /// One GPU server's state as the gateway knows it (`ringmaster:policy/types.server`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, ComponentType, Lower)]
-#[component(record)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ServerView {
     /// The server's id on the ring.
     pub id: String,
+    /// What it does (0.3.0's `role`; older contracts see no prefill servers).
+    pub role: PolicyRole,
     /// Whether it is serving (false while it drains or fails health checks).
     pub healthy: bool,
     /// Its ring weight.
     pub weight: u32,
     /// Requests routed to it that have not finished.
-    #[component(name = "in-flight")]
     pub in_flight: u32,
     /// Requests queued inside it.
     pub waiting: u32,
     /// KV-cache blocks in use.
-    #[component(name = "kv-blocks-used")]
     pub kv_blocks_used: u32,
     /// KV-cache blocks in all.
-    #[component(name = "kv-blocks-total")]
     pub kv_blocks_total: u32,
 }
 
@@ -133,6 +143,25 @@ pub trait RouterHost: Send + Sync {
     fn adapters(&self) -> Vec<(String, Vec<String>)> {
         Vec::new()
     }
+    /// `cluster.prefill-servers` (0.3.0): the prefill servers.
+    fn prefill_servers(&self) -> Vec<ServerView> {
+        Vec::new()
+    }
+    /// For the request being decided, how many of its leading prefix hashes each prefill
+    /// server is estimated to hold (0.3.0's `cluster.prefix-matches` adds them to
+    /// [`prefix_matches`](Self::prefix_matches)).
+    fn prefill_prefix_matches(&self) -> Vec<(String, u32)> {
+        Vec::new()
+    }
+    /// Each prefill server's prefill backlog (0.3.0's `cluster.prefill-backlog` adds them to
+    /// [`prefill_backlog`](Self::prefill_backlog)).
+    fn prefill_servers_backlog(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Whether a router may name `id` as a pair's prefill server: a healthy prefill server.
+    fn prefill_routable(&self, _id: &str) -> bool {
+        false
+    }
     /// Whether a router may send a request to `id`: a server in the pool that is healthy.
     ///
     /// The engine checks every `route(id)` answer with it. The default asks
@@ -144,15 +173,77 @@ pub trait RouterHost: Send + Sync {
 }
 
 /// A router's answer (`router.decision`).
-#[derive(Debug, Clone, PartialEq, Eq, ComponentType, Lift)]
-#[component(variant)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteDecision {
-    /// Send the request to the server with this id.
-    #[component(name = "route")]
+    /// Send the request to the server with this id (the host's pair rule decides whether a
+    /// prefill server computes its prompt).
     Route(String),
     /// Refuse it with this reason (the client gets 529 overloaded).
+    Reject(String),
+    /// Split it between `prefill` and `decode`, or (no `prefill`) serve it whole on `decode`:
+    /// the router decided (0.3.0's `decision.pair`).
+    Pair {
+        /// The server the client's tokens come from.
+        decode: String,
+        /// The prefill server, when the request is split.
+        prefill: Option<String>,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// 0.1.0's and 0.2.0's `router.decision` as the guest returns it.
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+pub(crate) enum WitDecision {
+    #[component(name = "route")]
+    Route(String),
     #[component(name = "reject")]
     Reject(String),
+}
+
+impl From<WitDecision> for RouteDecision {
+    fn from(d: WitDecision) -> Self {
+        match d {
+            WitDecision::Route(id) => Self::Route(id),
+            WitDecision::Reject(reason) => Self::Reject(reason),
+        }
+    }
+}
+
+/// 0.3.0's `types.pair` as the guest returns it.
+#[derive(ComponentType, Lift)]
+#[component(record)]
+pub(crate) struct WitPair {
+    decode: String,
+    prefill: Option<String>,
+    reason: String,
+}
+
+/// 0.3.0's `router.decision` as the guest returns it.
+#[derive(ComponentType, Lift)]
+#[component(variant)]
+pub(crate) enum WitDecisionV3 {
+    #[component(name = "route")]
+    Route(String),
+    #[component(name = "reject")]
+    Reject(String),
+    #[component(name = "pair")]
+    Pair(WitPair),
+}
+
+impl From<WitDecisionV3> for RouteDecision {
+    fn from(d: WitDecisionV3) -> Self {
+        match d {
+            WitDecisionV3::Route(id) => Self::Route(id),
+            WitDecisionV3::Reject(reason) => Self::Reject(reason),
+            WitDecisionV3::Pair(pair) => Self::Pair {
+                decode: pair.decode,
+                prefill: pair.prefill,
+                reason: pair.reason,
+            },
+        }
+    }
 }
 
 /// The gateway's load when a request arrives (`admission.load`).

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ringmaster_policy_engine::{
-    EngineConfig, PolicyEngine, PolicyError, PolicyFault, PolicyRequest, RouteDecision, RouterHost,
-    ServerView,
+    EngineConfig, PolicyEngine, PolicyError, PolicyFault, PolicyRequest, PolicyRole, RouteDecision,
+    RouterHost, ServerView,
 };
 
 use crate::{KitError, Result, io_error};
@@ -80,6 +80,16 @@ pub fn check(path: &Path, scratch: &Path) -> Result<Report> {
                     sample_answer.get_or_insert_with(|| match answer {
                         RouteDecision::Route(id) => format!("route to {id}"),
                         RouteDecision::Reject(reason) => format!("reject: {reason}"),
+                        RouteDecision::Pair {
+                            decode,
+                            prefill: Some(prefill),
+                            reason,
+                        } => format!("split: prefill on {prefill}, decode on {decode} ({reason})"),
+                        RouteDecision::Pair {
+                            decode,
+                            prefill: None,
+                            reason,
+                        } => format!("whole on {decode} ({reason})"),
                     });
                 }
                 // A fault is counted, not fatal: in a gateway each one falls back to the
@@ -194,15 +204,18 @@ fn load_any(
 
 /// A fleet that answers a router's host calls from plain values: servers, the prefix
 /// matches and prefill backlogs of the request being decided, and a ring that maps a key to
-/// server `key mod n` (then clockwise). For checking and testing a policy without a gateway.
+/// server `key mod n` (then clockwise); and, for pair routers, prefill servers beside it. For
+/// checking and testing a policy without a gateway.
 #[derive(Clone, Debug, Default)]
 pub struct SyntheticFleet {
-    /// The servers, in ring order.
+    /// The servers a request may be routed to, in ring order.
     pub servers: Vec<ServerView>,
-    /// `cluster.prefix-matches`.
+    /// `cluster.prefix-matches` (of the servers and of the prefill servers).
     pub matches: Vec<(String, u32)>,
-    /// `cluster.prefill-backlog`.
+    /// `cluster.prefill-backlog` (of the servers and of the prefill servers).
     pub backlog: Vec<(String, u64)>,
+    /// `cluster.prefill-servers`.
+    pub prefill: Vec<ServerView>,
 }
 
 impl SyntheticFleet {
@@ -211,6 +224,7 @@ impl SyntheticFleet {
         let servers = (0..n)
             .map(|i| ServerView {
                 id: format!("gpu-{i}"),
+                role: PolicyRole::Both,
                 healthy: true,
                 weight: 1,
                 in_flight: in_flight
@@ -237,6 +251,27 @@ impl SyntheticFleet {
             backlog: vec![(id(1), 9_000), (id(2), 400)],
             ..Self::new(8, &[0, 1, 2, 3, 4])
         }
+    }
+
+    /// This fleet disaggregated: its servers decode servers, with `n` prefill servers
+    /// `prefill-0`… beside them (idle, holding nothing).
+    pub fn with_prefill(mut self, n: usize) -> Self {
+        for server in &mut self.servers {
+            server.role = PolicyRole::Decode;
+        }
+        self.prefill = (0..n)
+            .map(|i| ServerView {
+                id: format!("prefill-{i}"),
+                role: PolicyRole::Prefill,
+                healthy: true,
+                weight: 1,
+                in_flight: 0,
+                waiting: 0,
+                kv_blocks_used: 0,
+                kv_blocks_total: 26_000,
+            })
+            .collect();
+        self
     }
 
     /// The `i`-th synthetic request, with its own routing key: `prompt_tokens` tokens in
@@ -284,10 +319,44 @@ impl RouterHost for SyntheticFleet {
         self.servers.iter().find(|s| s.id == id).cloned()
     }
     fn prefix_matches(&self) -> Vec<(String, u32)> {
-        self.matches.clone()
+        self.matches
+            .iter()
+            .filter(|(id, _)| !self.is_prefill(id))
+            .cloned()
+            .collect()
     }
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
-        self.backlog.clone()
+        self.backlog
+            .iter()
+            .filter(|(id, _)| !self.is_prefill(id))
+            .cloned()
+            .collect()
+    }
+    fn prefill_servers(&self) -> Vec<ServerView> {
+        self.prefill.clone()
+    }
+    fn prefill_prefix_matches(&self) -> Vec<(String, u32)> {
+        self.matches
+            .iter()
+            .filter(|(id, _)| self.is_prefill(id))
+            .cloned()
+            .collect()
+    }
+    fn prefill_servers_backlog(&self) -> Vec<(String, u64)> {
+        self.backlog
+            .iter()
+            .filter(|(id, _)| self.is_prefill(id))
+            .cloned()
+            .collect()
+    }
+    fn prefill_routable(&self, id: &str) -> bool {
+        self.prefill.iter().any(|s| s.id == id && s.healthy)
+    }
+}
+
+impl SyntheticFleet {
+    fn is_prefill(&self, id: &str) -> bool {
+        self.prefill.iter().any(|s| s.id == id)
     }
 }
 

@@ -39,16 +39,20 @@ pub enum PairOutcome {
     /// Whole on the decode server: the least busy prefill server has more prefill work ahead
     /// than the decode server would have doing this prompt itself.
     PrefillBusy,
+    /// Whole: the router (a `ringmaster:policy@0.3.0` pair) named no prefill server, or one
+    /// that cannot hand its KV cache to the decode server.
+    RouterWhole,
 }
 
 impl PairOutcome {
     /// Every outcome.
-    pub const ALL: [PairOutcome; 5] = [
+    pub const ALL: [PairOutcome; 6] = [
         PairOutcome::Split,
         PairOutcome::Whole,
         PairOutcome::Bypass,
         PairOutcome::NoPrefillServer,
         PairOutcome::PrefillBusy,
+        PairOutcome::RouterWhole,
     ];
 
     /// Its name in metrics, explain and traces.
@@ -59,6 +63,7 @@ impl PairOutcome {
             Self::Bypass => "bypass",
             Self::NoPrefillServer => "no_prefill_server",
             Self::PrefillBusy => "prefill_busy",
+            Self::RouterWhole => "router_whole",
         }
     }
 }
@@ -159,6 +164,51 @@ pub fn plan(
             server.id()
         ),
         prefill: Some((server, tokens)),
+    }
+}
+
+/// The pair a router of `ringmaster:policy@0.3.0` chose: `prefill` (none: whole) for the
+/// request its decision put on `decode`, with the router's `reason`. A prefill server that
+/// cannot hand its KV cache to `decode` (not a decode server, another connector, gone) leaves
+/// the request whole, and says why.
+pub fn chosen(
+    pool: &Pool,
+    snapshot: &PoolSnapshot,
+    decode: &Arc<Server>,
+    (prefill, reason): (Option<&str>, String),
+    prompt: (&RoutingInput, ChatPrompt<'_>),
+    prompt_tokens: u32,
+) -> PairPlan {
+    let whole = |why: String| PairPlan {
+        outcome: PairOutcome::RouterWhole,
+        prefill: None,
+        why,
+    };
+    let Some(prefill) = prefill else {
+        return whole(reason);
+    };
+    let role = decode.role();
+    let Some(connector) = role.connector.filter(|_| role.takes_handoffs()) else {
+        return whole(format!(
+            "{reason} (but {} takes whole requests: not split)",
+            decode.id()
+        ));
+    };
+    let candidates: Vec<Arc<Server>> = candidates(snapshot, decode, connector, &[])
+        .into_iter()
+        .filter(|s| s.id() == prefill)
+        .collect();
+    match least_work(pool, &candidates, prompt, prompt_tokens) {
+        Some((server, tokens, _)) => PairPlan {
+            outcome: PairOutcome::Split,
+            prefill: Some((server, tokens)),
+            why: reason,
+        },
+        None => whole(format!(
+            "{reason} (but {prefill} is not a healthy {} prefill server for {}: not split)",
+            connector.as_str(),
+            decode.id()
+        )),
     }
 }
 

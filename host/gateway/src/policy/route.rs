@@ -35,6 +35,8 @@ impl RouterSlot {
         let variant = set.pick(input.key).cloned();
         let mut fault = None;
         let mut policy_time = None;
+        // A 0.3.0 router's own pair: its prefill server (none: whole) and why.
+        let mut routers_pair: Option<(Option<String>, String)> = None;
         let routed = match &variant {
             None => pool.route_on(snapshot, input),
             Some(variant) => match timed(&mut policy_time, || variant.policy.route(&view, request))
@@ -42,6 +44,15 @@ impl RouterSlot {
                 Ok(RouteDecision::Route(id)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
                     pool.assign_on(snapshot, &id, input, self.guard)
+                }
+                Ok(RouteDecision::Pair {
+                    decode,
+                    prefill,
+                    reason,
+                }) => {
+                    variant.consecutive_faults.store(0, Ordering::Relaxed);
+                    routers_pair = Some((prefill, reason));
+                    pool.assign_on(snapshot, &decode, input, self.guard)
                 }
                 Ok(RouteDecision::Reject(reason)) => {
                     variant.consecutive_faults.store(0, Ordering::Relaxed);
@@ -62,14 +73,24 @@ impl RouterSlot {
         };
         let reach = view.reach(decision.server.id(), request.prompt_tokens);
         let uncached = view.uncached_tokens(decision.server.id(), request.prompt_tokens);
-        let pair = pair::plan(
-            pool,
-            snapshot,
-            &decision.server,
-            (uncached, request.prompt_tokens),
-            (input, chat),
-            &self.pair_rule,
-        );
+        let pair = match routers_pair {
+            Some((prefill, reason)) => pair::chosen(
+                pool,
+                snapshot,
+                &decision.server,
+                (prefill.as_deref(), reason),
+                (input, chat),
+                request.prompt_tokens,
+            ),
+            None => pair::plan(
+                pool,
+                snapshot,
+                &decision.server,
+                (uncached, request.prompt_tokens),
+                (input, chat),
+                &self.pair_rule,
+            ),
+        };
         let prefill = pair.count(pool, input);
         if prefill.is_none() {
             // A split request's decode server computes only the prompt's last tokens.
@@ -123,7 +144,7 @@ impl RouterSlot {
             .shadow_decisions
             .fetch_add(1, Ordering::Relaxed);
         match shadow.policy.route(view, request) {
-            Ok(RouteDecision::Route(id)) => {
+            Ok(RouteDecision::Route(id) | RouteDecision::Pair { decode: id, .. }) => {
                 if id == live {
                     shadow
                         .stats
@@ -177,12 +198,23 @@ impl RouterSlot {
             pair: None,
         };
         let view = PoolView::new(snapshot, pool, input, chat);
+        let mut routers_pair: Option<(Option<String>, String)> = None;
         match &variant {
             None => explained.decision = pool.explain_on(snapshot, input),
             Some(variant) => match variant.policy.route(&view, request) {
                 Ok(RouteDecision::Route(id)) => {
                     explained.decision = pool.explain_assign_on(snapshot, &id, input, self.guard);
                     explained.chosen = Some(id);
+                }
+                Ok(RouteDecision::Pair {
+                    decode,
+                    prefill,
+                    reason,
+                }) => {
+                    explained.decision =
+                        pool.explain_assign_on(snapshot, &decode, input, self.guard);
+                    explained.chosen = Some(decode);
+                    routers_pair = Some((prefill, reason));
                 }
                 Ok(RouteDecision::Reject(reason)) => explained.rejected = Some(reason),
                 Err(fault) => {
@@ -194,17 +226,27 @@ impl RouterSlot {
         if let Some(decision) = &explained.decision {
             let server = decision.server.id();
             view.reach(server, request.prompt_tokens);
-            explained.pair = Some(pair::plan(
-                pool,
-                snapshot,
-                &decision.server,
-                (
-                    view.uncached_tokens(server, request.prompt_tokens),
+            explained.pair = Some(match routers_pair {
+                Some((prefill, reason)) => pair::chosen(
+                    pool,
+                    snapshot,
+                    &decision.server,
+                    (prefill.as_deref(), reason),
+                    (input, chat),
                     request.prompt_tokens,
                 ),
-                (input, chat),
-                &self.pair_rule,
-            ));
+                None => pair::plan(
+                    pool,
+                    snapshot,
+                    &decision.server,
+                    (
+                        view.uncached_tokens(server, request.prompt_tokens),
+                        request.prompt_tokens,
+                    ),
+                    (input, chat),
+                    &self.pair_rule,
+                ),
+            });
         }
         explained
     }

@@ -2,7 +2,7 @@
 //! much of a request's prompt each server holds ([`prefix_matches`]): from the server's own
 //! report of its cache, or the gateway's routing history.
 
-use ringmaster_policy_engine::{RouterHost, ServerView};
+use ringmaster_policy_engine::{PolicyRole, RouterHost, ServerView};
 use ringmaster_pool::kv_view::{ChatPrompt, PromptBlocks, in_prefix_units};
 use ringmaster_pool::prefix_index::PrefixIndex;
 use ringmaster_pool::{Pool, PoolSnapshot};
@@ -41,6 +41,11 @@ impl<'a> PoolView<'a> {
         let load = server.engine().load();
         ServerView {
             id: server.id().to_owned(),
+            role: match server.role().role {
+                ringmaster_config::Role::Both => PolicyRole::Both,
+                ringmaster_config::Role::Prefill => PolicyRole::Prefill,
+                ringmaster_config::Role::Decode => PolicyRole::Decode,
+            },
             healthy: !server.is_draining(),
             weight: server.weight(),
             in_flight: u32::try_from(server.fleet_in_flight()).unwrap_or(u32::MAX),
@@ -118,15 +123,53 @@ impl RouterHost for PoolView<'_> {
     }
 
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
+        backlogs(&self.snapshot.servers)
+    }
+
+    fn prefill_servers(&self) -> Vec<ServerView> {
         self.snapshot
-            .servers
+            .prefill
             .iter()
-            .filter_map(|s| {
-                let tokens = s.fleet_prefill_backlog();
-                (tokens > 0).then(|| (s.id().to_owned(), tokens))
-            })
+            .map(|s| Self::view(s))
             .collect()
     }
+
+    fn prefill_prefix_matches(&self) -> Vec<(String, u32)> {
+        if self.snapshot.prefill.is_empty() {
+            return Vec::new();
+        }
+        prefix_matches_of(
+            &self.snapshot.prefill,
+            self.prefixes,
+            (self.input, self.chat),
+        )
+        .into_iter()
+        .filter(|m| m.hashes > 0)
+        .map(|m| (m.server, m.hashes))
+        .collect()
+    }
+
+    fn prefill_servers_backlog(&self) -> Vec<(String, u64)> {
+        backlogs(&self.snapshot.prefill)
+    }
+
+    fn prefill_routable(&self, id: &str) -> bool {
+        self.snapshot
+            .prefill
+            .iter()
+            .any(|s| s.id() == id && s.is_routable())
+    }
+}
+
+/// Each of `servers`' prefill backlog (those with none left out).
+fn backlogs(servers: &[std::sync::Arc<ringmaster_pool::Server>]) -> Vec<(String, u64)> {
+    servers
+        .iter()
+        .filter_map(|s| {
+            let tokens = s.fleet_prefill_backlog();
+            (tokens > 0).then(|| (s.id().to_owned(), tokens))
+        })
+        .collect()
 }
 
 impl PoolView<'_> {

@@ -45,6 +45,8 @@ fn no_config() -> BTreeMap<String, String> {
 #[derive(Debug, Clone)]
 struct FakeHost {
     servers: Vec<ServerView>,
+    /// Prefill servers beside them (a 0.3.0 router sees them).
+    prefill: Vec<ServerView>,
     prefix_matches: Vec<(String, u32)>,
     prefill_backlog: Vec<(String, u64)>,
     /// How long answering `prefix-matches` takes (the host's matching of a long prompt).
@@ -64,10 +66,30 @@ impl FakeHost {
                     ..ServerView::default()
                 })
                 .collect(),
+            prefill: Vec::new(),
             prefix_matches: Vec::new(),
             prefill_backlog: Vec::new(),
             prefix_delay: Duration::ZERO,
         }
+    }
+
+    /// These servers as decode servers, with prefill servers `ids` beside them.
+    fn with_prefill(mut self, ids: &[&str]) -> Self {
+        for server in &mut self.servers {
+            server.role = PolicyRole::Decode;
+        }
+        self.prefill = ids
+            .iter()
+            .map(|id| ServerView {
+                id: (*id).to_owned(),
+                role: PolicyRole::Prefill,
+                healthy: true,
+                weight: 1,
+                kv_blocks_total: 1000,
+                ..ServerView::default()
+            })
+            .collect();
+        self
     }
 
     fn eight() -> Self {
@@ -103,6 +125,12 @@ impl RouterHost for FakeHost {
     }
     fn prefill_backlog(&self) -> Vec<(String, u64)> {
         self.prefill_backlog.clone()
+    }
+    fn prefill_servers(&self) -> Vec<ServerView> {
+        self.prefill.clone()
+    }
+    fn prefill_routable(&self, id: &str) -> bool {
+        self.prefill.iter().any(|s| s.id == id && s.healthy)
     }
 }
 
@@ -906,6 +934,7 @@ fn fixture_every_built_router_loads() {
             match policy.route(&host, &request(key)).unwrap() {
                 RouteDecision::Route(id) => assert!(host.routable(&id), "{name}: {id}"),
                 RouteDecision::Reject(reason) => panic!("{name} rejected: {reason}"),
+                RouteDecision::Pair { decode, .. } => panic!("{name} answered a pair on {decode}"),
             }
         }
     }
@@ -1057,7 +1086,7 @@ fn fixture_both_contract_versions_load_side_by_side() {
     let old = engine
         .load_router("v1", &components::router(Router::Lookup), no_config())
         .unwrap();
-    assert_eq!((new.contract(), old.contract()), ("0.2.0", "0.1.0"));
+    assert_eq!((new.contract(), old.contract()), ("0.3.0", "0.1.0"));
     assert!(!new.learns() && !old.learns());
     let host = FakeHost::eight();
     for key in 0..20u64 {
@@ -1193,23 +1222,33 @@ fn fixture_state_is_bounded() {
 }
 
 /// The built-in routers as built against 0.1.0 (`contract-0.1.0/`, from before the contract
-/// moved) still load, are called through the record, and decide exactly as their 0.2.0 builds
-/// of the same source do.
+/// moved) and 0.2.0 (`contract-0.2.0/`) still load, are called through their contract (the
+/// record, the resource), and decide exactly as their 0.3.0 builds of the same source do.
 #[test]
-fn fixture_routers_built_against_0_1_0_decide_as_their_0_2_0_builds() {
+fn fixture_routers_built_against_older_contracts_decide_as_their_new_builds() {
     for name in ["consistent-hash", "prefix-affinity"] {
         let Some(new) = dist(&format!("{name}.wasm")) else {
             return;
         };
-        let old = std::fs::read(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join(format!("src/tests/contract-0.1.0/{name}.wasm")),
-        )
-        .expect("the committed 0.1.0 build");
+        let committed = |version: &str| {
+            std::fs::read(
+                PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                    .join(format!("src/tests/contract-{version}/{name}.wasm")),
+            )
+            .expect("the committed older build")
+        };
         let engine = engine();
-        let old = engine.load_router("old", &old, no_config()).unwrap();
+        let oldest = engine
+            .load_router("oldest", &committed("0.1.0"), no_config())
+            .unwrap();
+        let old = engine
+            .load_router("old", &committed("0.2.0"), no_config())
+            .unwrap();
         let new = engine.load_router("new", &new, no_config()).unwrap();
-        assert_eq!((old.contract(), new.contract()), ("0.1.0", "0.2.0"));
+        assert_eq!(
+            (oldest.contract(), old.contract(), new.contract()),
+            ("0.1.0", "0.2.0", "0.3.0")
+        );
         let mut host = FakeHost::eight();
         host.prefix_matches = vec![("s2".into(), 3), ("s5".into(), 1)];
         host.prefill_backlog = vec![("s2".into(), 40_000), ("s6".into(), 900)];
@@ -1217,11 +1256,89 @@ fn fixture_routers_built_against_0_1_0_decide_as_their_0_2_0_builds() {
             let mut req = request(key.wrapping_mul(0x9e37_79b9_7f4a_7c15));
             req.prompt_tokens = 100 + (key as u32 % 7) * 2_000;
             req.session_id = (key % 3 == 0).then(|| format!("s-{key}"));
+            let answer = new.route(&host, &req).unwrap();
             assert_eq!(
-                old.route(&host, &req).unwrap(),
-                new.route(&host, &req).unwrap(),
+                oldest.route(&host, &req).unwrap(),
+                answer,
                 "{name}, key {key}"
             );
+            assert_eq!(old.route(&host, &req).unwrap(), answer, "{name}, key {key}");
         }
     }
+}
+
+/// A 0.2.0 learning router still loads as a learning router and hears outcomes.
+#[test]
+fn a_learning_router_built_against_0_2_0_still_learns() {
+    let bytes = std::fs::read(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("src/tests/contract-0.2.0/learned-ttft.wasm"),
+    )
+    .expect("the committed 0.2.0 build");
+    let engine = engine();
+    let policy = engine
+        .load_router("learned-0.2.0", &bytes, no_config())
+        .unwrap();
+    assert_eq!(policy.contract(), "0.2.0");
+    assert!(policy.learns());
+    let host = FakeHost::eight();
+    assert!(matches!(
+        policy.route(&host, &request(5)).unwrap(),
+        RouteDecision::Route(_)
+    ));
+}
+
+/// The built-in pair routers answer pairs: a long prompt split between a prefill server and
+/// a decode server, one every server holds kept whole; and a 0.2.0-style fleet (no prefill
+/// servers) is served whole. A pair naming a server that is not a prefill server is a fault.
+#[test]
+fn fixture_pair_routers_split_long_prompts_and_keep_cached_ones_whole() {
+    let engine = engine();
+    for name in ["pair-prefix", "pair-llm-d", "pair-dynamo", "pair-split"] {
+        let Some(bytes) = dist(&format!("{name}.wasm")) else {
+            return;
+        };
+        let policy = engine.load_router(name, &bytes, no_config()).unwrap();
+        assert_eq!(policy.contract(), "0.3.0");
+        let host = FakeHost::new(&["d0", "d1"]).with_prefill(&["p0", "p1"]);
+        let mut long = request(42);
+        long.prompt_tokens = 20_000;
+        long.prefix_hashes = (0..40).collect();
+        match policy.route(&host, &long).unwrap() {
+            RouteDecision::Pair {
+                decode,
+                prefill: Some(prefill),
+                reason,
+            } => {
+                assert!(decode.starts_with('d'), "{name}: {decode}");
+                assert!(prefill.starts_with('p'), "{name}: {prefill} ({reason})");
+            }
+            other => panic!("{name} did not split a long prompt: {other:?}"),
+        }
+        let whole_fleet = FakeHost::new(&["s0", "s1"]);
+        match policy.route(&whole_fleet, &long).unwrap() {
+            RouteDecision::Pair {
+                prefill: None,
+                decode,
+                ..
+            } => assert!(decode.starts_with('s')),
+            other => panic!("{name} split on a fleet of whole servers: {other:?}"),
+        }
+    }
+    // A cached prompt: the decode server holds all of it.
+    let Some(bytes) = dist("pair-prefix.wasm") else {
+        return;
+    };
+    let policy = engine
+        .load_router("pair-prefix-cached", &bytes, no_config())
+        .unwrap();
+    let mut host = FakeHost::new(&["d0", "d1"]).with_prefill(&["p0"]);
+    host.prefix_matches = vec![("d1".into(), 40)];
+    let mut cached = request(43);
+    cached.prompt_tokens = 20_000;
+    cached.prefix_hashes = (0..40).collect();
+    assert!(matches!(
+        policy.route(&host, &cached).unwrap(),
+        RouteDecision::Pair { prefill: None, decode, .. } if decode == "d1"
+    ));
 }
