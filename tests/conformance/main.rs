@@ -39,24 +39,37 @@ struct Case {
     expect: String,
     /// This case's budget per call, when it needs more than [`FUEL_PER_CALL`].
     fuel: Option<u64>,
+    /// Prefill servers beside the fleet (`prefill-0`…; the fleet's servers are then decode
+    /// servers): what 0.3.0 routers may name in a pair.
+    #[serde(default)]
+    prefill: usize,
+    /// Of those, the unhealthy ones.
+    #[serde(default)]
+    prefill_unhealthy: Vec<usize>,
 }
 
 /// The case's fleet: its servers (the unhealthy ones draining), matches and backlogs.
 fn fleet(case: &Case) -> SyntheticFleet {
     let mut fleet = SyntheticFleet::new(case.servers, &case.in_flight);
+    if case.prefill > 0 {
+        fleet = fleet.with_prefill(case.prefill);
+    }
     for i in &case.unhealthy {
         fleet.servers[*i].healthy = false;
     }
-    fleet.matches = case
-        .matches
-        .iter()
-        .map(|(i, n)| (format!("gpu-{i}"), *n))
-        .collect();
-    fleet.backlog = case
-        .backlog
-        .iter()
-        .map(|(i, n)| (format!("gpu-{i}"), *n))
-        .collect();
+    for i in &case.prefill_unhealthy {
+        fleet.prefill[*i].healthy = false;
+    }
+    // An index past the fleet's servers names a prefill server (`servers + j` is `prefill-j`).
+    let id = |i: usize| {
+        if i < case.servers {
+            format!("gpu-{i}")
+        } else {
+            format!("prefill-{}", i - case.servers)
+        }
+    };
+    fleet.matches = case.matches.iter().map(|(i, n)| (id(*i), *n)).collect();
+    fleet.backlog = case.backlog.iter().map(|(i, n)| (id(*i), *n)).collect();
     fleet
 }
 
@@ -167,6 +180,17 @@ fn every_router_passes_every_case() {
                 };
                 let ok = match (&answer, case.expect.as_str()) {
                     (RouteDecision::Route(id), "healthy-server") => fleet.routable(id),
+                    // A pair decodes on a healthy server, and prefills (if it splits) on a
+                    // healthy prefill server.
+                    (
+                        RouteDecision::Pair {
+                            decode, prefill, ..
+                        },
+                        "healthy-server",
+                    ) => {
+                        fleet.routable(decode)
+                            && prefill.as_ref().is_none_or(|p| fleet.prefill_routable(p))
+                    }
                     (RouteDecision::Reject(_), "reject") => true,
                     (_, "healthy-server" | "reject") => false,
                     (_, other) => panic!("{case_name}: unknown expectation {other:?}"),

@@ -49,7 +49,7 @@ def test_scaffold_test_build_replay_push_and_compare():
         assert os.path.getsize(component) > 1_000_000, out
 
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component (ringmaster:policy@0.2.0)" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.3.0)" in out and "per call" in out, out
 
         out = run([ringmaster, "policy", "test", component, "--trace", TRACE,
                    "--requests", "120", "--out", os.path.join(tmp, "replay")], cwd=project)
@@ -103,7 +103,7 @@ def test_a_scaffolded_c_router_tests_natively_builds_and_checks():
         component = os.path.join(project, "edge-router.wasm")
         assert 1_000 < os.path.getsize(component) < 200_000
         out = run([ringmaster, "policy", "check", component], cwd=project)
-        assert "is a router component (ringmaster:policy@0.2.0)" in out and "per call" in out, out
+        assert "is a router component (ringmaster:policy@0.3.0)" in out and "per call" in out, out
 
 
 def test_scaffolded_rust_policies_test_natively_build_and_check():
@@ -130,5 +130,23 @@ def test_scaffolded_rust_policies_test_natively_build_and_check():
             assert 1_000 < os.path.getsize(component) < 500_000
             out = run([ringmaster, "policy", "check", component], cwd=project)
             # Rust scaffolds target the current contract.
-            assert (f"is a {world} component (ringmaster:policy@0.2.0)" in out
-                    or f"is an {world} component (ringmaster:policy@0.2.0)" in out), out
+            assert (f"is a {world} component (ringmaster:policy@0.3.0)" in out
+                    or f"is an {world} component (ringmaster:policy@0.3.0)" in out), out
+
+
+def test_a_pair_router_is_replayed_on_a_disaggregated_layout():
+    """`policy test --layout 1P3D` replays a pair router (and the default router beside it)
+    on one prefill and three decode servers next to the aggregated fleet: the table says how
+    many requests each split."""
+    ringmaster = binary()
+    component = os.path.join(ROOT, "policies/dist/pair-split.wasm")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = run([ringmaster, "policy", "test", component, "--trace", TRACE, "--requests", "120",
+                   "--servers", "4", "--layout", "1P3D", "--against", "builtin:prefix-affinity",
+                   "--out", tmp], cwd=tmp)
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| ")]
+    split = {row[1].strip(): int(row[3]) for row in rows if row[3].strip().isdigit()}
+    pair = [label for label in split if label.startswith(component) and "1P3D" in label]
+    assert pair and split[pair[0]] == 120, out
+    aggregated = [label for label in split if label.endswith("· aggregated")]
+    assert aggregated and all(split[label] == 0 for label in aggregated), out

@@ -58,6 +58,14 @@ pub enum PolicyCommand {
         /// router copes with a slow or busy machine.
         #[arg(long = "slow", value_name = "replay-N=FACTOR")]
         slow: Vec<String>,
+        /// A disaggregated layout of the servers (`xPyD`: x prefill and y decode servers):
+        /// each router is replayed on it beside the aggregated fleet, and the goodput table
+        /// shows the requests it split (for a pair router of `ringmaster:policy@0.3.0`).
+        #[arg(long, value_name = "xPyD")]
+        layout: Option<String>,
+        /// With `--layout`: multiples of the trace's arrival rate to replay at.
+        #[arg(long, value_delimiter = ',', default_values_t = [1.0], requires = "layout")]
+        rates: Vec<f64>,
         /// Where the JSON, Markdown and plots go.
         #[arg(long, default_value = "target/policy-test")]
         out: PathBuf,
@@ -199,8 +207,17 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             requests,
             against,
             slow,
+            layout,
+            rates,
             out,
-        } => replay(&file, &trace, servers, requests, &against, &slow, &out),
+        } => replay(
+            &file,
+            &trace,
+            (servers, requests),
+            (&against, &slow),
+            (layout.as_deref(), &rates),
+            &out,
+        ),
         PolicyCommand::Push {
             file,
             slot,
@@ -233,10 +250,9 @@ fn ms(d: std::time::Duration) -> f64 {
 fn replay(
     file: &Path,
     trace: &Path,
-    servers: usize,
-    requests: Option<usize>,
-    against: &[String],
-    slow: &[String],
+    (servers, requests): (usize, Option<usize>),
+    (against, slow): (&[String], &[String]),
+    (layout, rates): (Option<&str>, &[f64]),
     out: &Path,
 ) -> anyhow::Result<()> {
     let absolute = |p: &Path| -> anyhow::Result<String> {
@@ -272,6 +288,13 @@ fn replay(
     if azure {
         text.push_str("format = \"azure\"\n[synthetic]\n");
     }
+    if let Some(layout) = layout {
+        // The SLOs only rank the rows; the table's split counts and latencies are the point.
+        text.push_str(&format!(
+            "[disaggregation]\nlayouts = [\"aggregated\", {layout:?}]\nrates = {rates:?}\n\
+             [[disaggregation.slo]]\nname = \"5 s / 50 ms\"\nttft_s = 5.0\nitl_s = 0.05\n"
+        ));
+    }
     let scenario = ringmaster_replay::Scenario::from_toml(&text, Path::new("."))
         .map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
@@ -279,7 +302,7 @@ fn replay(
         .file_stem()
         .map_or_else(|| "policy".to_owned(), |s| s.to_string_lossy().into_owned());
     let runtime = ringmaster_replay::runtime()?;
-    let bar = replay_bar(scenario.routers.len(), &name);
+    let bar = replay_bar(scenario.runs(), &name);
     let report = runtime.block_on(ringmaster_replay::run_scenario(&scenario, |router| {
         bar.inc(1);
         bar.set_message(router.to_owned());
