@@ -51,8 +51,8 @@ void exports_router_route(router_borrow_request_t req, router_decision_t *ret) {
     rm_str *order = (rm_str *)(backlogs + queued.len);
     for (size_t i = 0; i < listed.len; i++) {
       const ringmaster_policy_cluster_server_t *s = &listed.ptr[i];
-      rm_server view = {as_str(&s->id), s->healthy, s->weight, s->in_flight,
-                        s->waiting, s->kv_blocks_used, s->kv_blocks_total};
+      rm_server view = {as_str(&s->id), s->healthy, s->weight, s->in_flight, s->waiting,
+                        s->kv_blocks_used, s->kv_blocks_total, (rm_role)s->role};
       servers[i] = view;
     }
     for (size_t i = 0; i < matched.len; i++) {

@@ -36,7 +36,15 @@ typedef struct rm_str {
   size_t len;
 } rm_str;
 
-/* One server, with the fields of the WIT `server` record. */
+/* What a server does in a disaggregated fleet: the WIT `role` enum, in its order. */
+typedef enum rm_role {
+  RM_ROLE_BOTH = 0,
+  RM_ROLE_PREFILL = 1,
+  RM_ROLE_DECODE = 2,
+} rm_role;
+
+/* One server, with the fields of the WIT `server` record (its `role` last, so initialisers
+ * written before ringmaster:policy@0.3.0 keep compiling: zero is `both`). */
 typedef struct rm_server {
   rm_str id;
   bool healthy;
@@ -45,6 +53,7 @@ typedef struct rm_server {
   uint32_t waiting;
   uint32_t kv_blocks_used;
   uint32_t kv_blocks_total;
+  rm_role role;
 } rm_server;
 
 /* One `cluster.prefix-matches()` entry: how many leading prefix hashes a server holds. */
@@ -208,6 +217,99 @@ static inline const rm_server *rm_cheapest_prefill(const rm_server *servers, siz
   return best != NULL ? best : rm_least_in_flight(servers, n, order, n_order);
 }
 
+/* ---- Disaggregated fleets: which servers split a request (ringmaster:policy@0.3.0's pairs) ----
+ * A router answers a pair with the generated bindings' `decision` variant; these helpers
+ * decide what goes in it. */
+
+/* The first healthy decode server of `servers` at or after index `from` (iterate with the
+ * index after the one returned); NULL when there is none. */
+static inline const rm_server *rm_next_decode_server(const rm_server *servers, size_t n,
+                                                     size_t *from) {
+  for (size_t i = *from; i < n; i++) {
+    if (servers[i].healthy && servers[i].role == RM_ROLE_DECODE) {
+      *from = i + 1;
+      return &servers[i];
+    }
+  }
+  *from = n;
+  return NULL;
+}
+
+/* Of the healthy `candidates` (for instance `cluster.prefill-servers()`), the one with the
+ * least prefill work ahead for a prompt of `prompt_tokens` in `total` prefix hashes: its
+ * backlog plus the tokens it does not hold. Ties go to the first in the order given. Its work
+ * and uncached tokens go to `work` and `uncached` (either may be NULL); NULL when none is
+ * healthy. */
+static inline const rm_server *rm_least_prefill_work(const rm_server *candidates, size_t n,
+                                                     const rm_match *matches, size_t n_matches,
+                                                     const rm_backlog *backlogs, size_t n_backlogs,
+                                                     uint32_t prompt_tokens, size_t total,
+                                                     uint64_t *work, uint64_t *uncached) {
+  const rm_server *best = NULL;
+  uint64_t best_work = 0, best_uncached = 0;
+  for (size_t i = 0; i < n; i++) {
+    const rm_server *s = &candidates[i];
+    if (!s->healthy) continue;
+    uint64_t u = rm_uncached_tokens(prompt_tokens, rm_matched(matches, n_matches, s->id), total);
+    uint64_t w = rm_backlog_of(backlogs, n_backlogs, s->id) + u;
+    if (best == NULL || w < best_work) {
+      best = s;
+      best_work = w;
+      best_uncached = u;
+    }
+  }
+  if (best != NULL && work != NULL) *work = best_work;
+  if (best != NULL && uncached != NULL) *uncached = best_uncached;
+  return best;
+}
+
+/* Whether a request the decode server would prefill `uncached_on_decode` tokens of is worth
+ * splitting by the gateway's own rule: at least `min_uncached_tokens`, and (unless
+ * `wait_for_busy_prefill`) a prefill server with no more work ahead (`prefill_work`) than the
+ * decode server would have doing the prompt itself (`decode_backlog + uncached_on_decode`). */
+static inline bool rm_worth_splitting(uint64_t uncached_on_decode, uint64_t decode_backlog,
+                                      uint64_t prefill_work, uint64_t min_uncached_tokens,
+                                      bool wait_for_busy_prefill) {
+  return uncached_on_decode >= min_uncached_tokens &&
+         (wait_for_busy_prefill || prefill_work <= decode_backlog + uncached_on_decode);
+}
+
+/* llm-d's prefix-based decider: split iff the decode server would compute at least
+ * `non_cached_tokens` of the prompt and the prompt has at least `min_prompt_tokens`. */
+static inline bool rm_llm_d_splits(uint64_t uncached_on_decode, uint32_t prompt_tokens,
+                                   uint64_t non_cached_tokens, uint32_t min_prompt_tokens) {
+  return uncached_on_decode >= non_cached_tokens && prompt_tokens >= min_prompt_tokens;
+}
+
+/* NVIDIA Dynamo's `isl_bounding` rule: prefill on the decode server when the effective input
+ * length (the tokens it would compute) is under `threshold` and under `ratio` of the raw
+ * input length; split otherwise. */
+static inline bool rm_dynamo_prefills_locally(uint64_t effective, uint32_t raw, uint64_t threshold,
+                                              double ratio) {
+  return raw > 0 && effective < threshold && (double)effective < ratio * (double)raw;
+}
+
+/* Of two servers drawn by `seed` from the healthy `servers`, the one with fewer requests in
+ * flight (SMG's and vllm-router's `power_of_two`); ties go to the first drawn. The same draw
+ * as the Rust SDK's (unsigned arithmetic wraps as its wrapping_add); NULL when none is
+ * healthy. */
+static inline const rm_server *rm_power_of_two(const rm_server *servers, size_t n, uint64_t seed) {
+  uint64_t healthy = 0;
+  for (size_t i = 0; i < n; i++) healthy += servers[i].healthy ? 1 : 0;
+  if (healthy == 0) return NULL;
+  uint64_t first_at = seed % healthy;
+  uint64_t second_at = (seed / healthy + 1 + seed % healthy) % healthy;
+  const rm_server *first = NULL, *second = NULL;
+  uint64_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!servers[i].healthy) continue;
+    if (k == first_at) first = &servers[i];
+    if (k == second_at) second = &servers[i];
+    k++;
+  }
+  return second->in_flight < first->in_flight ? second : first;
+}
+
 /* For unit tests, natively: RM_CHECK(cond) counts and reports a failed check without stopping;
  * `return rm_test_finish("name");` at the end of main says how it went and gives the exit
  * status. */
@@ -234,10 +336,10 @@ static inline int rm_test_finish(const char *suite) {
   return EXIT_SUCCESS;
 }
 
-/* For unit tests: a healthy server called `id` (a C string) of weight 1 with nothing in
- * flight and 1024 KV blocks free; set the fields to change it. */
+/* For unit tests: a healthy server called `id` (a C string) of weight 1 taking whole requests
+ * with nothing in flight and 1024 KV blocks free; set the fields to change it. */
 static inline rm_server rm_test_server(const char *id) {
-  rm_server s = {rm_cstr(id), true, 1, 0, 0, 0, 1024};
+  rm_server s = {rm_cstr(id), true, 1, 0, 0, 0, 1024, RM_ROLE_BOTH};
   return s;
 }
 

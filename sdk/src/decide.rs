@@ -429,4 +429,18 @@ mod tests {
         assert!(pick.healthy);
         assert!(power_of_two(&[], 1).is_none());
     }
+
+    #[test]
+    fn power_of_two_draws_as_the_other_sdks_do() {
+        let servers = [
+            server("a").in_flight(5),
+            server("b").in_flight(1),
+            server("c").in_flight(3),
+        ];
+        // seed 7 on 3 servers: first 7 % 3 = 1 (b), second (7 / 3 + 1 + 1) % 3 = 1 (b).
+        assert_eq!(power_of_two(&servers, 7).unwrap().id, "b");
+        // seed 3: first a, second (1 + 1 + 0) % 3 = 2 (c), which has fewer in flight.
+        assert_eq!(power_of_two(&servers, 3).unwrap().id, "c");
+        assert!(power_of_two(&servers, u64::MAX).is_some());
+    }
 }

@@ -64,6 +64,9 @@ pub struct GoodputSpec {
     pub layouts: Vec<Layout>,
     /// The host pair rules compared on each disaggregated layout.
     pub pair_rules: Vec<PairRule>,
+    /// Routers that answer the pair themselves (`ringmaster:policy@0.3.0`), each replayed on
+    /// every disaggregated layout.
+    pub pair_routers: Vec<String>,
     /// Multiples of the trace's arrival rate.
     pub rates: Vec<f64>,
     /// The SLOs goodput is measured against (each run is read against every one).
@@ -172,7 +175,6 @@ pub async fn sweep(
     (requests, turns): (&[TraceRequest], &[Vec<usize>]),
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<GoodputRow>, ReplayError> {
-    let base = trace_rate(requests);
     let mut rows = Vec::new();
     for layout in &spec.layouts {
         let rules: Vec<Option<PairRule>> = if layout.prefill == 0 {
@@ -185,43 +187,91 @@ pub async fn sweep(
                 None => layout.name(),
                 Some(rule) => format!("{} · {}", layout.name(), rule.label()),
             };
-            let fleet = Fleet {
-                servers: layout.prefill + layout.decode,
-                prefill_servers: layout.prefill,
-                pair: PairRun {
-                    min_uncached_tokens: rule.and_then(|r| r.min_uncached_tokens),
-                    link_gbps: spec.link_gbps,
-                    link_latency_us: spec.link_latency_us,
-                    when_prefill_busy: rule.and_then(|r| r.when_prefill_busy),
-                },
-                ..fleet.clone()
-            };
-            let mut points = Vec::new();
-            for &rate in &spec.rates {
-                progress(&format!("{label} at {rate}× the trace's rate"));
-                let data = run::replay_at(
-                    &fleet,
-                    (router, "in_process", BillingLine::None),
+            rows.push(
+                sweep_row(
+                    fleet,
+                    (router, *layout, rule, label),
+                    spec,
                     (requests, turns),
-                    &[],
-                    rate,
+                    &mut progress,
                 )
-                .await?;
-                points.push(point(&data, base * rate, spec));
-            }
-            let goodput = (0..spec.slos.len())
-                .map(|slo| goodput(&points, slo, spec.attainment))
-                .collect();
-            rows.push(GoodputRow {
-                label,
-                layout: *layout,
-                rule,
-                points,
-                goodput,
-            });
+                .await?,
+            );
         }
     }
     Ok(rows)
+}
+
+/// Sweeps each of `spec.pair_routers` over every disaggregated layout: the router answers
+/// the pair itself, so the host's rules do not apply and each layout is one row.
+pub async fn sweep_pair_routers(
+    fleet: &Fleet,
+    spec: &GoodputSpec,
+    (requests, turns): (&[TraceRequest], &[Vec<usize>]),
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<GoodputRow>, ReplayError> {
+    let mut rows = Vec::new();
+    for router in &spec.pair_routers {
+        for layout in spec.layouts.iter().filter(|l| l.prefill > 0) {
+            let label = format!("{} · {router}", layout.name());
+            rows.push(
+                sweep_row(
+                    fleet,
+                    (router, *layout, None, label),
+                    spec,
+                    (requests, turns),
+                    &mut progress,
+                )
+                .await?,
+            );
+        }
+    }
+    Ok(rows)
+}
+
+/// One row: `router` on `layout` under `rule` (`None`: the gateway's default) at every rate.
+async fn sweep_row(
+    fleet: &Fleet,
+    (router, layout, rule, label): (&str, Layout, Option<PairRule>, String),
+    spec: &GoodputSpec,
+    (requests, turns): (&[TraceRequest], &[Vec<usize>]),
+    progress: &mut impl FnMut(&str),
+) -> Result<GoodputRow, ReplayError> {
+    let base = trace_rate(requests);
+    let fleet = Fleet {
+        servers: layout.prefill + layout.decode,
+        prefill_servers: layout.prefill,
+        pair: PairRun {
+            min_uncached_tokens: rule.and_then(|r| r.min_uncached_tokens),
+            link_gbps: spec.link_gbps,
+            link_latency_us: spec.link_latency_us,
+            when_prefill_busy: rule.and_then(|r| r.when_prefill_busy),
+        },
+        ..fleet.clone()
+    };
+    let mut points = Vec::new();
+    for &rate in &spec.rates {
+        progress(&format!("{label} at {rate}× the trace's rate"));
+        let data = run::replay_at(
+            &fleet,
+            (router, "in_process", BillingLine::None),
+            (requests, turns),
+            &[],
+            rate,
+        )
+        .await?;
+        points.push(point(&data, base * rate, spec));
+    }
+    let goodput = (0..spec.slos.len())
+        .map(|slo| goodput(&points, slo, spec.attainment))
+        .collect();
+    Ok(GoodputRow {
+        label,
+        layout,
+        rule,
+        points,
+        goodput,
+    })
 }
 
 /// What one run at `rate_rps` measured against the SLOs.

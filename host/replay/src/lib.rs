@@ -145,6 +145,9 @@ struct RawGoodput {
     layouts: Vec<String>,
     /// The host pair rules compared on each disaggregated layout (default: the gateway's).
     pair_rules: Option<Vec<RawPairRule>>,
+    /// Routers answering the pair themselves, replayed on each disaggregated layout.
+    #[serde(default)]
+    pair_routers: Vec<String>,
     /// Multiples of the trace's arrival rate.
     rates: Vec<f64>,
     /// `[[disaggregation.slo]]`: the SLOs goodput is measured against.
@@ -489,7 +492,9 @@ impl Scenario {
                         }
                     })
                     .sum();
-                self.routers.len() * rows * spec.rates.len()
+                let disaggregated = spec.layouts.iter().filter(|l| l.prefill > 0).count();
+                (self.routers.len() * rows + spec.pair_routers.len() * disaggregated)
+                    * spec.rates.len()
             }
             None => self.routers.len() * self.cache_views.len() * self.billing_lines.len(),
         }
@@ -554,9 +559,16 @@ fn goodput_spec(raw: RawGoodput, servers: usize) -> Result<goodput::GoodputSpec,
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
+    if !raw.pair_routers.is_empty() && layouts.iter().all(|l| l.prefill == 0) {
+        return Err(
+            "disaggregation.pair_routers: name a disaggregated layout (xPyD) for them to pair on"
+                .into(),
+        );
+    }
     Ok(goodput::GoodputSpec {
         layouts,
         pair_rules,
+        pair_routers: raw.pair_routers,
         rates: raw.rates,
         slos: if raw.slo.is_empty() {
             return Err("disaggregation.slo: name at least one SLO".into());
@@ -665,6 +677,12 @@ pub async fn run_scenario(
                 row
             }));
         }
+        goodput_rows.extend(
+            goodput::sweep_pair_routers(&scenario.fleet, spec, (&requests, &turns), |label| {
+                progress(label)
+            })
+            .await?,
+        );
     }
     for view in scenario
         .cache_views

@@ -98,3 +98,74 @@ def cheapest_prefill(servers, matches, backlogs, prompt_tokens, prefix_hashes, o
         return backlog(backlogs, s.id) + prompt_tokens - cache_weight * cached
 
     return min(roomy, key=lambda s: (cost(s), s.in_flight, ring_rank(order, s.id), s.id))
+
+
+# ---- Disaggregated fleets: which servers split a request (ringmaster:policy@0.3.0's pairs) ----
+#
+# A router answers a pair with the generated bindings (`Decision_Pair(Pair(decode=...,
+# prefill=..., reason=...))`); these helpers decide what goes in it.
+
+_U64 = (1 << 64) - 1
+
+
+def role_of(server):
+    """A server's role as a lowercase name (`both`, `prefill` or `decode`), whether it is
+    componentize-py's `Role` enum member or a string (as `testing.server` gives it)."""
+    role = getattr(server, "role", "both")
+    return getattr(role, "name", str(role)).lower()
+
+
+def decode_servers(servers):
+    """The healthy servers of `servers` that can decode a request another server prefilled."""
+    return [s for s in healthy(servers) if role_of(s) == "decode"]
+
+
+def least_prefill_work(candidates, matches, backlogs, prompt_tokens, total):
+    """Of the healthy `candidates` (for instance `cluster.prefill-servers()`), the one with the
+    least prefill work ahead for a prompt of `prompt_tokens` in `total` prefix hashes: its
+    backlog plus the tokens it does not hold. Ties go to the first in the order given.
+    `(server, work, uncached)`, or None when none is healthy."""
+    best = None
+    for s in healthy(candidates):
+        uncached = uncached_tokens(prompt_tokens, matched(matches, s.id), total)
+        work = backlog(backlogs, s.id) + uncached
+        if best is None or work < best[1]:
+            best = (s, work, uncached)
+    return best
+
+
+def worth_splitting(uncached_on_decode, decode_backlog, prefill_work, min_uncached_tokens,
+                    wait_for_busy_prefill=False):
+    """Whether a request the decode server would prefill `uncached_on_decode` tokens of is worth
+    splitting by the gateway's own rule: at least `min_uncached_tokens`, and (unless
+    `wait_for_busy_prefill`) a prefill server with no more work ahead (`prefill_work`) than the
+    decode server would have doing the prompt itself (`decode_backlog + uncached_on_decode`)."""
+    return uncached_on_decode >= min_uncached_tokens and (
+        wait_for_busy_prefill or prefill_work <= decode_backlog + uncached_on_decode)
+
+
+def llm_d_splits(uncached_on_decode, prompt_tokens, non_cached_tokens, min_prompt_tokens=0):
+    """llm-d's prefix-based decider: split iff the decode server would compute at least
+    `non_cached_tokens` of the prompt and the prompt has at least `min_prompt_tokens`."""
+    return uncached_on_decode >= non_cached_tokens and prompt_tokens >= min_prompt_tokens
+
+
+def dynamo_prefills_locally(effective, raw, threshold=2048, ratio=0.7):
+    """NVIDIA Dynamo's `isl_bounding` rule: prefill on the decode server when the effective
+    input length (the tokens it would compute) is under `threshold` and under `ratio` of the
+    raw input length; split otherwise."""
+    return raw > 0 and effective < threshold and effective < ratio * raw
+
+
+def power_of_two(servers, seed):
+    """Of two servers drawn by `seed` (a u64) from the healthy `servers`, the one with fewer
+    requests in flight (SMG's and vllm-router's `power_of_two`); ties go to the first drawn.
+    The same draw as the Rust SDK's. None when none is healthy."""
+    candidates = healthy(servers)
+    n = len(candidates)
+    if n == 0:
+        return None
+    seed &= _U64
+    first = candidates[seed % n]
+    second = candidates[((seed // n + 1 + seed % n) & _U64) % n]
+    return second if second.in_flight < first.in_flight else first

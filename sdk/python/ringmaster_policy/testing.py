@@ -8,6 +8,7 @@ class Server:
     """The WIT `server` record's fields, as componentize-py names them."""
 
     id: str
+    role: str = "both"
     healthy: bool = True
     weight: int = 1
     in_flight: int = 0
@@ -17,5 +18,6 @@ class Server:
 
 
 def server(server_id, **fields):
-    """A healthy server of weight 1 with nothing in flight, `fields` overriding."""
+    """A healthy server of weight 1 taking whole requests with nothing in flight, `fields`
+    overriding (`role="decode"` or `"prefill"` for a disaggregated fleet)."""
     return Server(id=server_id, **fields)

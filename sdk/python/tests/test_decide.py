@@ -48,6 +48,44 @@ class DecideTest(unittest.TestCase):
         pick = decide.cheapest_prefill(servers, [], [], 100, 0, ["c", "a", "b"])
         self.assertEqual(pick.id, "c")
 
+    def test_pair_helpers_follow_the_peers_rules(self):
+        servers = [server("d1", role="decode", in_flight=3), server("w"),
+                   server("d2", role="decode", in_flight=1, healthy=False)]
+        self.assertEqual([s.id for s in decide.decode_servers(servers)], ["d1"])
+        prefill = [server("p1", role="prefill"), server("p2", role="prefill")]
+        # p2 holds half the prompt: 500 tokens to do against p1's 100 + 1000.
+        best, work, uncached = decide.least_prefill_work(prefill, [("p2", 5)], [("p1", 100)],
+                                                         1000, 10)
+        self.assertEqual((best.id, work, uncached), ("p2", 500, 500))
+        self.assertIsNone(decide.least_prefill_work([], [], [], 1000, 10))
+        self.assertTrue(decide.worth_splitting(1000, 0, 500, 256))
+        self.assertFalse(decide.worth_splitting(100, 0, 50, 256), "under the threshold")
+        self.assertFalse(decide.worth_splitting(1000, 0, 2000, 256), "prefill busier")
+        self.assertTrue(decide.worth_splitting(1000, 0, 2000, 256, True), "waits for it")
+        self.assertTrue(decide.llm_d_splits(16, 10, 16, 0))
+        self.assertFalse(decide.llm_d_splits(15, 10, 16, 0))
+        self.assertFalse(decide.llm_d_splits(100, 10, 0, 20))
+        # Dynamo: 1,000 of 10,000 tokens to compute is local; 3,000 of 4,000 is split.
+        self.assertTrue(decide.dynamo_prefills_locally(1000, 10_000, 2048, 0.7))
+        self.assertFalse(decide.dynamo_prefills_locally(3000, 4000, 2048, 0.7))
+        self.assertFalse(decide.dynamo_prefills_locally(1500, 2000, 2048, 0.7), "over 0.7")
+        self.assertIsNone(decide.power_of_two([], 1))
+
+    def test_power_of_two_draws_as_the_rust_sdk_does(self):
+        servers = [server("a", in_flight=5), server("b", in_flight=1), server("c", in_flight=3)]
+        # seed 7 on 3 servers: first 7 % 3 = 1 (b), second (7 // 3 + 1 + 1) % 3 = 1 (b).
+        self.assertEqual(decide.power_of_two(servers, 7).id, "b")
+        # seed 3: first a, second (1 + 1 + 0) % 3 = 2 (c), which has fewer in flight.
+        self.assertEqual(decide.power_of_two(servers, 3).id, "c")
+        # The largest u64 wraps as Rust's wrapping_add does, never raising.
+        self.assertIsNotNone(decide.power_of_two(servers, (1 << 64) - 1))
+
+    def test_roles_read_from_the_bindings_enum(self):
+        class Role:  # what componentize-py generates: an Enum member with a name
+            name = "DECODE"
+        self.assertEqual(decide.role_of(server("d", role=Role())), "decode")
+        self.assertEqual(decide.role_of(server("w")), "both")
+
 
 if __name__ == "__main__":
     unittest.main()
