@@ -473,6 +473,29 @@ impl Shapes {
     }
 }
 
+/// vLLM's answer to a NixlConnector prefill leg: one token, and the `kv_transfer_params` that
+/// tell the decode server where to pull the blocks from.
+fn nixl_prefill(body: &[u8]) -> Response<Body> {
+    let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let prompt = request.to_string().len() / 4;
+    json(
+        StatusCode::OK,
+        &serde_json::json!({
+            "id": "chatcmpl-prefill",
+            "object": "chat.completion",
+            "choices": [{"index": 0, "finish_reason": "length",
+                         "message": {"role": "assistant", "content": "tok"}}],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": 1,
+                      "total_tokens": prompt + 1},
+            "kv_transfer_params": {
+                "do_remote_prefill": true, "do_remote_decode": false,
+                "remote_block_ids": [0, 1, 2], "remote_engine_id": "fake-prefill-engine",
+                "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1,
+            },
+        }),
+    )
+}
+
 /// A call of `name` with `arguments`: the first piece names it.
 fn call<'a>(name: Option<&'a str>, arguments: &'a str) -> openai::ToolCall<'a> {
     openai::ToolCall {
@@ -620,6 +643,12 @@ async fn answer(
     let shapes = Shapes {
         completions: path == "/v1/completions",
     };
+    // A vLLM prefill leg (NixlConnector: `kv_transfer_params.do_remote_decode`) gets the
+    // parameters a decode leg needs back, as vLLM's `request_finished` returns them
+    // (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py), with the one token.
+    if behavior == Behavior::Vllm && body.windows(16).any(|w| w == b"do_remote_decode") {
+        return nixl_prefill(&body);
+    }
     // A request that does not ask for a stream gets one JSON answer, as real servers do.
     if !streamed {
         match behavior {

@@ -562,8 +562,9 @@ async fn simulated_servers_hand_the_prompt_over_and_the_decode_server_keeps_it()
 }
 
 /// Pair routers (`ringmaster:policy@0.3.0`) decide the split themselves, and are A/B tested
-/// like any router: two built-in pair routers share the traffic, each request split as its
-/// variant says, and explain shows the router's own reason.
+/// and shadowed like any router: two built-in pair routers share the traffic, each request
+/// split as its variant says, a third decides on copies (its agreement read on the decode
+/// server) and never serves, and explain shows the router's own reason.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pair_routers_decide_the_split_and_are_ab_tested_like_any_router() {
     let log = log();
@@ -572,7 +573,8 @@ async fn pair_routers_decide_the_split_and_are_ab_tested_like_any_router() {
     let toml = gateway_config(
         "[[policies.router]]\nname = \"prefix\"\nsource = \"builtin:pair-prefix\"\nweight = 50\n\
          config = { min_uncached_tokens = \"0\" }\n\
-         [[policies.router]]\nname = \"split\"\nsource = \"builtin:pair-split\"\nweight = 50\n",
+         [[policies.router]]\nname = \"split\"\nsource = \"builtin:pair-split\"\nweight = 50\n\
+         [[policies.router]]\nname = \"llm-d-shadow\"\nsource = \"builtin:pair-llm-d\"\nshadow = true\n",
         &[
             server("p0", &prefill.url(), NIXL_PREFILL),
             server("d0", &decode.url(), NIXL_DECODE),
@@ -593,7 +595,30 @@ async fn pair_routers_decide_the_split_and_are_ab_tested_like_any_router() {
     assert_eq!(
         variants.into_iter().collect::<Vec<_>>(),
         ["prefix", "split"],
-        "both variants served"
+        "both variants served, the shadow none"
+    );
+    let experiments: Value = gw
+        .admin(reqwest::Method::GET, "/admin/experiments")
+        .await
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let shadow = &experiments["shadow"];
+    assert_eq!(shadow["name"], "llm-d-shadow", "{experiments}");
+    // A shadow call past its deadline on a loaded machine is a fault, not a decision.
+    let decisions = shadow["decisions"].as_u64().unwrap();
+    assert!(
+        (14..=16).contains(&decisions),
+        "{decisions} shadow decisions"
+    );
+    // One decode server: the shadow's pair names the same one as the live router's.
+    assert_eq!(
+        shadow["agreement_rate"].as_f64().unwrap(),
+        1.0,
+        "{experiments}"
     );
     {
         let log = read(&log);
