@@ -661,3 +661,76 @@ async fn pair_routers_decide_the_split_and_are_ab_tested_like_any_router() {
         "the router's own reason: {why}"
     );
 }
+
+/// A prefill server added while the gateway runs (`POST /admin/servers` with its role, as
+/// discovery adds servers) takes prefill legs from the next request on, and the pool's
+/// listing shows its part.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefill_server_added_at_run_time_takes_prefill_legs() {
+    let log = log();
+    let prefill = PdServer::start(PdEngine::VllmNixl, PdRole::Prefill, PdFault::None, &log).await;
+    let decode = PdServer::start(PdEngine::VllmNixl, PdRole::Decode, PdFault::None, &log).await;
+    let gw = TestGateway::start(&gateway_config(
+        "",
+        &[server("d0", &decode.url(), NIXL_DECODE)],
+    ))
+    .await;
+    let alone = gw.post_chat(&long_chat("before")).await;
+    assert_eq!(alone.status(), 200);
+    let _ = alone.text().await;
+    assert!(read(&log).legs.iter().all(|leg| leg.1 != PdRole::Prefill));
+
+    let added = gw
+        .admin(reqwest::Method::POST, "/admin/servers?wait=true")
+        .await
+        .json(
+            &json!({"id": "p0", "address": prefill.url(), "role": "prefill",
+                      "disaggregation": "vllm-nixl"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let added: Value = added.json().await.unwrap();
+    assert_eq!(added["role"], "prefill", "{added}");
+    assert_eq!(added["disaggregation"], "vllm-nixl", "{added}");
+
+    let split = eventually(Duration::from_secs(10), async || {
+        let response = gw.post_chat(&long_chat("after")).await;
+        assert_eq!(response.status(), 200);
+        let _ = response.text().await;
+        read(&log).legs.iter().any(|leg| leg.1 == PdRole::Prefill)
+    })
+    .await;
+    assert!(split, "no prefill leg after the prefill server was added");
+    let log = read(&log);
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    let listed: Value = gw
+        .admin(reqwest::Method::GET, "/admin/servers")
+        .await
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let roles: Vec<(String, String)> = listed["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                s["role"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert!(
+        roles.contains(&("p0".to_owned(), "prefill".to_owned())),
+        "{listed}"
+    );
+    assert!(
+        roles.contains(&("d0".to_owned(), "decode".to_owned())),
+        "{listed}"
+    );
+}
