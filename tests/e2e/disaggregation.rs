@@ -703,8 +703,10 @@ async fn a_prefill_server_added_at_run_time_takes_prefill_legs() {
     })
     .await;
     assert!(split, "no prefill leg after the prefill server was added");
-    let log = read(&log);
-    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    {
+        let log = read(&log);
+        assert!(log.violations.is_empty(), "{:?}", log.violations);
+    }
     let listed: Value = gw
         .admin(reqwest::Method::GET, "/admin/servers")
         .await
