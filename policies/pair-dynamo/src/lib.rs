@@ -1,6 +1,6 @@
 //! A pair router after NVIDIA Dynamo's disaggregated routing (ai-dynamo/dynamo
-//! `docs/components/router/router-disaggregated-serving.md`): the prefill server by KV
-//! overlap, the decode server by load alone (Dynamo routes decode with `overlap_score_credit
+//! `docs/components/router/router-disaggregated-serving.md`): the prefill server by the KV
+//! router's cost, the decode server by load alone (Dynamo routes decode with `overlap_score_credit
 //! = 0`), and conditional disaggregation by `isl_bounding`.
 //!
 //! - **Decode server**: the fewest requests in flight (then waiting, then the key's ring
@@ -9,8 +9,11 @@
 //!   itself when its effective input length (the prompt tokens it would compute) is under
 //!   `eff_isl_threshold` **and** under `eff_isl_ratio` of the raw input length; otherwise the
 //!   request is split.
-//! - **Prefill server**: the one holding the longest prefix of the prompt, ties to the least
-//!   prefill backlog.
+//! - **Prefill server**: the least cost by the KV router's cost function
+//!   (`docs/components/router/router-design.md`): `kv_overlap_score_weight` × the prompt
+//!   tokens it would compute (its new prefill blocks) plus the prompt tokens queued on it (its
+//!   active blocks); ties to the lower id. Overlap alone would send every prompt sharing a
+//!   system prompt to one prefill server.
 //!
 //! Configuration (all optional):
 //!
@@ -18,6 +21,7 @@
 //! | --- | --- | --- |
 //! | `eff_isl_threshold` | 2048 | `--router-conditional-disagg-eff-isl-threshold` |
 //! | `eff_isl_ratio` | 0.7 | the share of the raw input length under which it stays local |
+//! | `kv_overlap_score_weight` | 1.0 | `--kv-overlap-score-weight`: prefill cost against load |
 
 use ringmaster_policy_sdk::ConfigError;
 use ringmaster_policy_sdk::config::{ConfigSource, HostConfig, OrTrap, get_f64_in, get_u32};
@@ -38,6 +42,8 @@ pub struct Settings {
     pub eff_isl_threshold: u32,
     /// And under this share of the raw input length.
     pub eff_isl_ratio: f64,
+    /// The weight of the tokens a prefill server would compute against those queued there.
+    pub kv_overlap_score_weight: f64,
 }
 
 impl Default for Settings {
@@ -45,6 +51,7 @@ impl Default for Settings {
         Self {
             eff_isl_threshold: 2048,
             eff_isl_ratio: 0.7,
+            kv_overlap_score_weight: 1.0,
         }
     }
 }
@@ -56,6 +63,13 @@ impl Settings {
         Ok(Self {
             eff_isl_threshold: get_u32(source, "eff_isl_threshold", d.eff_isl_threshold)?,
             eff_isl_ratio: get_f64_in(source, "eff_isl_ratio", d.eff_isl_ratio, 0.0, 1.0)?,
+            kv_overlap_score_weight: get_f64_in(
+                source,
+                "kv_overlap_score_weight",
+                d.kv_overlap_score_weight,
+                0.0,
+                100.0,
+            )?,
         })
     }
 }
@@ -111,12 +125,16 @@ pub fn choose(
             facts.prompt_tokens
         )));
     }
-    let prefill = healthy(prefill).min_by(|a, b| {
-        matched(&facts.matches, &b.id)
-            .cmp(&matched(&facts.matches, &a.id))
-            .then(backlog(&facts.backlogs, &a.id).cmp(&backlog(&facts.backlogs, &b.id)))
-            .then(a.id.cmp(&b.id))
-    });
+    let cost = |s: &Server| {
+        let to_compute = uncached_tokens(
+            facts.prompt_tokens,
+            matched(&facts.matches, &s.id),
+            facts.prefix_hashes,
+        );
+        settings.kv_overlap_score_weight * to_compute as f64
+            + backlog(&facts.backlogs, &s.id) as f64
+    };
+    let prefill = healthy(prefill).min_by(|a, b| cost(a).total_cmp(&cost(b)).then(a.id.cmp(&b.id)));
     match prefill {
         Some(p) => Some(Pair {
             decode: decode.id.clone(),
@@ -172,7 +190,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_by_load_prefill_by_overlap_and_isl_bounding_between() {
+    fn decode_by_load_prefill_by_cost_and_isl_bounding_between() {
         let servers = [
             server("d0").role(Role::Decode).in_flight(3),
             server("d1").role(Role::Decode).in_flight(1),
@@ -181,7 +199,8 @@ mod tests {
             server("p0").role(Role::Prefill),
             server("p1").role(Role::Prefill),
         ];
-        // 10,000 tokens, nothing cached on d1: split, to p1 (more overlap than p0).
+        // 10,000 tokens, nothing cached on d1: split, to p1 (6,000 to compute against p0's
+        // 10,000 plus 500 queued).
         let pair = choose(
             &Settings::default(),
             (&servers, &prefill),
@@ -204,5 +223,32 @@ mod tests {
         // A short prompt never cached: effective = raw, over 0.7 of it: split.
         let pair = choose(&Settings::default(), (&servers, &prefill), &facts(500, &[])).unwrap();
         assert_eq!(pair.prefill.as_deref(), Some("p1"), "p0 has a backlog");
+    }
+
+    #[test]
+    fn a_shared_prefix_does_not_pile_every_prompt_on_one_prefill_server() {
+        let servers = [server("d0").role(Role::Decode)];
+        let prefill = [
+            server("p0").role(Role::Prefill),
+            server("p1").role(Role::Prefill),
+        ];
+        // p0 holds the shared system prompt (2 of 10 hashes) but has 20,000 tokens queued:
+        // 8,000 + 20,000 against p1's 10,000.
+        let facts = Facts {
+            prompt_tokens: 10_000,
+            prefix_hashes: 10,
+            matches: vec![("p0".into(), 2)],
+            backlogs: vec![("p0".into(), 20_000)],
+            ring_order: Vec::new(),
+        };
+        let pair = choose(&Settings::default(), (&servers, &prefill), &facts).unwrap();
+        assert_eq!(pair.prefill.as_deref(), Some("p1"), "{}", pair.reason);
+        // With no queue, the overlap wins.
+        let idle = Facts {
+            backlogs: Vec::new(),
+            ..facts
+        };
+        let pair = choose(&Settings::default(), (&servers, &prefill), &idle).unwrap();
+        assert_eq!(pair.prefill.as_deref(), Some("p0"), "{}", pair.reason);
     }
 }
