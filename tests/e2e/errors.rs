@@ -152,6 +152,42 @@ async fn no_servers_is_overloaded_and_not_ready() {
     );
 }
 
+/// A pool whose only server cannot be reached is not ready: `/readyz` answers 503 once the
+/// gateway finds it down, not 200 because a server is listed.
+#[tokio::test]
+async fn a_pool_of_unreachable_servers_is_not_ready() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = closed.local_addr().unwrap();
+    drop(closed);
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\nid = \"down\"\naddress = \"http://{address}\"\n"
+    ))
+    .await;
+    let not_ready = crate::support::eventually(std::time::Duration::from_secs(15), async || {
+        gw.client
+            .get(gw.url("/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 503)
+    })
+    .await;
+    assert!(not_ready, "/readyz stayed ready with its only server down");
+    let body: Value = gw
+        .client
+        .get(gw.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        body.to_string()
+            .contains("none of the 1 GPU servers is reachable"),
+        "{body}"
+    );
+}
+
 #[tokio::test]
 async fn a_prompt_that_can_never_fit_is_rejected_not_queued() {
     let gw = TestGateway::simulated(

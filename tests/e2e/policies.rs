@@ -33,6 +33,63 @@ async fn policies(gw: &TestGateway) -> Value {
     gw.admin_json(Method::GET, "/admin/policies").await
 }
 
+/// `GET /admin/policies` names where each version came from, not only its hash; and a
+/// `PUT` with a weight and no body changes the weight (once an error about contract 0.1.0,
+/// from trying to load zero bytes as a component), while a bodiless `PUT` without one says
+/// what the body must be.
+#[tokio::test]
+async fn the_listing_names_sources_and_a_bodiless_put_sets_a_weight() {
+    let gw = TestGateway::simulated(4, 0.0, "").await;
+    assert_eq!(
+        put_router(&gw, "variant=candidate&weight=10", component("round-robin"))
+            .await
+            .status(),
+        200
+    );
+    let mut hand_built = component("round-robin");
+    // A custom section changes the bytes, not the component: no built-in's hash.
+    hand_built.extend_from_slice(&[0, 5, 4, b'n', b'o', b't', b'e']);
+    assert_eq!(
+        put_router(&gw, "variant=mine&weight=5", hand_built)
+            .await
+            .status(),
+        200
+    );
+    let listed = policies(&gw).await;
+    let variants = listed["router"]["variants"].as_array().unwrap();
+    let source = |name: &str| {
+        variants
+            .iter()
+            .find(|v| v["name"] == name)
+            .map(|v| v["source"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    assert_eq!(source("default"), "builtin:prefix-affinity", "{listed}");
+    assert_eq!(source("candidate"), "builtin:round-robin", "{listed}");
+    assert_eq!(source("mine"), "pushed", "{listed}");
+
+    let reweighted = put_router(&gw, "variant=candidate&weight=40", Vec::new()).await;
+    assert_eq!(reweighted.status(), 200);
+    let listed = policies(&gw).await;
+    let weight = listed["router"]["variants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "candidate")
+        .unwrap()["weight"]
+        .clone();
+    assert_eq!(weight, 40, "{listed}");
+
+    let bare = put_router(&gw, "variant=candidate", Vec::new()).await;
+    assert_eq!(bare.status(), 400);
+    let text = bare.text().await.unwrap();
+    assert!(
+        text.contains("the body must be the component's bytes"),
+        "{text}"
+    );
+    assert!(!text.contains("0.1.0"), "{text}");
+}
+
 #[tokio::test]
 async fn the_default_router_is_the_prefix_affinity_component() {
     let gw = TestGateway::simulated(4, 0.0, "").await;

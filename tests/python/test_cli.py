@@ -35,6 +35,40 @@ def test_check_config_names_the_router_and_what_is_deprecated():
         assert "router     default = builtin:prefix-affinity" in plain.stdout, plain.stdout
 
 
+DIST = os.path.join(os.path.dirname(__file__), "..", "..", "policies", "dist")
+
+
+def test_check_config_loads_each_component_and_names_the_models_served():
+    """A router file that is missing, or a component of another world, fails `check-config`
+    (it would stop `serve`); a good one is named with its world and contract; the models line
+    says which servers are asked for theirs instead of printing the simulated default."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "gw.toml")
+
+        def check(body):
+            with open(path, "w") as f:
+                f.write(body)
+            return run("check-config", path)
+
+        missing = check('[[policies.router]]\nname = "mine"\nsource = "/nonexistent/router.wasm"\n')
+        assert missing.returncode != 0, missing.stdout
+        assert "the router policy /nonexistent/router.wasm cannot be loaded" in missing.stderr, missing.stderr
+
+        safety = os.path.abspath(os.path.join(DIST, "blocklist.wasm"))
+        wrong = check(f'[[policies.router]]\nname = "mine"\nsource = "{safety}"\n')
+        assert wrong.returncode != 0, wrong.stdout
+        assert "is a safety-filter component, not router or learning-router" in wrong.stderr, wrong.stderr
+
+        router = os.path.abspath(os.path.join(DIST, "round-robin.wasm"))
+        good = check(f'[[policies.router]]\nname = "mine"\nsource = "{router}"\n'
+                     '[[servers]]\naddress = "http://10.0.0.7:8000"\n'
+                     '[[servers]]\naddress = "http://10.0.0.8:8000"\nmodels = ["qwen3-8b"]\n')
+        assert good.returncode == 0, good.stderr
+        assert f"router     mine = {router} (router component, ringmaster:policy@" in good.stdout, good.stdout
+        assert "models     qwen3-8b, what 1 server(s) list at /v1/models" in good.stdout, good.stdout
+        assert "sim-llama-3-8b" not in good.stdout, good.stdout
+
+
 def test_a_log_written_to_a_file_has_no_colour_codes():
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,3 +94,29 @@ def test_a_log_written_to_a_file_has_no_colour_codes():
         assert b"gateway.listening" in text, text
         assert b"request.done" in text, text
         assert b"\x1b[" not in text, text
+
+
+def test_the_first_command_says_it_found_no_model_in_its_log():
+    """`ringmaster serve` with no config and an empty model cache serves simulated servers and
+    says so in its log (the line was once written before logging was set up, so never)."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ, RINGMASTER_MODEL_DIR=tmp, RUST_LOG="info")
+        log_path = os.path.join(tmp, "gateway.log")
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([binary(), "serve", "--listen", f"127.0.0.1:{port}"],
+                                    stdout=log, stderr=log, env=env)
+            try:
+                deadline = time.time() + 30
+                while True:
+                    try:
+                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
+                            break
+                    except OSError:
+                        assert proc.poll() is None and time.time() < deadline, open(log_path).read()
+                        time.sleep(0.05)
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+        text = open(log_path).read()
+        assert "no model in the model cache" in text and "cargo xtask model" in text, text

@@ -199,7 +199,7 @@ pub async fn handle(
             };
             policy_change(gateway, applier, change, None, wait).await
         }
-        (Method::POST, "/admin/policies/router/weight") => {
+        (Method::POST | Method::PUT, "/admin/policies/router/weight") => {
             let variant = required(&req, "variant")?;
             let weight = parse_weight(&required(&req, "weight")?)?;
             let change = Change::SetRouterWeight { variant, weight };

@@ -70,7 +70,8 @@ pub(crate) fn parse_weight(text: &str) -> Result<u32, ApiError> {
 
 /// `PUT /admin/policies/router?variant=NAME[&weight=N][&shadow=true][&state=keep|fresh]` with
 /// the component's bytes as the body: creates the variant or swaps its version. `state`
-/// (default `keep`) says whether the new version keeps the variant's `state` store.
+/// (default `keep`) says whether the new version keeps the variant's `state` store. With no
+/// body, `weight` alone sets the variant's weight.
 pub(crate) async fn put_router(
     gateway: &Arc<Gateway>,
     applier: Option<&Arc<Applier>>,
@@ -106,6 +107,21 @@ pub(crate) async fn put_router(
         ));
     }
     let bytes = component_bytes(gateway, req).await?;
+    if bytes.is_empty() {
+        // No component: a weight alone changes the variant's weight (what an operator who
+        // sent `PUT …?variant=V&weight=W` meant); anything else needs the bytes.
+        return match (weight, plan, shadow) {
+            (Some(weight), None, false) => {
+                let change = Change::SetRouterWeight { variant, weight };
+                policy_change(gateway, applier, change, None, everywhere).await
+            }
+            _ => Err(ApiError::invalid(
+                "the body must be the component's bytes (a .wasm file); to change only a \
+                 variant's weight, send the weight alone (PUT or POST \
+                 /admin/policies/router/weight?variant=V&weight=W)",
+            )),
+        };
+    }
     let component = ringmaster_cluster::blobs::content_hash(&bytes);
     let change = match plan {
         Some(plan) => Change::StartRollout {
@@ -236,21 +252,54 @@ pub(crate) fn humantime_secs(at: std::time::SystemTime) -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// Where a loaded version came from, for the listing: `builtin:NAME` when its bytes are a
+/// built-in's, the file the config names for it (a file source is reloaded when it changes),
+/// else `pushed` (through this API, or by another replica).
+fn source_of(gateway: &Gateway, slot: &str, name: &str, hash: &str) -> String {
+    use ringmaster_config::PolicySource;
+    if let Some(builtin) = ringmaster_policy_engine::builtin::builtin_by_hash(hash) {
+        return format!("builtin:{builtin}");
+    }
+    let policies = &gateway.config().policies;
+    let configured = match slot {
+        "router" => policies
+            .router
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| &v.source),
+        "admission" => policies.admission.as_ref().map(|p| &p.source),
+        _ => policies.safety.as_ref().map(|p| &p.source),
+    };
+    match configured {
+        Some(PolicySource::File(path)) => path.display().to_string(),
+        _ => "pushed".to_owned(),
+    }
+}
+
+/// Adds `source` to a listed policy (`Null`: an empty slot).
+fn with_source(gateway: &Gateway, slot: &str, mut entry: serde_json::Value) -> serde_json::Value {
+    if let (Some(name), Some(hash)) = (entry["name"].as_str(), entry["hash"].as_str()) {
+        entry["source"] = json!(source_of(gateway, slot, name, hash));
+    }
+    entry
+}
+
 pub(crate) fn policies_json(gateway: &Gateway) -> serde_json::Value {
     let set = gateway.router().current();
+    let router = |v, shadow| with_source(gateway, "router", variant_json(v, shadow));
     json!({
         "router": {
-            "variants": set.variants.iter().map(|v| variant_json(v, false)).collect::<Vec<_>>(),
-            "shadow": set.shadow.as_ref().map(|v| variant_json(v, true)),
+            "variants": set.variants.iter().map(|v| router(v, false)).collect::<Vec<_>>(),
+            "shadow": set.shadow.as_ref().map(|v| router(v, true)),
             "native_fallback": "consistent-hash",
         },
         "admission": {
-            "policy": single_json(&gateway.admission().slot),
+            "policy": with_source(gateway, "admission", single_json(&gateway.admission().slot)),
             "queued": gateway.admission().queued(),
             "queue_capacity": gateway.admission().queue_capacity(),
         },
         "safety_filter": {
-            "policy": single_json(&gateway.safety().slot),
+            "policy": with_source(gateway, "safety", single_json(&gateway.safety().slot)),
         },
     })
 }

@@ -440,16 +440,25 @@ async fn dispatch(
         }
         "/readyz" => {
             allow(&[Method::GET, Method::HEAD])?;
-            let servers = gateway.pool.snapshot().servers.len();
+            // Ready means a request could be served now: a server in the pool that is not
+            // draining, reachable and not ejected, not merely listed.
+            let snapshot = gateway.pool.snapshot();
+            let servers = snapshot.servers.len();
+            let routable = snapshot.servers.iter().filter(|s| s.is_routable()).count();
             if servers == 0 {
                 Err(ApiError::new(
                     ErrorKind::Unavailable,
                     "no GPU servers in the pool",
                 ))
+            } else if routable == 0 {
+                Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("none of the {servers} GPU servers is reachable"),
+                ))
             } else {
                 Ok(json_response(
                     StatusCode::OK,
-                    &json!({"status": "ready", "servers": servers}),
+                    &json!({"status": "ready", "servers": servers, "routable": routable}),
                 ))
             }
         }

@@ -85,3 +85,19 @@ pub fn builtin_names() -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+/// The built-in policy whose bytes have content hash `hash` ([`crate::content_hash`]), so
+/// that a listing can name a loaded version's source rather than its hash alone.
+pub fn builtin_by_hash(hash: &str) -> Option<&'static str> {
+    static HASHES: std::sync::OnceLock<Vec<(String, &'static str)>> = std::sync::OnceLock::new();
+    HASHES
+        .get_or_init(|| {
+            BUILTIN_POLICIES
+                .iter()
+                .map(|(name, bytes)| (crate::content_hash(bytes), *name))
+                .collect()
+        })
+        .iter()
+        .find(|(h, _)| h == hash)
+        .map(|(_, name)| *name)
+}

@@ -181,18 +181,41 @@ fn main() -> anyhow::Result<()> {
         Command::Policy(command) => policy_cmd::run(command),
         Command::CheckConfig { config } => {
             let resolved = RawConfig::from_file(&config)?.validate()?;
+            // A component file that is missing or of the wrong world would stop `serve`:
+            // load each one now, as `serve` would, and say what it is.
+            let components = policy_cmd::check_config_components(&resolved.policies)?;
             #[allow(clippy::print_stdout)]
             {
                 println!("{} is valid:", config.display());
                 println!("  listen     {}", resolved.listen);
-                println!("  models     {}", resolved.models.join(", "));
+                println!("  models     {}", models_line(&resolved));
                 for variant in &resolved.policies.router {
                     println!(
-                        "  router     {} = {}{}",
+                        "  router     {} = {}{}{}",
                         variant.name,
                         variant.source,
+                        components
+                            .get(&variant.source.to_string())
+                            .map(|c| format!(" ({c})"))
+                            .unwrap_or_default(),
                         if variant.shadow { " (shadow)" } else { "" }
                     );
+                }
+                for (slot, spec) in [
+                    ("admission", &resolved.policies.admission),
+                    ("safety", &resolved.policies.safety),
+                ] {
+                    if let Some(spec) = spec {
+                        println!(
+                            "  {slot:<10} {} = {}{}",
+                            spec.name,
+                            spec.source,
+                            components
+                                .get(&spec.source.to_string())
+                                .map(|c| format!(" ({c})"))
+                                .unwrap_or_default()
+                        );
+                    }
                 }
                 for warning in &resolved.warnings {
                     println!("  warning    {warning}");
@@ -242,6 +265,45 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// The models a config serves, as `check-config` shows them: the top-level `models` names
+/// only what servers that list none of their own are taken to serve, so servers that list
+/// theirs (or are asked at run time) are named as such, not hidden behind that default.
+fn models_line(config: &ringmaster_config::Config) -> String {
+    use ringmaster_config::ServerAddress;
+    let mut named: Vec<String> = Vec::new();
+    let mut asked = 0;
+    let mut defaulted = config.servers.is_empty();
+    for server in &config.servers {
+        match (&server.models, &server.address) {
+            (Some(models), _) => {
+                for model in models {
+                    if !named.contains(model) {
+                        named.push(model.clone());
+                    }
+                }
+            }
+            (None, ServerAddress::Simulated { .. }) => defaulted = true,
+            (None, ServerAddress::Model { path, .. }) => {
+                named.push(format!("the model in {}", path.display()));
+            }
+            (None, ServerAddress::Remote { .. }) => asked += 1,
+        }
+    }
+    if defaulted {
+        for model in &config.models {
+            if !named.contains(model) {
+                named.push(model.clone());
+            }
+        }
+    }
+    if asked > 0 {
+        named.push(format!(
+            "what {asked} server(s) list at /v1/models (asked at start)"
+        ));
+    }
+    named.join(", ")
+}
+
 fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
     let process_started = std::time::Instant::now();
     let mut raw = match &args.config {
@@ -260,6 +322,10 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             policies.router = None;
         }
     }
+    // What the start chose about the model, said once logging is set up (a line logged
+    // before it goes nowhere).
+    let mut no_model_at = None;
+    let mut serving_model = None;
     let model = match (&args.model, &args.config, args.simulated) {
         (Some(path), _, _) => Some(path.clone()),
         (None, None, false) => {
@@ -267,10 +333,7 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             if cached.is_file() {
                 Some(cached)
             } else {
-                info!(
-                    model = %cached.display(),
-                    "no model in the model cache (run `cargo xtask model` to fetch SmolLM2); serving simulated GPU servers"
-                );
+                no_model_at = Some(cached);
                 None
             }
         }
@@ -282,7 +345,7 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?
             .default_id()
             .to_lowercase();
-        info!(model = %path.display(), served_as = %name, "serving a model on the CPU");
+        serving_model = Some((path.clone(), name.clone()));
         raw.servers = Some(vec![ringmaster_config::RawServer {
             address,
             id: Some(name.clone()),
@@ -321,6 +384,15 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         let _entered = runtime.enter();
         init_logging(log_format, Some(&config.telemetry))?
     };
+    if let Some(cached) = no_model_at {
+        info!(
+            model = %cached.display(),
+            "no model in the model cache (run `cargo xtask model` to fetch SmolLM2); serving simulated GPU servers"
+        );
+    }
+    if let Some((path, name)) = serving_model {
+        info!(model = %path.display(), served_as = %name, "serving a model on the CPU");
+    }
     if let Some(name) = unused_replica {
         tracing::warn!(
             replica = %name,

@@ -415,3 +415,62 @@ fn push(
     }
     Ok(())
 }
+
+/// For `check-config`: loads every policy component the config names by file, as `serve`
+/// would, and checks it is of its slot's world. By source, what each one is
+/// (`router component, ringmaster:policy@0.3.0`); an error names the slot and the file.
+pub fn check_config_components(
+    policies: &ringmaster_config::PoliciesConfig,
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    use ringmaster_config::PolicySource;
+    let mut files: Vec<(&str, &[&str], &Path)> = Vec::new();
+    for variant in &policies.router {
+        if let PolicySource::File(path) = &variant.source {
+            files.push(("router", &["router", "learning-router"], path));
+        }
+    }
+    for (slot, spec, worlds) in [
+        ("admission", &policies.admission, &["admission"][..]),
+        ("safety", &policies.safety, &["safety-filter"][..]),
+    ] {
+        if let Some(ringmaster_config::SlotPolicySpec {
+            source: PolicySource::File(path),
+            ..
+        }) = spec
+        {
+            files.push((slot, worlds, path));
+        }
+    }
+    let mut found = std::collections::BTreeMap::new();
+    if files.is_empty() {
+        return Ok(found);
+    }
+    let scratch =
+        std::env::temp_dir().join(format!("ringmaster-check-config-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)
+        .with_context(|| format!("cannot create {}", scratch.display()))?;
+    let result = (|| {
+        for (slot, worlds, path) in files {
+            let report = check::check(path, &scratch).with_context(|| {
+                format!("the {slot} policy {} cannot be loaded", path.display())
+            })?;
+            anyhow::ensure!(
+                worlds.contains(&report.world),
+                "the {slot} policy {} is a {} component, not {}",
+                path.display(),
+                report.world,
+                worlds.join(" or ")
+            );
+            found.insert(
+                path.display().to_string(),
+                format!(
+                    "{} component, ringmaster:policy@{}",
+                    report.world, report.contract
+                ),
+            );
+        }
+        Ok(found)
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
