@@ -436,3 +436,35 @@ async fn only_models_a_server_takes_are_listed_and_accepted() {
     );
     assert_eq!(gw.post_messages(&body(false, "s")).await.status(), 200);
 }
+
+/// With the default simulated servers running, a real server added for another model gets
+/// every request for that model: the simulated servers serve the configured `models`, not
+/// whatever is asked (they once shared the new model's pool, and took most of its requests).
+#[tokio::test]
+async fn a_server_added_for_another_model_gets_that_models_requests() {
+    let gw = TestGateway::simulated(2, 0.0, "").await;
+    let real = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let added = gw
+        .admin(reqwest::Method::POST, "/admin/servers?wait=true")
+        .await
+        .json(&json!({"id": "qwen", "address": real.url(), "models": ["qwen3-8b"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    for i in 0..8 {
+        let response = gw
+            .post_chat(&json!({
+                "model": "qwen3-8b",
+                "max_tokens": 3,
+                "messages": [{"role": "user", "content": format!("question {i}")}],
+            }))
+            .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-ringmaster-server"], "qwen");
+    }
+    // The simulated model stays on the simulated servers.
+    let response = gw.post_messages(&crate::support::hello(2)).await;
+    assert_eq!(response.status(), 200);
+    assert_ne!(response.headers()["x-ringmaster-server"], "qwen");
+}

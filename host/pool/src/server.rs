@@ -220,8 +220,13 @@ impl Server {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
     }
+    /// Whether it runs in this process (a simulated server or a model on this machine).
+    pub fn is_local(&self) -> bool {
+        matches!(self.engine, Backend::Local(_))
+    }
     /// The models it serves: the config's list, else what a remote server reports; `None`
-    /// while unknown (then it takes any model the gateway accepts).
+    /// while unknown (a remote server that has not answered yet takes any model the gateway
+    /// accepts; an engine in this process takes the config's top-level `models`).
     pub fn served_models(&self) -> Option<Vec<String>> {
         if let Some(models) = &self.configured_models {
             return Some(models.clone());

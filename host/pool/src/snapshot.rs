@@ -63,7 +63,16 @@ pub(crate) fn build_snapshot(
     catalogue: &ModelCatalogue,
 ) -> Result<PoolSnapshot, RingError> {
     let models_epoch = catalogue.epoch.load(Ordering::Acquire);
-    let served: Vec<Option<Vec<String>>> = servers.iter().map(|s| s.served_models()).collect();
+    // An engine in this process with no models of its own serves the defaults, never
+    // whatever is asked: a real server added for another model must get that model's
+    // requests, not share them with the simulated servers.
+    let served: Vec<Option<Vec<String>>> = servers
+        .iter()
+        .map(|s| {
+            s.served_models()
+                .or_else(|| s.is_local().then(|| catalogue.defaults.clone()))
+        })
+        .collect();
     let mut adapters: BTreeMap<String, String> =
         servers.iter().flat_map(|s| s.adapters()).collect();
     let mut names: BTreeSet<String> = catalogue.defaults.iter().cloned().collect();
