@@ -58,15 +58,16 @@ pub fn cache_dir() -> PathBuf {
 }
 
 /// Builds the project in `dir` to `DIR/NAME.wasm`. `say` hears each step, for a progress
-/// line.
-pub fn build(dir: &Path, say: &mut dyn FnMut(&str)) -> Result<Built> {
+/// line. `install_toolchain`: a Rust project may install Debian's Wasm toolchain with
+/// apt-get when none is there (never without being asked: it is some 900 MB).
+pub fn build(dir: &Path, install_toolchain: bool, say: &mut dyn FnMut(&str)) -> Result<Built> {
     // Absolute, because the toolchains run inside the project and write where they are told.
     let dir = &std::path::absolute(dir).map_err(io_error(dir))?;
     let project = Project::open(dir)?;
     let started = Instant::now();
     let out = dir.join(format!("{}.wasm", project.name));
     let toolchain = match project.lang {
-        Lang::Rust => build_rust(&project, &out, say)?,
+        Lang::Rust => build_rust(&project, &out, install_toolchain, say)?,
         Lang::Python => build_python(&project, &out, say)?,
         Lang::JavaScript => build_js(&project, &out, say)?,
         Lang::C => build_c(&project, &out, say)?,
@@ -96,9 +97,14 @@ fn run(cmd: &mut Command) -> Result<()> {
     }
 }
 
-fn build_rust(project: &Project, out: &Path, say: &mut dyn FnMut(&str)) -> Result<String> {
+fn build_rust(
+    project: &Project,
+    out: &Path,
+    install_toolchain: bool,
+    say: &mut dyn FnMut(&str),
+) -> Result<String> {
     say("finding a Rust toolchain for Wasm");
-    let toolchain = toolchain::detect(None)?;
+    let toolchain = toolchain::detect(None, install_toolchain)?;
     say(&format!("building with {}", toolchain.describe()));
     // Cargo's own rule: `CARGO_TARGET_DIR` when set (one folder shared by several projects
     // builds the standard library for Wasm once), else the project's `target/`.

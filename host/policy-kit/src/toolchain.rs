@@ -9,8 +9,10 @@
 //!    `-Zbuild-std` (unlocked with `RUSTC_BOOTSTRAP=1`) and linking with `rust-lld`, which
 //!    `rust-web-llvm` provides as a link to `lld-22` (only a *recommended* package of
 //!    rustc-web, so an install with `--no-install-recommends` must name it);
-//! 3. when that is incomplete and we run as root with `apt-get`, installing those packages;
-//!    else failing with the exact packages, targets and commands that would fix it.
+//! 3. when that is incomplete, installing those packages with `apt-get` only when the caller
+//!    says so (`ringmaster policy build --install-toolchain`, `cargo xtask policies`) and we
+//!    run as root; else failing with the exact packages (about 900 MB), targets and commands
+//!    that would fix it.
 //!
 //! Different toolchains give different bytes, so the choice is printed (and `cargo xtask
 //! policies` records it in `policies/dist/MANIFEST`).
@@ -147,8 +149,8 @@ impl Toolchain {
     }
 }
 
-/// Picks the toolchain, installing Debian's when that is allowed and needed.
-pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
+/// Picks the toolchain, installing Debian's when `install` allows it and it is needed.
+pub fn detect(min_rust_version: Option<&str>, install: bool) -> Result<Toolchain> {
     let installed = rustup_targets();
     for target in ["wasm32-unknown-unknown", "wasm32-wasip2"] {
         if installed.iter().any(|t| t == target) {
@@ -167,7 +169,7 @@ pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
     }
 
     let mut missing = debian_missing();
-    if !missing.is_empty() && is_root() && which("apt-get") {
+    if may_install(!missing.is_empty(), install, is_root(), which("apt-get")) {
         eprintln!(
             "toolchain: rustup has no wasm target; installing Debian's {} with apt-get",
             DEBIAN_PACKAGES.join(" ")
@@ -186,7 +188,8 @@ pub fn detect(min_rust_version: Option<&str>) -> Result<Toolchain> {
              Debian's fallback is missing: {}.\n\
              Fix it with one of:\n  \
              rustup target add wasm32-unknown-unknown\n  \
-             sudo apt-get install {}",
+             sudo apt-get install {}   (about 900 MB; `ringmaster policy build \
+             --install-toolchain` runs it when run as root)",
             list.join(", "),
             DEBIAN_PACKAGES.join(" ")
         )));
@@ -277,6 +280,11 @@ fn apt_install() -> Result<()> {
     )))
 }
 
+/// Whether to run apt-get: something is missing, the caller asked for it, and it can work.
+fn may_install(missing: bool, asked: bool, root: bool, apt_get: bool) -> bool {
+    missing && asked && root && apt_get
+}
+
 fn is_root() -> bool {
     command_output(Command::new("id").arg("-u")).is_ok_and(|uid| uid.trim() == "0")
 }
@@ -334,6 +342,16 @@ fn version_at_least(version: &str, min: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_toolchain_is_installed_only_when_asked() {
+        // Root with apt-get and something missing: still only with --install-toolchain.
+        assert!(!may_install(true, false, true, true));
+        assert!(may_install(true, true, true, true));
+        assert!(!may_install(false, true, true, true), "nothing missing");
+        assert!(!may_install(true, true, false, true), "not root");
+        assert!(!may_install(true, true, true, false), "no apt-get");
+    }
 
     #[test]
     fn versions_compare_numerically() {

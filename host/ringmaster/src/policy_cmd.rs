@@ -32,6 +32,11 @@ pub enum PolicyCommand {
         /// The project (default: the current directory).
         #[arg(default_value = ".")]
         dir: PathBuf,
+        /// For a Rust project with no Wasm toolchain: install Debian's (rustc-web and its
+        /// standard library's source, about 900 MB) with apt-get, as root. Without it the
+        /// build says what is missing and how to get it.
+        #[arg(long)]
+        install_toolchain: bool,
     },
     /// Load a component as the gateway would, probe it, and print its size and timings.
     Check {
@@ -123,10 +128,13 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        PolicyCommand::Build { dir } => {
+        PolicyCommand::Build {
+            dir,
+            install_toolchain,
+        } => {
             let spinner = indicatif::ProgressBar::new_spinner();
             spinner.enable_steady_tick(std::time::Duration::from_millis(120));
-            let built = build::build(&dir, &mut |step| {
+            let built = build::build(&dir, install_toolchain, &mut |step| {
                 // Each step stays on screen (or in the log, where there is no spinner).
                 if spinner.is_hidden() {
                     eprintln!("==> {step}");

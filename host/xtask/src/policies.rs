@@ -86,7 +86,8 @@ struct Built {
 pub fn run(root: &Path, check: bool) -> Result<ExitCode> {
     let started = Instant::now();
     let guests = discover(root)?;
-    let toolchain = toolchain::detect(workspace_rust_version(root)?.as_deref())?;
+    // The dist build is the project's own (CI runs it as root): it may install the toolchain.
+    let toolchain = toolchain::detect(workspace_rust_version(root)?.as_deref(), true)?;
     eprintln!("toolchain: {}", toolchain.describe());
 
     let dist = root.join(DIST);
