@@ -8,10 +8,15 @@
 //! - [`check`]: a component against the worlds and the sandbox, with its size and timings.
 //! - [`wasm`]: a Rust guest's core module to a component (shared with `cargo xtask policies`).
 //!
+//! `build` and `check` load components, so they come with the `engine` feature (on by
+//! default); `cargo xtask` uses the rest without it, and so without wasmtime.
+//!
 //! This crate must not talk to a running gateway (the binary pushes over HTTP) and must not
 //! know about the replay (the binary runs it).
 
+#[cfg(feature = "engine")]
 pub mod build;
+#[cfg(feature = "engine")]
 pub mod check;
 pub mod scaffold;
 pub mod toolchain;
@@ -61,6 +66,7 @@ pub enum KitError {
     #[error("{0}")]
     Project(String),
     /// The component did not load into the policy engine.
+    #[cfg(feature = "engine")]
     #[error(transparent)]
     Policy(#[from] ringmaster_policy_engine::PolicyError),
 }
