@@ -1,7 +1,7 @@
 // js-safety: a Ringmaster safety filter in JavaScript (componentize-js). The decision itself
 // lives in policy.js, which imports nothing generated, so `node --test` tests it without
 // Wasm; this file reads the configuration (`patterns`) once per instance and answers.
-import { get } from "ringmaster:policy/config@0.2.0";
+import { get } from "ringmaster:policy/config@0.3.0";
 import { blockedBy, patternsOf } from "./policy.js";
 
 let patterns = null;

@@ -70,8 +70,9 @@ impl fmt::Display for Lang {
 /// The project file every scaffolded project carries: what it is, for `build`.
 pub const PROJECT_FILE: &str = "ringmaster-policy.toml";
 
-/// The contract, as this binary was built with it: `ringmaster:policy@0.2.0`, which every
-/// new project targets (components built against 0.1.0 keep loading).
+/// The contract, as this binary was built with it: `ringmaster:policy@0.3.0`, which every
+/// new project targets (components built against 0.2.0 and 0.1.0 keep loading). A JavaScript
+/// sample imports its interfaces by this version (`ringmaster:policy/cluster@0.3.0`).
 pub const WIT: &str = include_str!("../../../wit/policy.wit");
 
 const RUST_SDK: [(&str, &str); 6] = [
