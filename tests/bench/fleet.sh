@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Gateways as replicas on one Redis (`--cluster`), measured on loopback (not part of tests/run):
 #
-#   1. the conversation trace (../shared/traces) replayed on the wall clock through 1, 2 and 4
+#   1. the conversation trace (tests/traces) replayed on the wall clock through 1, 2 and 4
 #      replicas (each request to one at random) in front of one shared fleet of 8 simulated
 #      workers (`ringmaster worker --simulated`, KV events and all), with --cluster and
 #      without: the token hit ratio and TTFT p99 per replica count (target: 4 replicas within
@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
 done
 bench_setup "${args[@]}"
 work=$(mktemp -d)
-trace=${RINGMASTER_TRACE:-$root/../shared/traces/mooncake_fast25_conversation_trace.jsonl}
+trace=${RINGMASTER_TRACE:-$root/tests/traces/mooncake_fast25_conversation_trace.jsonl}
 [ -f "$trace" ] || { echo "no trace at $trace (set RINGMASTER_TRACE)" >&2; exit 1; }
 command -v redis-server >/dev/null || { echo "redis-server is not installed (apt-get install redis-server)" >&2; exit 1; }
 

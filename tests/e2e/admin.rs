@@ -398,3 +398,36 @@ async fn the_status_document_streams_as_events_behind_the_token_and_ends_when_th
     .await;
     assert!(ended.is_ok(), "the event stream outlived the gateway");
 }
+
+/// Every path the route tables answer is named in the documentation (`docs/admin-api.md` for
+/// the admin API, `docs/api.md` for the client's), so the endpoint tables cannot fall behind
+/// the code again: the literals are read from the route tables' own source.
+#[test]
+fn every_route_is_documented() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let read = |path: &str| {
+        std::fs::read_to_string(root.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+    };
+    let literals = |source: &str, prefix: &str| -> Vec<String> {
+        let mut found: Vec<String> = source
+            .split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| s.starts_with(prefix) && !s.contains(' '))
+            .map(|s| s.trim_end_matches('/').to_owned())
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    };
+    let admin_doc = read("docs/admin-api.md");
+    let admin = literals(&read("host/admin/src/lib.rs"), "/admin/");
+    assert!(admin.len() >= 15, "{admin:?}");
+    let missing: Vec<&String> = admin.iter().filter(|p| !admin_doc.contains(p.as_str())).collect();
+    assert!(missing.is_empty(), "docs/admin-api.md does not name {missing:?}");
+    let api_doc = read("docs/api.md");
+    let mut client = literals(&read("host/gateway/src/service.rs"), "/v1/");
+    client.extend(["/healthz", "/readyz", "/metrics"].map(str::to_owned));
+    let missing: Vec<&String> = client.iter().filter(|p| !api_doc.contains(p.as_str())).collect();
+    assert!(missing.is_empty(), "docs/api.md does not name {missing:?}");
+}

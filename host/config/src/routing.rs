@@ -21,7 +21,7 @@ pub const DEFAULT_SESSION_HEADERS: [&str; 3] =
 /// Claude Code's billing line (`x-anthropic-billing-header: cc_version=…; cch=…;`), new on
 /// every request (anthropics/claude-code#24168).
 pub const DEFAULT_VOLATILE_PREFIX: [&str; 1] = [r"^x-anthropic-billing-header:"];
-/// The router that routes when the config names none: README, "Which default, and why".
+/// The router that routes when the config names none: docs/policies.md, "Which default, and why".
 pub const DEFAULT_ROUTER: &str = "builtin:prefix-affinity";
 
 /// How prefix hashes are computed.

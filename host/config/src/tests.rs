@@ -281,18 +281,17 @@ fn example_configurations_are_valid() {
         }
     }
     assert!(checked >= 2);
-    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
-    // The annotated configuration is the first TOML block of its section.
-    let block = readme
-        .split_once("\n## Configuration\n")
-        .map(|(_, section)| section)
-        .and_then(|section| section.split("```toml\n").nth(1))
+    let reference = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    // The annotated configuration is the reference's first TOML block.
+    let block = reference
+        .split("```toml\n")
+        .nth(1)
         .and_then(|rest| rest.split("```").next())
-        .expect("the README has a TOML block");
-    // The README's listen address is public, which needs API keys: it has one.
+        .expect("docs/configuration.md has a TOML block");
+    // Its listen address is public, which needs API keys: it has one.
     RawConfig::from_toml(block)
         .and_then(|raw| raw.validate_with_env(no_env))
-        .unwrap_or_else(|e| panic!("README configuration: {e}"));
+        .unwrap_or_else(|e| panic!("docs/configuration.md: {e}"));
 }
 
 /// `[routing] strategy` named the routing choice before routers were policies: it still

@@ -8,7 +8,7 @@
 //! conversation repeats exactly those bytes, so it keeps its key; two conversations that share
 //! only a system prompt get different keys. (A key over the first fixed-size chunk alone would
 //! send every conversation with a shared system prompt to one server: see
-//! `shared/traces/README.md`.)
+//! `tests/traces/README.md`.)
 //!
 //! The prefix hashes are chained xxh3 hashes of fixed-size chunks of the canonical prompt bytes
 //! (`h[i] = xxh3(chunk[i], seed = h[i-1])`), full chunks only, for cache-aware policies to
