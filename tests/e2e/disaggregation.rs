@@ -736,3 +736,49 @@ async fn a_prefill_server_added_at_run_time_takes_prefill_legs() {
         "{listed}"
     );
 }
+
+/// A pair router rolled out progressively (declared with a rollout in the config) ramps in
+/// and is promoted like any router, its requests split as it says throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pair_router_is_rolled_out_step_by_step() {
+    let log = log();
+    let prefill = PdServer::start(PdEngine::VllmNixl, PdRole::Prefill, PdFault::None, &log).await;
+    let decode = PdServer::start(PdEngine::VllmNixl, PdRole::Decode, PdFault::None, &log).await;
+    let gw = TestGateway::start(&gateway_config(
+        "[[policies.router]]\nname = \"pair\"\nsource = \"builtin:pair-llm-d\"\n\
+         rollout = [50, 100]\nrollout_step = \"1s\"\nrollout_min_samples = 5\n",
+        &[
+            server("p0", &prefill.url(), NIXL_PREFILL),
+            server("d0", &decode.url(), NIXL_DECODE),
+        ],
+    ))
+    .await;
+    let mut sent = 0;
+    let promoted = eventually(Duration::from_secs(60), async || {
+        for _ in 0..4 {
+            let response = gw.post_chat(&long_chat(&format!("rollout {sent}"))).await;
+            sent += 1;
+            assert_eq!(response.status(), 200);
+            let _ = response.text().await;
+        }
+        let experiments: Value = gw
+            .admin(reqwest::Method::GET, "/admin/experiments")
+            .await
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        experiments["rollout"]["phase"]["state"] == "promoted"
+    })
+    .await;
+    assert!(promoted, "the pair router's rollout was not promoted after {sent} requests");
+    let response = gw.post_chat(&long_chat("after the rollout")).await;
+    assert_eq!(response.headers()["x-ringmaster-variant"], "pair");
+    let _ = response.text().await;
+    let log = read(&log);
+    assert!(log.violations.is_empty(), "{:?}", log.violations);
+    let prefills = log.legs.iter().filter(|leg| leg.1 == PdRole::Prefill).count();
+    assert_eq!(prefills, sent + 1, "every request split, by either router");
+}
