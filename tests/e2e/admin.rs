@@ -423,11 +423,20 @@ fn every_route_is_documented() {
     let admin_doc = read("docs/admin-api.md");
     let admin = literals(&read("host/admin/src/lib.rs"), "/admin/");
     assert!(admin.len() >= 15, "{admin:?}");
-    let missing: Vec<&String> = admin.iter().filter(|p| !admin_doc.contains(p.as_str())).collect();
-    assert!(missing.is_empty(), "docs/admin-api.md does not name {missing:?}");
+    let missing: Vec<&String> = admin
+        .iter()
+        .filter(|p| !admin_doc.contains(p.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/admin-api.md does not name {missing:?}"
+    );
     let api_doc = read("docs/api.md");
     let mut client = literals(&read("host/gateway/src/service.rs"), "/v1/");
     client.extend(["/healthz", "/readyz", "/metrics"].map(str::to_owned));
-    let missing: Vec<&String> = client.iter().filter(|p| !api_doc.contains(p.as_str())).collect();
+    let missing: Vec<&String> = client
+        .iter()
+        .filter(|p| !api_doc.contains(p.as_str()))
+        .collect();
     assert!(missing.is_empty(), "docs/api.md does not name {missing:?}");
 }

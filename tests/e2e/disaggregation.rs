@@ -745,7 +745,8 @@ async fn a_pair_router_is_rolled_out_step_by_step() {
     let prefill = PdServer::start(PdEngine::VllmNixl, PdRole::Prefill, PdFault::None, &log).await;
     let decode = PdServer::start(PdEngine::VllmNixl, PdRole::Decode, PdFault::None, &log).await;
     let gw = TestGateway::start(&gateway_config(
-        "[[policies.router]]\nname = \"pair\"\nsource = \"builtin:pair-llm-d\"\n\
+        "[[policies.router]]\nname = \"default\"\nsource = \"builtin:prefix-affinity\"\n\
+         [[policies.router]]\nname = \"pair\"\nsource = \"builtin:pair-llm-d\"\n\
          rollout = [50, 100]\nrollout_step = \"1s\"\nrollout_min_samples = 5\n",
         &[
             server("p0", &prefill.url(), NIXL_PREFILL),
@@ -773,12 +774,19 @@ async fn a_pair_router_is_rolled_out_step_by_step() {
         experiments["rollout"]["phase"]["state"] == "promoted"
     })
     .await;
-    assert!(promoted, "the pair router's rollout was not promoted after {sent} requests");
+    assert!(
+        promoted,
+        "the pair router's rollout was not promoted after {sent} requests"
+    );
     let response = gw.post_chat(&long_chat("after the rollout")).await;
     assert_eq!(response.headers()["x-ringmaster-variant"], "pair");
     let _ = response.text().await;
     let log = read(&log);
     assert!(log.violations.is_empty(), "{:?}", log.violations);
-    let prefills = log.legs.iter().filter(|leg| leg.1 == PdRole::Prefill).count();
+    let prefills = log
+        .legs
+        .iter()
+        .filter(|leg| leg.1 == PdRole::Prefill)
+        .count();
     assert_eq!(prefills, sent + 1, "every request split, by either router");
 }
