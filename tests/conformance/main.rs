@@ -289,6 +289,13 @@ fn every_router_swaps_and_rolls_back() {
         let back = set.variants.iter().find(|v| *v.name == *variant).unwrap();
         match back.policy.route(&fleet, &request(&healthy_case, 1)) {
             Ok(RouteDecision::Route(id)) => assert!(fleet.routable(&id), "{name}: {id}"),
+            // A pair router answers a pair; on this fleet of servers taking whole requests,
+            // whole on a routable one.
+            Ok(RouteDecision::Pair {
+                decode,
+                prefill: None,
+                ..
+            }) => assert!(fleet.routable(&decode), "{name}: {decode}"),
             other => panic!("{name} after its rollback: {other:?}"),
         }
         slot.remove(&variant).unwrap();
