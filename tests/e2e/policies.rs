@@ -525,8 +525,9 @@ fn variant<'a>(listed: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no variant {name}: {listed}"))
 }
 
-/// A 0.2.0 learning router behind a real gateway: every request it decided is handed to its
-/// `observe`, what it keeps in `state` survives a swap, and `state=fresh` starts it over.
+/// A learning router (built against the current contract, 0.3.0) behind a real gateway: every
+/// request it decided is handed to its `observe`, what it keeps in `state` survives a swap,
+/// and `state=fresh` starts it over.
 #[tokio::test]
 async fn a_learning_router_hears_every_outcome_and_keeps_its_state_across_swaps() {
     let gw = TestGateway::simulated(3, 0.0, "").await;
@@ -540,7 +541,7 @@ async fn a_learning_router_hears_every_outcome_and_keeps_its_state_across_swaps(
     let learner = variant(&listed, "default");
     assert_eq!(
         (learner["contract"].as_str(), learner["learns"].as_bool()),
-        (Some("0.2.0"), Some(true))
+        (Some("0.3.0"), Some(true))
     );
     assert_eq!(
         learner["state"]["entries"], 0,
@@ -611,7 +612,8 @@ async fn a_learning_router_hears_every_outcome_and_keeps_its_state_across_swaps(
 
 /// A component built against `ringmaster:policy@0.1.0` (the built-in consistent-hash from
 /// before the contract moved, committed in `host/policy-engine/src/tests/contract-0.1.0/`)
-/// still loads into a running gateway and serves, beside a 0.2.0 variant.
+/// still loads into a running gateway and serves, beside a variant of the current contract
+/// (0.3.0).
 #[tokio::test]
 async fn a_component_built_against_0_1_0_is_pushed_and_serves() {
     let gw = TestGateway::simulated(3, 0.0, "").await;
@@ -631,7 +633,7 @@ async fn a_component_built_against_0_1_0_is_pushed_and_serves() {
     assert_eq!(put.status(), 200);
     let listed = policies(&gw).await;
     assert_eq!(variant(&listed, "old")["contract"], "0.1.0");
-    assert_eq!(variant(&listed, "default")["contract"], "0.2.0");
+    assert_eq!(variant(&listed, "default")["contract"], "0.3.0");
     for i in 0..5 {
         let body = json!({
             "model": "sim-llama-3-8b",
