@@ -1,6 +1,6 @@
 //! Ringmaster's policy engine: routing, admission and safety-filter decisions made by
-//! sandboxed WebAssembly components that target the `ringmaster:policy@0.2.0` worlds
-//! (`wit/policy.wit`) or, still loading, those of `0.1.0` (`wit/deps/policy-0.1.0/`).
+//! sandboxed WebAssembly components that target the `ringmaster:policy@0.3.0` worlds
+//! (`wit/policy.wit`) or, still loading, those of `0.2.0` and `0.1.0` (`wit/deps/`).
 //!
 //! This crate owns the Wasm runtime and nothing else: one wasmtime [`Engine`](wasmtime::Engine)
 //! (component model, pooling allocator, copy-on-write memory images, an optional on-disk cache
@@ -23,6 +23,7 @@
 //! match router.route(host, request) {
 //!     Ok(RouteDecision::Route(server)) => { /* send it there */ }
 //!     Ok(RouteDecision::Reject(reason)) => { /* 529 with the reason */ }
+//!     Ok(RouteDecision::Pair { decode, prefill, reason }) => { /* split, or whole on `decode` */ }
 //!     Err(fault) => { /* the native ring decides; the fault is already counted */ }
 //! }
 //! # Ok(()) }
