@@ -12,10 +12,10 @@
 //! change the answer if ignored: MCP servers, code-execution containers, documents that are
 //! not plain text, a `tool_choice` forcing a server tool.
 
-use ringmaster_gpu_runtime::{
+use ringmaster_wire::anthropic::{self, Block, Content};
+use ringmaster_wire::chat::{
     ChatMessage, Effort, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
 };
-use ringmaster_wire::anthropic::{self, Block, Content};
 
 use crate::error::ApiError;
 use crate::fields::FieldNotes;
@@ -247,7 +247,7 @@ fn tool_offer(
     tools: Option<Vec<anthropic::Tool<'_>>>,
     choice: Option<anthropic::ToolChoice<'_>>,
     notes: &mut FieldNotes,
-) -> Result<(Option<Box<ringmaster_gpu_runtime::ToolOffer>>, Vec<usize>), ApiError> {
+) -> Result<(Option<Box<ringmaster_wire::chat::ToolOffer>>, Vec<usize>), ApiError> {
     let tools = tools.unwrap_or_default();
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(tools.len());
     let mut hosted = Vec::new();

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::{ErrorKind, Limits, Request};
-use ringmaster_gpu_runtime::{Role, ToolCall, ToolChoice};
+use ringmaster_wire::chat::{Role, ToolCall, ToolChoice};
 
 fn limits() -> (Vec<String>, u32) {
     (vec!["sim-llama-3-8b".to_owned()], 4096)
@@ -50,10 +50,10 @@ fn fields_agents_send_are_served_or_noted_and_only_what_changes_the_answer_is_re
     // Thinking and effort ask a reasoning server; adaptive thinking is shown.
     let req = with(r#","thinking":{"type":"adaptive","display":"omitted"},"output_config":{"effort":"medium"}"#).unwrap();
     assert!(req.show_reasoning);
-    assert_eq!(req.effort, Some(ringmaster_gpu_runtime::Effort::Medium));
+    assert_eq!(req.effort, Some(ringmaster_wire::chat::Effort::Medium));
     assert_eq!(req.fields.reasoning, Some("thinking"));
     let req = with(r#","thinking":{"type":"enabled","budget_tokens":1024}"#).unwrap();
-    assert_eq!(req.effort, Some(ringmaster_gpu_runtime::Effort::Low));
+    assert_eq!(req.effort, Some(ringmaster_wire::chat::Effort::Low));
     // Refused, naming the field and the feature: what would change the answer.
     for (extra, field, feature) in [
         (

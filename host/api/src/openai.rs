@@ -11,7 +11,7 @@
 //! refused with a 400 naming the field and the feature. `prompt_cache_key`, else `user`, is
 //! the session key.
 
-use ringmaster_gpu_runtime::{
+use ringmaster_wire::chat::{
     ChatMessage, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
 };
 use ringmaster_wire::openai::{self, Content, Prompt, Stop};
@@ -355,7 +355,7 @@ fn tool_offer(
     tools: Option<Vec<openai::Tool<'_>>>,
     choice: Option<openai::ToolChoice<'_>>,
     parallel: Option<bool>,
-) -> Result<Option<Box<ringmaster_gpu_runtime::ToolOffer>>, ApiError> {
+) -> Result<Option<Box<ringmaster_wire::chat::ToolOffer>>, ApiError> {
     let tools = tools.unwrap_or_default();
     let mut specs: Vec<ToolSpec> = Vec::with_capacity(tools.len());
     for (i, tool) in tools.into_iter().enumerate() {

@@ -162,11 +162,11 @@ fn known_features_not_served_are_refused_by_name() {
     assert_eq!(req.fields.unused, ["store"]);
     assert_eq!(req.fields.unknown, ["frobnicate", "prompt"]);
     let req = with(r#","reasoning_effort":"high","response_format":{"type":"json_schema","json_schema":{"name":"a","schema":{"type":"object"},"strict":true}}"#).unwrap();
-    assert_eq!(req.effort, Some(ringmaster_gpu_runtime::Effort::High));
+    assert_eq!(req.effort, Some(ringmaster_wire::chat::Effort::High));
     assert_eq!(req.fields.reasoning, Some("reasoning_effort"));
     assert!(matches!(
         req.output_format.as_deref(),
-        Some(ringmaster_gpu_runtime::OutputFormat::JsonSchema { name, strict: Some(true), .. }) if name == "a"
+        Some(ringmaster_wire::chat::OutputFormat::JsonSchema { name, strict: Some(true), .. }) if name == "a"
     ));
 }
 

@@ -4,7 +4,7 @@
 //! estimate is made once, here, and used for admission, the token buckets, the policies and
 //! `count_tokens` alike.
 
-use ringmaster_gpu_runtime::{ChatMessage, Effort, OutputFormat, SamplingParams, ToolOffer};
+use ringmaster_wire::chat::{ChatMessage, Effort, OutputFormat, SamplingParams, ToolOffer};
 
 use crate::Door;
 use crate::fields::{FieldNotes, UnknownFields};

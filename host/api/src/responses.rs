@@ -13,7 +13,7 @@
 //! earlier turns are dropped and noted; forcing one with `tool_choice` is refused, as are
 //! background responses, the Conversations API, stored prompts and items by reference.
 
-use ringmaster_gpu_runtime::{
+use ringmaster_wire::chat::{
     ChatMessage, Image, OutputFormat, Role, ToolCall, ToolChoice, ToolSpec,
 };
 use ringmaster_wire::responses::{
@@ -424,7 +424,7 @@ fn tool_offer(
     choice: Option<wire::ToolChoice<'_>>,
     parallel: Option<bool>,
     hosted: &[String],
-) -> Result<Option<Box<ringmaster_gpu_runtime::ToolOffer>>, ApiError> {
+) -> Result<Option<Box<ringmaster_wire::chat::ToolOffer>>, ApiError> {
     let choice = match choice {
         None => None,
         Some(wire::ToolChoice::Mode(mode)) => Some(mode_choice(&mode, "tool_choice")?),

@@ -4,7 +4,7 @@
 use super::*;
 use crate::reply::{ReplyEvent, StopReason, Usage, WholeReply};
 use crate::{Door, Limits, Request};
-use ringmaster_gpu_runtime::Effort;
+use ringmaster_wire::chat::Effort;
 
 const MODEL: &str = "sim-llama-3-8b";
 

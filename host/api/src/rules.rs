@@ -2,8 +2,8 @@
 //! offered and chosen, images, refused features, `max_tokens` and the other limits, the model
 //! being served, stop sequences and session ids.
 
-use ringmaster_gpu_runtime::{Effort, Image, ToolChoice, ToolOffer, ToolSpec};
 use ringmaster_wire::Str;
+use ringmaster_wire::chat::{Effort, Image, ToolChoice, ToolOffer, ToolSpec};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;

@@ -26,6 +26,15 @@ pub enum ConfigError {
     },
 }
 
+impl ConfigError {
+    /// `key`'s value breaks an invariant: for the checks only the crate a setting configures
+    /// can make (whether this CPU has the kernels asked for), made where it is applied, so
+    /// that they read like every other configuration error.
+    pub fn invalid(key: impl Into<String>, problem: impl Into<String>) -> Self {
+        invalid(key, problem)
+    }
+}
+
 pub(crate) fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
         key: key.into(),

@@ -9,10 +9,12 @@
 //! `[simulator]`, [`upstream`] for `[upstream]` and `[retry]`, [`autoscale`]), which owns its
 //! defaults as named constants.
 //!
-//! This crate reads the file it is given and does nothing else: it starts nothing, and it
-//! depends on no crate it configures in `host/` (the pool, the tenancy, the gateway depend
-//! on it); it uses the settings types of the engines below them (the ring, the inference
-//! engine, the policy engine), which know nothing of it.
+//! This crate reads the file it is given and does nothing else: it starts nothing, and it is a
+//! leaf, depending on no crate of ours. The crates it configures read its settings and turn
+//! them into their own types where they start (the pool builds the engines' settings from
+//! [`ModelSettings`] and [`SimulatorSettings`], the gateway the ring's and the policy
+//! engine's), so that a change to an engine never rebuilds the configuration or the crates
+//! that only need it (the tenancy, the doors).
 
 #![deny(missing_docs)]
 
@@ -36,10 +38,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use ringmaster_gpu_runtime::EngineConfig;
-use ringmaster_gpu_runtime::model::ModelOptions;
-use ringmaster_ring::RingConfig;
-
 pub use autoscale::AutoscaleSettings;
 pub use cluster::ClusterSettings;
 pub use disaggregation::{
@@ -48,22 +46,26 @@ pub use disaggregation::{
 pub use error::ConfigError;
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use lora::{AdapterSource, LoraSettings};
-pub use policies::{CapGuard, PoliciesConfig, PolicySource, RouterVariantSpec, SlotPolicySpec};
+pub use model::{KERNEL_NAMES, ModelSettings, SimulatorSettings};
+pub use policies::{
+    CapGuard, ComponentCache, PoliciesConfig, PolicyEngineSettings, PolicySource,
+    RouterVariantSpec, SlotPolicySpec,
+};
 pub use raw::{
     RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawDisaggregation,
     RawLimits, RawModel, RawPolicies, RawRecord, RawResponses, RawRouterVariant, RawRouting,
     RawSafety, RawServer, RawSimulator, RawTenant,
 };
-pub use routing::PrefixHashing;
+pub use routing::{PrefixHashing, RingSettings};
 pub use servers::{
-    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerProtocol,
-    ServerSpec, TokenizerSource, server_spec,
+    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerApi,
+    ServerProtocol, ServerSpec, TokenizerSource, server_spec,
 };
 pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
 use error::invalid;
-use model::{gpu_placement, model_config, simulator_config};
+use model::{gpu_placement, model_settings, simulator_settings};
 
 /// The embedded default configuration.
 pub const DEFAULT_CONFIG_TOML: &str = include_str!("../default-config.toml");
@@ -178,7 +180,7 @@ pub struct Config {
     /// What one client connection may hold and for how long; the overload bounds.
     pub client: limits::ClientLimits,
     /// Ring parameters.
-    pub ring: RingConfig,
+    pub ring: RingSettings,
     /// Prefix hashing.
     pub prefix_hashing: PrefixHashing,
     /// Headers that carry a session id, in order (lower case).
@@ -195,12 +197,12 @@ pub struct Config {
     pub disaggregation: DisaggregationSettings,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
-    /// Template for simulated servers (name filled in per server).
-    pub simulator: EngineConfig,
+    /// Overrides of the simulated servers' defaults.
+    pub simulator: SimulatorSettings,
     /// How routing learns what this process's engines hold (`[simulator] cache_view`).
     pub local_cache_view: LocalCacheView,
     /// How model (`gguf:`) servers run.
-    pub model: ModelOptions,
+    pub model: ModelSettings,
     /// The GPU model servers run on; `None` for the CPU.
     pub model_gpu: Option<GpuPlacement>,
     /// Policies.
@@ -336,10 +338,10 @@ impl RawConfig {
                 LocalCacheView::parse(name).map_err(|e| invalid("simulator.cache_view", e))?
             }
         };
-        let simulator = simulator_config(raw_simulator)?;
+        let simulator = simulator_settings(raw_simulator)?;
         let raw_model = self.model.unwrap_or_default();
         let model_gpu = gpu_placement(&raw_model)?;
-        let model = model_config(raw_model)?;
+        let model = model_settings(raw_model)?;
         let policies = policies::policies_config(
             self.policies.unwrap_or_default(),
             (routing.router, routing.router_named),

@@ -3,8 +3,6 @@
 
 use std::time::Duration;
 
-use ringmaster_policy_engine::builtin;
-
 use crate::error::{ConfigError, invalid};
 use crate::raw::RawPolicies;
 
@@ -16,6 +14,27 @@ pub const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_QUEUE_AGING: Duration = Duration::from_secs(10);
 /// Output bytes the safety filter checks at a time (and holds back), unless configured.
 pub const DEFAULT_OUTPUT_WINDOW_BYTES: usize = 256;
+
+/// The built-in policies a config may name as `builtin:NAME`: the ones the policy engine
+/// embeds (a test of the gateway, which knows both crates, keeps the two lists equal; this
+/// crate is a leaf and cannot ask the engine).
+pub const BUILTIN_POLICY_NAMES: [&str; 15] = [
+    "consistent-hash",
+    "cache-aware",
+    "prefix-affinity",
+    "kv-cost",
+    "weighted-scorers",
+    "prefix-cache",
+    "least-loaded",
+    "round-robin",
+    "pair-prefix",
+    "pair-llm-d",
+    "pair-dynamo",
+    "pair-split",
+    "learned-ttft",
+    "tiered",
+    "blocklist",
+];
 
 /// How the host guards a router policy's choices with the bounded-load cap: an explicit part
 /// of the router slot's contract (`[policies] router_bounded_load`, `router_load_factor`).
@@ -61,12 +80,12 @@ impl PolicySource {
     pub fn parse(source: &str, key: &str) -> Result<Self, ConfigError> {
         match source.strip_prefix("builtin:") {
             Some(name) => {
-                if builtin::builtin(name).is_none() {
+                if !BUILTIN_POLICY_NAMES.contains(&name) {
                     return Err(invalid(
                         key,
                         format!(
                             "no built-in policy {name:?}; built-ins: {}",
-                            builtin::builtin_names()
+                            BUILTIN_POLICY_NAMES.join(", ")
                         ),
                     ));
                 }
@@ -153,11 +172,39 @@ pub struct SlotPolicySpec {
     pub config: std::collections::BTreeMap<String, String>,
 }
 
+/// Where compiled components are cached (`[policies] cache_dir`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum ComponentCache {
+    /// The user's cache folder (`$XDG_CACHE_HOME/ringmaster/policies` or the like).
+    #[default]
+    UserCache,
+    /// This folder.
+    Dir(std::path::PathBuf),
+    /// None: every component is compiled at each load (`cache_dir = ""`).
+    Off,
+}
+
+/// `[policies]`' limits for the policy engine: overrides of its defaults (`None`: the
+/// engine's own).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PolicyEngineSettings {
+    /// The per-call deadline (1 ms to 10 s).
+    pub call_deadline: Option<Duration>,
+    /// The per-instance memory cap, bytes.
+    pub memory_limit_bytes: Option<usize>,
+    /// The most entries one policy's `state` store holds.
+    pub state_max_entries: Option<u32>,
+    /// The most bytes one policy's `state` store holds.
+    pub state_max_bytes: Option<u64>,
+    /// Where compiled components are cached.
+    pub cache: ComponentCache,
+}
+
 /// The policy engine's settings and every slot's contents.
 #[derive(Clone, Debug)]
 pub struct PoliciesConfig {
     /// Engine limits.
-    pub engine: ringmaster_policy_engine::EngineConfig,
+    pub engine: PolicyEngineSettings,
     /// Router variants (never empty: `[routing] router` when `[[policies.router]]` names
     /// none).
     pub router: Vec<RouterVariantSpec>,
@@ -215,7 +262,7 @@ pub(crate) fn policies_config(
     raw: RawPolicies,
     (default_router, router_named): (crate::policies::PolicySource, bool),
 ) -> Result<PoliciesConfig, ConfigError> {
-    let mut engine = ringmaster_policy_engine::EngineConfig::default();
+    let mut engine = PolicyEngineSettings::default();
     if let Some(ms) = raw.call_deadline_ms {
         if !(1..=10_000).contains(&ms) {
             return Err(invalid(
@@ -223,7 +270,7 @@ pub(crate) fn policies_config(
                 "must be between 1 and 10000",
             ));
         }
-        engine.call_deadline = Duration::from_millis(ms);
+        engine.call_deadline = Some(Duration::from_millis(ms));
     }
     if let Some(mb) = raw.memory_limit_mb {
         if !(1..=4096).contains(&mb) {
@@ -232,7 +279,7 @@ pub(crate) fn policies_config(
                 "must be between 1 and 4096",
             ));
         }
-        engine.memory_limit_bytes = mb * 1024 * 1024;
+        engine.memory_limit_bytes = Some(mb * 1024 * 1024);
     }
     if let Some(entries) = raw.state_max_entries {
         if !(1..=16_777_216).contains(&entries) {
@@ -241,7 +288,7 @@ pub(crate) fn policies_config(
                 "must be between 1 and 16777216",
             ));
         }
-        engine.state_max_entries = entries;
+        engine.state_max_entries = Some(entries);
     }
     if let Some(mb) = raw.state_max_mb {
         if !(1..=4096).contains(&mb) {
@@ -250,14 +297,14 @@ pub(crate) fn policies_config(
                 "must be between 1 and 4096",
             ));
         }
-        engine.state_max_bytes = mb * 1024 * 1024;
+        engine.state_max_bytes = Some(mb * 1024 * 1024);
     }
     // The compiled-component cache is on unless turned off with an empty path: a Python
     // component compiles for seconds and loads from the cache in milliseconds.
-    engine.cache_dir = match raw.cache_dir.as_deref() {
-        Some("") => None,
-        Some(dir) => Some(std::path::PathBuf::from(dir)),
-        None => ringmaster_policy_engine::default_cache_dir(),
+    engine.cache = match raw.cache_dir.as_deref() {
+        Some("") => ComponentCache::Off,
+        Some(dir) => ComponentCache::Dir(std::path::PathBuf::from(dir)),
+        None => ComponentCache::UserCache,
     };
     let mut router = Vec::new();
     for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {

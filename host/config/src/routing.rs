@@ -1,8 +1,6 @@
 //! `[routing]`: the ring (virtual nodes, the bounded-load factor), the prefix hashes, the
 //! session headers, and which router policy routes when `[[policies.router]]` names none.
 
-use ringmaster_ring::{MAX_VNODES_PER_WEIGHT, RingConfig};
-
 use crate::error::{ConfigError, invalid};
 use crate::policies::PolicySource;
 use crate::raw::RawRouting;
@@ -23,6 +21,32 @@ pub const DEFAULT_SESSION_HEADERS: [&str; 3] =
 pub const DEFAULT_VOLATILE_PREFIX: [&str; 1] = [r"^x-anthropic-billing-header:"];
 /// The router that routes when the config names none: docs/policies.md, "Which default, and why".
 pub const DEFAULT_ROUTER: &str = "builtin:prefix-affinity";
+
+/// Virtual nodes per unit of server weight unless `[routing] vnodes_per_weight` says otherwise.
+pub const DEFAULT_VNODES_PER_WEIGHT: u32 = 160;
+/// The most virtual nodes per unit of weight (the ring refuses more).
+pub const MAX_VNODES_PER_WEIGHT: u32 = 10_000;
+/// The bounded-load factor `c` unless `[routing] load_factor` says otherwise: a server is
+/// passed over while its load exceeds `ceil(c × average)`.
+pub const DEFAULT_LOAD_FACTOR: f64 = 1.25;
+
+/// The ring's layout (`[routing] vnodes_per_weight`, `load_factor`), validated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RingSettings {
+    /// Virtual nodes per unit of weight, `1..=MAX_VNODES_PER_WEIGHT`.
+    pub vnodes_per_weight: u32,
+    /// The bounded-loads factor `c`, finite and `>= 1.0`.
+    pub load_factor: f64,
+}
+
+impl Default for RingSettings {
+    fn default() -> Self {
+        Self {
+            vnodes_per_weight: DEFAULT_VNODES_PER_WEIGHT,
+            load_factor: DEFAULT_LOAD_FACTOR,
+        }
+    }
+}
 
 /// How prefix hashes are computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +69,7 @@ impl Default for PrefixHashing {
 /// `[routing]`, validated.
 #[derive(Clone, Debug)]
 pub(crate) struct Routing {
-    pub(crate) ring: RingConfig,
+    pub(crate) ring: RingSettings,
     pub(crate) prefix_hashing: PrefixHashing,
     pub(crate) session_headers: Vec<http::HeaderName>,
     /// The router when `[[policies.router]]` names none.
@@ -100,19 +124,27 @@ pub(crate) fn routing(routing: RawRouting) -> Result<Routing, ConfigError> {
         .or(from_strategy)
         .unwrap_or(DEFAULT_ROUTER);
     let router = PolicySource::parse(router_text, "routing.router")?;
-    let defaults = RingConfig::default();
-    let ring = RingConfig::new(
-        routing
+    let ring = RingSettings {
+        vnodes_per_weight: routing
             .vnodes_per_weight
-            .unwrap_or(defaults.vnodes_per_weight),
-        routing.load_factor.unwrap_or(defaults.load_factor),
-    )
-    .map_err(|e| {
-        invalid(
-            "routing",
-            format!("{e} (vnodes_per_weight 1..={MAX_VNODES_PER_WEIGHT}, load_factor >= 1.0)"),
-        )
-    })?;
+            .unwrap_or(DEFAULT_VNODES_PER_WEIGHT),
+        load_factor: routing.load_factor.unwrap_or(DEFAULT_LOAD_FACTOR),
+    };
+    if !(1..=MAX_VNODES_PER_WEIGHT).contains(&ring.vnodes_per_weight) {
+        return Err(invalid(
+            "routing.vnodes_per_weight",
+            format!(
+                "{} is outside 1..={MAX_VNODES_PER_WEIGHT}",
+                ring.vnodes_per_weight
+            ),
+        ));
+    }
+    if !(ring.load_factor.is_finite() && ring.load_factor >= 1.0) {
+        return Err(invalid(
+            "routing.load_factor",
+            format!("{} is not a finite number >= 1.0", ring.load_factor),
+        ));
+    }
     let prefix_hashing = PrefixHashing {
         chunk_bytes: routing
             .prefix_chunk_bytes

@@ -301,11 +301,42 @@ pub struct ServerSpec {
     pub role: crate::ServerRole,
 }
 
+/// The API a server speaks (`api = "…"`). The pool maps it onto the wire formats'
+/// `ringmaster_wire::Api`; this crate is a leaf and names the choice only.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ServerApi {
+    /// OpenAI's chat completions (and completions for a raw prompt).
+    #[default]
+    Chat,
+    /// Anthropic's Messages.
+    Messages,
+    /// OpenAI's Responses.
+    Responses,
+}
+
+impl ServerApi {
+    /// Its name in the config, in metrics and in `/admin/servers`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Chat => "chat",
+            Self::Messages => "messages",
+            Self::Responses => "responses",
+        }
+    }
+
+    /// The API named `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Chat, Self::Messages, Self::Responses]
+            .into_iter()
+            .find(|api| api.as_str() == name)
+    }
+}
+
 /// How a server is spoken to.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerProtocol {
     /// Its API (OpenAI chat completions unless configured; in-process servers speak none).
-    pub api: ringmaster_wire::Api,
+    pub api: ServerApi,
     /// A reasoning model: it is told the reasoning effort and returns its reasoning.
     pub reasoning: bool,
     /// It gets the volatile system-prompt lines back (Anthropic's own API).
@@ -320,8 +351,8 @@ impl ServerProtocol {
         keep_volatile: Option<bool>,
     ) -> Result<Self, String> {
         let api = match api.map(str::trim) {
-            None => ringmaster_wire::Api::Chat,
-            Some(name) => ringmaster_wire::Api::parse(name).ok_or_else(|| {
+            None => ServerApi::Chat,
+            Some(name) => ServerApi::parse(name).ok_or_else(|| {
                 format!("api {name:?}: expected \"chat\", \"messages\" or \"responses\"")
             })?,
         };

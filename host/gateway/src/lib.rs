@@ -98,6 +98,10 @@ pub enum StartError {
     /// A setting the configuration checked could not be applied.
     #[error("config: {0}")]
     Config(String),
+    /// A setting the engine it configures refused (the CPU lacks the kernels named, the
+    /// simulator's numbers do not fit together).
+    #[error(transparent)]
+    Settings(ringmaster_config::ConfigError),
 }
 
 /// A running gateway's shared state.
@@ -152,29 +156,10 @@ impl Gateway {
     ) -> Result<Arc<Self>, StartError> {
         let pool = Arc::new(Pool::start(
             &config.servers,
-            config.ring.clone(),
-            pool::ServerTemplates {
-                simulator: config.simulator.clone(),
-                model: config.model.clone(),
-                model_gpu: config.model_gpu,
-                upstream: config.upstream.clone(),
-                models: pool::ModelCatalogueSpec {
-                    defaults: config.models.clone(),
-                    aliases: config.aliases.clone(),
-                    loadable: match config.lora.load_on_demand {
-                        true => config
-                            .lora
-                            .adapters
-                            .iter()
-                            .map(|(name, source)| (name.clone(), source.base.clone()))
-                            .collect(),
-                        false => Default::default(),
-                    },
-                },
-                local_cache_view: config.local_cache_view,
-            },
+            pool::settings::ring_config(&config.ring).map_err(StartError::Settings)?,
+            pool::ServerTemplates::from_config(&config).map_err(StartError::Settings)?,
         )?);
-        let engine = PolicyEngine::new(config.policies.engine.clone())?;
+        let engine = PolicyEngine::new(policy_engine_config(&config.policies.engine))?;
         let router = Arc::new(
             RouterSlot::new(engine)
                 .with_guard(config.policies.router_guard, config.ring.load_factor)
@@ -467,12 +452,35 @@ pub fn policy_bytes(source: &PolicySource) -> std::io::Result<Vec<u8>> {
             builtin::builtin(name).map(<[u8]>::to_vec).ok_or_else(|| {
                 std::io::Error::new(
                     std::io::ErrorKind::NotFound,
-                    format!("no built-in policy {name:?}"),
+                    format!(
+                        "no built-in policy {name:?}; built-ins: {}",
+                        builtin::builtin_names()
+                    ),
                 )
             })
         }
         PolicySource::File(path) => std::fs::read(path),
     }
+}
+
+/// The policy engine's settings: its defaults with `[policies]`' limits over them.
+pub fn policy_engine_config(
+    settings: &ringmaster_config::PolicyEngineSettings,
+) -> ringmaster_policy_engine::EngineConfig {
+    let mut engine = ringmaster_policy_engine::EngineConfig::default();
+    let s = settings;
+    engine.call_deadline = s.call_deadline.unwrap_or(engine.call_deadline);
+    engine.memory_limit_bytes = s.memory_limit_bytes.unwrap_or(engine.memory_limit_bytes);
+    engine.state_max_entries = s.state_max_entries.unwrap_or(engine.state_max_entries);
+    engine.state_max_bytes = s.state_max_bytes.unwrap_or(engine.state_max_bytes);
+    engine.cache_dir = match &s.cache {
+        ringmaster_config::ComponentCache::UserCache => {
+            ringmaster_policy_engine::default_cache_dir()
+        }
+        ringmaster_config::ComponentCache::Dir(dir) => Some(dir.clone()),
+        ringmaster_config::ComponentCache::Off => None,
+    };
+    engine
 }
 
 /// A single-policy slot with its configured policy loaded (empty when none is configured).
@@ -523,5 +531,28 @@ pub(crate) async fn watch_policy_files(gateway: std::sync::Weak<Gateway>) {
             let gateway = gateway.clone();
             let _ = tokio::task::spawn_blocking(move || gateway.reload_policies()).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_config_names_the_built_ins_the_engine_embeds() {
+        let embedded: Vec<&str> = super::builtin::BUILTIN_POLICIES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
+        assert_eq!(
+            embedded,
+            ringmaster_config::policies::BUILTIN_POLICY_NAMES,
+            "a built-in was added or renamed: update ringmaster_config::policies::BUILTIN_POLICY_NAMES"
+        );
+    }
+
+    #[test]
+    fn no_policy_setting_is_the_engines_default() {
+        let mut expected = ringmaster_policy_engine::EngineConfig::default();
+        expected.cache_dir = ringmaster_policy_engine::default_cache_dir();
+        assert_eq!(super::policy_engine_config(&Default::default()), expected);
     }
 }

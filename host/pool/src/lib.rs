@@ -9,7 +9,8 @@
 //!   decoding, timeouts, ejection);
 //! - [`kv_view`] and [`prefix_index`]: what each server's cache holds, as it reports it or as
 //!   the routing history estimates it;
-//! - [`input`]: what routing knows about a request, computed once by the gateway.
+//! - [`input`]: what routing knows about a request, computed once by the gateway;
+//! - [`settings`]: the engines' and the ring's settings from the configuration's.
 //!
 //! It knows no client-facing API (the gateway parses requests and renders replies) and no
 //! policy logic (the gateway's router slot asks policies and hands their answer here).
@@ -25,6 +26,7 @@ pub mod prefix_index;
 pub mod remote;
 pub mod selection;
 pub mod server;
+pub mod settings;
 pub mod snapshot;
 
 pub use input::{KeySource, RoutingInput};

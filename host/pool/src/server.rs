@@ -145,6 +145,15 @@ impl Server {
         self.protocol
     }
 
+    /// The wire format its requests and replies take.
+    pub fn api(&self) -> ringmaster_wire::Api {
+        match self.protocol.api {
+            ringmaster_config::ServerApi::Chat => ringmaster_wire::Api::Chat,
+            ringmaster_config::ServerApi::Messages => ringmaster_wire::Api::Messages,
+            ringmaster_config::ServerApi::Responses => ringmaster_wire::Api::Responses,
+        }
+    }
+
     /// The kind of server a request is encoded for: its API and what it takes (a
     /// `ringmaster worker` is known by its `/load`).
     pub fn target(&self) -> crate::remote::Target {
@@ -152,7 +161,7 @@ impl Server {
         use crate::remote::engine_metrics::EngineKind;
         let source = self.load_source();
         crate::remote::Target {
-            api: self.protocol.api,
+            api: self.api(),
             reasoning: self.protocol.reasoning,
             ringmaster: source == Some(LoadSource::Worker),
             vllm: matches!(

@@ -181,6 +181,10 @@ fn main() -> anyhow::Result<()> {
         Command::Policy(command) => policy_cmd::run(command),
         Command::CheckConfig { config } => {
             let resolved = RawConfig::from_file(&config)?.validate()?;
+            // What only the engines can check (this CPU's kernels, the simulator's numbers
+            // together, the ring's bounds), as `serve` would apply it.
+            ringmaster_gateway::pool::settings::ring_config(&resolved.ring)?;
+            ringmaster_gateway::pool::ServerTemplates::from_config(&resolved)?;
             // A component file that is missing or of the wrong world would stop `serve`:
             // load each one now, as `serve` would, and say what it is.
             let components = policy_cmd::check_config_components(&resolved.policies)?;

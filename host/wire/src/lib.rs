@@ -5,6 +5,7 @@
 //!   errors, as clients send them and as vLLM, SGLang, TGI, llama.cpp's server, Ollama and
 //!   `ringmaster worker` answer;
 //! - [`anthropic`]: the Messages API's request, message, stream events and errors;
+//! - [`chat`]: the chat the doors build and the engines take (messages, tools, sampling);
 //! - [`responses`]: OpenAI's Responses API: request, items, response object, stream events;
 //! - [`worker`]: `ringmaster worker`'s load report, KV events and tokenizer description;
 //! - [`models`]: the model list both APIs read;
@@ -18,6 +19,7 @@
 #![deny(missing_docs)]
 
 pub mod anthropic;
+pub mod chat;
 pub mod models;
 pub mod object;
 pub mod openai;

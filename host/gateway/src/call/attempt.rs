@@ -190,7 +190,7 @@ impl Call {
     fn dropped_on(&self, server: &ringmaster_pool::Server) -> Vec<String> {
         let fields = &self.request.fields;
         match server.engine() {
-            Backend::Remote(_) if self.relays_to(server.protocol().api) => {
+            Backend::Remote(_) if self.relays_to(server.api()) => {
                 match self.gateway.unknown_fields {
                     UnknownFields::Drop => FieldNotes {
                         unknown: fields.unknown.clone(),

@@ -47,8 +47,7 @@ impl Call {
         let (served_model, pool, adapter) = model_pool(gateway, &fleet, &request.model)?;
         // The body is kept only for a server that would take it as it came.
         let relays = pool.servers.iter().any(|s| {
-            matches!(s.engine(), ringmaster_pool::Backend::Remote(_))
-                && s.protocol().api == door.api()
+            matches!(s.engine(), ringmaster_pool::Backend::Remote(_)) && s.api() == door.api()
         });
         let body = relays.then_some(body);
         if pool
