@@ -232,7 +232,7 @@ fn every_router_passes_every_case() {
 /// fleet.
 #[test]
 fn every_router_swaps_and_rolls_back() {
-    use ringmaster_gateway::policy::RouterSlot;
+    use ringmaster_slots::router::RouterSlot;
     let cache = std::env::temp_dir().join(format!(
         "ringmaster-conformance-swap-{}",
         std::process::id()
@@ -259,7 +259,7 @@ fn every_router_swaps_and_rolls_back() {
         match slot.install(&variant, &bytes, None, false, None) {
             Ok(true) => {}
             Ok(false) => panic!("{name}: a new variant reported no change"),
-            Err(ringmaster_gateway::policy::SlotError::Policy(PolicyError::WrongWorld(_))) => {
+            Err(ringmaster_slots::router::SlotError::Policy(PolicyError::WrongWorld(_))) => {
                 continue;
             }
             Err(e) => panic!("{name} does not install: {e}"),

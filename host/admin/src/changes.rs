@@ -16,7 +16,7 @@ use ringmaster_cluster::{Cluster, ClusterError};
 use ringmaster_config::RawServer;
 use ringmaster_config::rollout::RolloutPlan;
 use ringmaster_gateway::Gateway;
-use ringmaster_gateway::policy::{RolloutStart, SlotError};
+use ringmaster_slots::router::{RolloutStart, SlotError};
 use ringmaster_policy_engine::StateMode;
 use ringmaster_pool::PoolError;
 use serde::{Deserialize, Serialize};

@@ -76,7 +76,7 @@ pub(crate) async fn explain(
         .decision
         .ok_or_else(|| ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool"))?;
     let input = &call.input;
-    let prefix_matches: Vec<_> = ringmaster_gateway::policy::prefix_matches(
+    let prefix_matches: Vec<_> = ringmaster_slots::router::prefix_matches(
         snapshot,
         gateway.pool().prefixes(),
         (input, call.chat()),

@@ -36,13 +36,13 @@ pub(crate) async fn watch(gateway: Weak<Gateway>, applier: Arc<Applier>) {
         if gateway
             .router()
             .rollout()
-            .is_some_and(|r| r.phase == ringmaster_gateway::policy::RolloutPhase::Running)
+            .is_some_and(|r| r.phase == ringmaster_slots::router::RolloutPhase::Running)
         {
             continue;
         }
         let others = crate::cluster::others_figures(&gateway).await;
         let set = gateway.router().current();
-        let fleet = |v: &ringmaster_gateway::policy::Variant| {
+        let fleet = |v: &ringmaster_slots::router::Variant| {
             let mut figures = v.stats.figures(usize::MAX);
             if let Some(other) = others.get(&*v.name) {
                 figures.add(other);

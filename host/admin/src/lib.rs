@@ -188,7 +188,7 @@ pub async fn handle(
             let Some(rollout) = gateway
                 .router()
                 .rollout()
-                .filter(|r| r.phase == ringmaster_gateway::policy::RolloutPhase::Running)
+                .filter(|r| r.phase == ringmaster_slots::router::RolloutPhase::Running)
             else {
                 return Err(ApiError::not_found("no rollout is running"));
             };

@@ -7,7 +7,7 @@
 //! when the step has lasted its time and seen its samples. Every move is a [`Change`], so in
 //! a cluster it is a revision of the log that every replica applies, and a replica that
 //! restarts resumes the rollout where the log left it. The slot's side (weights, promotion)
-//! is `ringmaster_gateway::policy`'s.
+//! is `ringmaster_slots::router`'s.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
@@ -17,7 +17,7 @@ use ringmaster_config::rollout::RolloutPlan;
 use ringmaster_experiments::VariantFigures;
 use ringmaster_experiments::guardrails::readings;
 use ringmaster_gateway::Gateway;
-use ringmaster_gateway::policy::{Rollout, RolloutPhase};
+use ringmaster_slots::router::{Rollout, RolloutPhase};
 use serde_json::json;
 use tracing::{info, warn};
 

@@ -2,7 +2,7 @@
 //! gateway's queue, or is refused, and carries the answer out.
 //!
 //! A waiting request holds a [`QueuedTicket`], its place in the fair order
-//! ([`crate::queue`]: tier priority with aging, then the tenants' virtual token counters).
+//! ([`ringmaster_slots::queue`]: tier priority with aging, then the tenants' virtual token counters).
 //! Only the head of the queue waits for a request anywhere to release its server slot (or a
 //! short poll interval), then asks the policy again with the new load; the others sleep until
 //! they become the head. A request leaves the queue when the policy accepts it, refuses it, or
@@ -21,10 +21,10 @@ use tracing::debug;
 
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
-use crate::policy::PoolView;
-use crate::queue::{FairQueue, Place};
+use ringmaster_slots::router::PoolView;
+use ringmaster_slots::queue::{FairQueue, Place};
 use crate::routing::RoutingInput;
-use crate::slot::PolicySlot;
+use ringmaster_slots::single::PolicySlot;
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Pool, PoolSnapshot};
 
@@ -153,7 +153,7 @@ impl AdmissionGate {
                 self.order.served(
                     asking.tenant,
                     request.prompt_tokens,
-                    crate::queue::INPUT_WEIGHT,
+                    ringmaster_slots::queue::INPUT_WEIGHT,
                 );
                 return Ok(queued_at.is_some());
             };
@@ -168,7 +168,7 @@ impl AdmissionGate {
                     self.order.served(
                         asking.tenant,
                         request.prompt_tokens,
-                        crate::queue::INPUT_WEIGHT,
+                        ringmaster_slots::queue::INPUT_WEIGHT,
                     );
                     return Ok(queued_at.is_some());
                 }

@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::admission::AdmissionGate;
 use crate::metrics::{RoleLabels, ServerLabel, VariantLabel};
-use crate::policy::RouterSlot;
+use ringmaster_slots::router::RouterSlot;
 use ringmaster_pool::Pool;
 
 /// Reads per-variant totals, shadow agreement and policy-emitted counters on each scrape.
@@ -53,7 +53,7 @@ impl Collector for PolicyCollector {
         use std::sync::atomic::Ordering::Relaxed;
         let set = self.router.current();
         let variants: Vec<_> = set.variants.iter().chain(set.shadow.iter()).collect();
-        type Read = fn(&crate::policy::VariantStats) -> u64;
+        type Read = fn(&ringmaster_slots::router::VariantStats) -> u64;
         let counters: [(&str, &str, Read); 7] = [
             (
                 "variant_requests",
@@ -104,7 +104,7 @@ impl Collector for PolicyCollector {
             }
         }
         // A swap or a rollback changes a variant's load time: `changes()` over it counts them.
-        type Gauge = fn(&crate::policy::Variant) -> f64;
+        type Gauge = fn(&ringmaster_slots::router::Variant) -> f64;
         let gauges: [(&str, &str, Gauge); 2] = [
             (
                 "policy_loaded_timestamp_seconds",

@@ -22,8 +22,6 @@ pub mod doors;
 pub mod fleet;
 pub mod metrics;
 pub mod overload;
-pub mod policy;
-pub mod queue;
 pub mod recent;
 pub mod record;
 mod reply;
@@ -33,7 +31,6 @@ pub mod routing;
 pub mod safety;
 mod send_timeout;
 mod service;
-pub mod slot;
 
 /// The API error (the `ringmaster-api` crate's), under the gateway's old path.
 pub use ringmaster_api::error;
@@ -56,9 +53,9 @@ use ringmaster_policy_engine::PolicyEngine;
 use crate::admission::AdmissionGate;
 use crate::auth::Authenticator;
 use crate::metrics::Metrics;
-use crate::policy::{RouterSlot, SlotError};
+use ringmaster_slots::router::{RouterSlot, SlotError};
 use crate::safety::SafetyGate;
-use crate::slot::{PolicySlot, SlotPolicy};
+use ringmaster_slots::single::{PolicySlot, SlotPolicy};
 use ringmaster_config::{PolicySource, SlotPolicySpec};
 use ringmaster_policy_engine::builtin;
 use ringmaster_pool::{Pool, PoolError};
@@ -190,7 +187,7 @@ impl Gateway {
             start_slot(router.engine(), policies.admission.as_ref())?,
             policies.queue_capacity,
             policies.queue_timeout,
-            queue::FairQueue::new(policies.queue_aging, policies.queue_priority.clone()),
+            ringmaster_slots::queue::FairQueue::new(policies.queue_aging, policies.queue_priority.clone()),
         ));
         let safety = Arc::new(SafetyGate::new(
             start_slot(router.engine(), policies.safety.as_ref())?,

@@ -15,7 +15,7 @@ use ringmaster_policy_engine::{PolicyFault, SafetyPolicy, SafetyVerdict};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{FaultLabels, Metrics, SafetyLabels};
-use crate::slot::{Installed, PolicySlot};
+use ringmaster_slots::single::{Installed, PolicySlot};
 
 pub use ringmaster_config::policies::DEFAULT_OUTPUT_WINDOW_BYTES;
 /// Bytes of already-allowed text sent again at the start of each output window.
@@ -274,7 +274,7 @@ mod tests {
         assert!(now.history.is_empty());
         assert!(matches!(
             gate.slot.rollback(),
-            Err(crate::policy::SlotError::NoPreviousVersion(_))
+            Err(ringmaster_slots::router::SlotError::NoPreviousVersion(_))
         ));
     }
 

@@ -180,7 +180,7 @@ pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
     if gateway
         .router
         .rollout()
-        .is_some_and(|r| r.phase == crate::policy::RolloutPhase::Running)
+        .is_some_and(|r| r.phase == ringmaster_slots::router::RolloutPhase::Running)
     {
         return Vec::new();
     }

@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use ringmaster_gpu_runtime::BLOCK_SIZE;
+pub use ringmaster_gpu_runtime::BLOCK_SIZE;
 use ringmaster_gpu_runtime::block::{BlockHash, chain_hash};
 use ringmaster_kv_events::{Batch, BlockRemoved, BlockStored, EngineHash, Event};
 use xxhash_rust::xxh3::{xxh3_64_with_seed, xxh3_128};

@@ -21,8 +21,8 @@ use tracing::debug;
 use super::legs::Encoded;
 use super::{AdapterUse, Call};
 use crate::metrics::AttemptLabels;
-use crate::policy::Routed;
-use crate::policy::pair::PrefillLeg;
+use ringmaster_slots::router::Routed;
+use ringmaster_slots::router::pair::PrefillLeg;
 
 /// A generation under way: its stream, the server it runs on, and how many attempts it took.
 #[derive(Debug)]

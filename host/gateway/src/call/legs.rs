@@ -28,7 +28,7 @@ use tracing::{Instrument, debug};
 
 use super::Call;
 use crate::metrics::OutcomeLabels;
-use crate::policy::pair::{PrefillLeg, next_prefill};
+use ringmaster_slots::router::pair::{PrefillLeg, next_prefill};
 
 /// The prefill's cached tokens before its answer is in.
 const UNKNOWN: u32 = u32::MAX;

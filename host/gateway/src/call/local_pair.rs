@@ -19,7 +19,7 @@ use tracing::{Instrument, debug};
 
 use super::Call;
 use super::legs::paired;
-use crate::policy::pair::PrefillLeg;
+use ringmaster_slots::router::pair::PrefillLeg;
 
 impl Call {
     /// Starts a request split between `leg`'s engine (prefill) and `decode`.

@@ -16,7 +16,7 @@ use super::Call;
 use super::track::{Observation, Tracker};
 use crate::Gateway;
 use crate::metrics::{DecisionLabels, FaultLabels, OutcomeLabels, VariantLabel};
-use crate::policy::{RouteOutcome, Routed};
+use ringmaster_slots::router::{RouteOutcome, Routed};
 
 impl Call {
     /// Phase 3: see the module's documentation.
@@ -155,7 +155,7 @@ impl Call {
 /// of that server's cache and load, whether the bounded-load walk spilled, the call's time.
 fn describe_decision(
     span: &tracing::Span,
-    routed: &crate::policy::Routed,
+    routed: &ringmaster_slots::router::Routed,
     tracker: &Tracker,
     reason: &'static str,
 ) {

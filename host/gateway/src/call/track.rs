@@ -13,7 +13,7 @@ use tracing::debug;
 
 use crate::Gateway;
 use crate::metrics::VariantLabel;
-use crate::policy::Variant;
+use ringmaster_slots::router::Variant;
 
 /// What a learning router is told about a request it decided, gathered as the request runs.
 pub(crate) struct Observation {
@@ -71,7 +71,7 @@ impl Tracker {
             self.gateway
                 .admission
                 .order
-                .served(tenant, tokens, crate::queue::OUTPUT_WEIGHT);
+                .served(tenant, tokens, ringmaster_slots::queue::OUTPUT_WEIGHT);
         }
     }
 

@@ -11,7 +11,7 @@
 //! not all of them.
 //!
 //! This module holds only the order and the counters; asking the admission policy and waiting
-//! are [`crate::admission`]'s.
+//! are the gateway's admission gate's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -13,7 +13,7 @@ use tracing::warn;
 use super::pair::{self, PairPlan};
 use super::view::PoolView;
 use super::{Pair, RouteOutcome, Routed, RouterSlot, Seen, Variant};
-use crate::routing::RoutingInput;
+use ringmaster_pool::RoutingInput;
 
 impl RouterSlot {
     /// Routes one request: the variant's policy decides (or the ring, when there is none or it
@@ -122,7 +122,7 @@ impl RouterSlot {
         }))
     }
 
-    fn on_fault(&self, variant: &Arc<Variant>, fault: &PolicyFault) {
+    pub(super) fn on_fault(&self, variant: &Arc<Variant>, fault: &PolicyFault) {
         variant.stats.faults.fetch_add(1, Ordering::Relaxed);
         let in_a_row = variant.consecutive_faults.fetch_add(1, Ordering::Relaxed) + 1;
         warn!(variant = %variant.name, kind = fault.kind(), in_a_row, "policy.fault");

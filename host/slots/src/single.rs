@@ -7,7 +7,7 @@
 //! published; on failure the old version stays and the caller gets the reason. An unchanged
 //! content hash is a no-op. After [`DEFAULT_ROLLBACK_AFTER_FAULTS`] faults in a row the slot
 //! rolls back to its previous version. This module knows nothing of what the policy decides:
-//! [`crate::admission`] and [`crate::safety`] carry the decisions out.
+//! the gateway's admission and safety gates carry the decisions out.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -19,7 +19,7 @@ use ringmaster_policy_engine::{
 };
 use tracing::{info, warn};
 
-use crate::policy::{DEFAULT_ROLLBACK_AFTER_FAULTS, MAX_HISTORY_VERSIONS, SlotError};
+use crate::router::{DEFAULT_ROLLBACK_AFTER_FAULTS, MAX_HISTORY_VERSIONS, SlotError};
 
 /// A policy kind a single slot can hold.
 pub trait SlotPolicy: Clone + Send + Sync + 'static {
@@ -239,5 +239,76 @@ impl<P: SlotPolicy> PolicySlot<P> {
             let hash = installed.policy.info().hash.clone();
             let _ = self.rollback_if(Some(&hash));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ringmaster_policy_engine::builtin::builtin;
+    use ringmaster_policy_engine::{AdmissionPolicy, EngineConfig, SafetyPolicy};
+
+    fn engine() -> PolicyEngine {
+        PolicyEngine::new(EngineConfig {
+            cache_dir: None,
+            ..EngineConfig::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn an_admission_slot_swaps_keeps_its_history_and_rolls_back_after_faults() {
+        let slot: PolicySlot<AdmissionPolicy> = PolicySlot::new(engine());
+        assert!(slot.current().is_none());
+        let tiered = builtin("tiered").unwrap();
+        assert!(slot.install("tiers", tiered, None).unwrap());
+        // The same component, name and configuration again: nothing to do.
+        assert!(!slot.install("tiers", tiered, None).unwrap());
+        let first = slot.current().unwrap();
+        let config = BTreeMap::from([("premium".to_owned(), "gold".to_owned())]);
+        assert!(slot.install("tiers", tiered, Some(config.clone())).unwrap());
+        let second = slot.current().unwrap();
+        assert_eq!(second.config, config);
+        assert_eq!(second.history.len(), 1);
+        // A request that began on the first version still holds it.
+        assert!(first.history.is_empty());
+        for _ in 1..DEFAULT_ROLLBACK_AFTER_FAULTS {
+            slot.faulted(&second, &PolicyFault::Deadline);
+        }
+        slot.succeeded(&second);
+        for _ in 1..DEFAULT_ROLLBACK_AFTER_FAULTS {
+            slot.faulted(&second, &PolicyFault::Deadline);
+        }
+        assert!(
+            Arc::ptr_eq(&slot.current().unwrap(), &second),
+            "an answer between the faults ended the streak"
+        );
+        slot.faulted(&second, &PolicyFault::Deadline);
+        let now = slot.current().unwrap();
+        assert!(now.history.is_empty(), "rolled back to the first version");
+        assert_eq!(
+            slot.faults_total.load(Ordering::Relaxed),
+            u64::from(2 * DEFAULT_ROLLBACK_AFTER_FAULTS - 1)
+        );
+        assert!(matches!(
+            slot.rollback(),
+            Err(SlotError::NoPreviousVersion(_))
+        ));
+        slot.remove().unwrap();
+        assert!(slot.current().is_none());
+        assert!(slot.remove().is_err());
+    }
+
+    #[test]
+    fn a_slot_refuses_a_component_of_another_world_and_keeps_what_it_had() {
+        let slot: PolicySlot<SafetyPolicy> = PolicySlot::new(engine());
+        slot.install("block", builtin("blocklist").unwrap(), None)
+            .unwrap();
+        let error = slot
+            .install("router", builtin("consistent-hash").unwrap(), None)
+            .unwrap_err();
+        assert!(matches!(error, SlotError::Policy(_)), "{error}");
+        assert_eq!(&*slot.current().unwrap().name, "block");
+        assert!(slot.install("", builtin("blocklist").unwrap(), None).is_err());
     }
 }

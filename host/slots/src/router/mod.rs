@@ -34,11 +34,13 @@ mod rollout;
 mod rollout_slot;
 mod route;
 mod view;
+#[cfg(test)]
+mod tests;
 
 pub use rollout::{Rollout, RolloutPhase};
 pub use rollout_slot::RolloutStart;
 pub use route::Explained;
-pub(crate) use view::PoolView;
+pub use view::PoolView;
 pub use view::{MatchSource, PrefixMatch, prefix_matches};
 
 /// Faults in a row after which a variant rolls back to its previous version.
@@ -223,7 +225,7 @@ impl RouterSlot {
             update: Mutex::new(None),
             rollback_after_faults: DEFAULT_ROLLBACK_AFTER_FAULTS,
             guard: CapGuard::default(),
-            ring_load_factor: ringmaster_ring::DEFAULT_LOAD_FACTOR,
+            ring_load_factor: ringmaster_config::routing::DEFAULT_LOAD_FACTOR,
             pair_rule: ringmaster_config::DisaggregationSettings::default(),
         }
     }

@@ -7,10 +7,10 @@ use ringmaster_pool::kv_view::{ChatPrompt, PromptBlocks, in_prefix_units};
 use ringmaster_pool::prefix_index::PrefixIndex;
 use ringmaster_pool::{Pool, PoolSnapshot};
 
-use crate::routing::RoutingInput;
+use ringmaster_pool::RoutingInput;
 
 /// The pool as a router policy's imports see it during one call.
-pub(crate) struct PoolView<'a> {
+pub struct PoolView<'a> {
     snapshot: &'a PoolSnapshot,
     prefixes: &'a PrefixIndex,
     input: &'a RoutingInput,
@@ -20,9 +20,15 @@ pub(crate) struct PoolView<'a> {
     matches: std::sync::OnceLock<Vec<(String, u32)>>,
 }
 
+impl std::fmt::Debug for PoolView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolView").finish_non_exhaustive()
+    }
+}
+
 impl<'a> PoolView<'a> {
     /// The view of `snapshot` for the request `input` describes.
-    pub(crate) fn new(
+    pub fn new(
         snapshot: &'a PoolSnapshot,
         pool: &'a Pool,
         input: &'a RoutingInput,
@@ -231,7 +237,7 @@ fn matched_hashes(matches: &[(String, u32)], server: &str) -> u32 {
 /// Where a server's prefix match came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatchSource {
-    /// The server's own report of its cache (see [`crate::kv_view`]), or, when more, the
+    /// The server's own report of its cache (see [`ringmaster_pool::kv_view`]), or, when more, the
     /// prompts of the requests in flight there (held once prefilled, before the report
     /// shows them).
     Reported,
@@ -295,7 +301,7 @@ pub fn prefix_matches_of(
                     server: s.id().to_owned(),
                     hashes: in_prefix_units(held, prompt_tokens, input.prompt_chunks, hashes)
                         .max(s.pending_prefix(&input.prefix_hashes)),
-                    tokens: Some((held * ringmaster_gpu_runtime::BLOCK_SIZE).min(prompt_tokens)),
+                    tokens: Some((held * ringmaster_pool::engine_index::BLOCK_SIZE).min(prompt_tokens)),
                     source: MatchSource::Reported,
                 },
                 None => {

@@ -21,7 +21,7 @@ use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Backend, InFlight, Pool, PoolSnapshot, Server};
 
 use super::view::prefix_matches_of;
-use crate::routing::RoutingInput;
+use ringmaster_pool::RoutingInput;
 
 /// What became of a request's chance to be split (the `outcome` label of
 /// `ringmaster_pair_decisions_total`).
