@@ -8,11 +8,11 @@ use std::sync::Arc;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use ringmaster_api::ApiError;
-use ringmaster_slots::router::Variant;
 use ringmaster_gateway::respond::{json_response, read_body_under};
-use ringmaster_slots::single::{PolicySlot, SlotPolicy};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_policy_engine::StateMode;
+use ringmaster_slots::router::Variant;
+use ringmaster_slots::single::{PolicySlot, SlotPolicy};
 use serde_json::json;
 
 use crate::changes::{Applier, Change, done_fields, make};

@@ -160,7 +160,7 @@ async fn start_declared(gateway: &Arc<Gateway>, applier: Option<&Arc<Applier>>) 
         {
             continue;
         }
-        let bytes = match ringmaster_gateway::policy_bytes(&spec.source) {
+        let bytes = match ringmaster_slots::sources::policy_bytes(&spec.source) {
             Ok(bytes) => bytes::Bytes::from(bytes),
             Err(e) => {
                 warn!(variant = %spec.name, error = %e, "rollout.declared_unreadable");

@@ -9,23 +9,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use ringmaster_tenancy::{Drawn, SharedBuckets};
 use tracing::debug;
 
 use crate::slices::slice_of;
 use crate::{Cluster, ClusterError};
 
-/// One bucket a request draws on.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Draw {
-    /// The bucket's id (`key:…`, `tenant:…` with its kind).
-    pub id: String,
-    /// Its size, per minute.
-    pub per_minute: u32,
-    /// What to take (ignored for a debt check).
-    pub amount: f64,
-    /// Only check that it is not in debt (output buckets at admission).
-    pub debt_check: bool,
-}
+/// One bucket a request draws on: tenancy's, which this crate keeps for the fleet.
+pub use ringmaster_tenancy::Draw;
 
 /// What [`Cluster::take`] decided.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -257,5 +248,42 @@ impl Cluster {
             invocation.invoke_async::<()>(&mut conn),
         )
         .await
+    }
+}
+
+/// Tenancy's shared buckets are the fleet's: a draw is [`Cluster::take`]; Redis not answering
+/// within the deadline falls back to the replica's local buckets (counted).
+impl SharedBuckets for Cluster {
+    fn draw<'a>(
+        &'a self,
+        draws: &'a [Draw],
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Drawn> + Send + 'a>> {
+        Box::pin(async move {
+            match self.take(draws).await {
+                Ok(Taken::Paid) => Drawn::Paid,
+                Ok(Taken::Short { index, wait }) => Drawn::Short { index, wait },
+                Err(error) => {
+                    self.note_local_draw();
+                    debug!(%error, "cluster.buckets_local");
+                    Drawn::Unavailable
+                }
+            }
+        })
+    }
+
+    fn charge(&self, id: &str, per_minute: u32, delta: f64) {
+        Cluster::charge(self, id, per_minute, delta);
+    }
+
+    fn is_up(&self) -> bool {
+        Cluster::is_up(self)
+    }
+
+    fn live_replicas(&self) -> u32 {
+        Cluster::live_replicas(self)
+    }
+
+    fn fail_open(&self) -> bool {
+        self.spec().fail_open
     }
 }

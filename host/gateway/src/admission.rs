@@ -19,14 +19,14 @@ use std::time::{Duration, Instant};
 use ringmaster_policy_engine::{AdmissionLoad, AdmissionPolicy, AdmissionVerdict, PolicyRequest};
 use tracing::debug;
 
-use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{AdmissionLabels, FaultLabels, Metrics};
-use ringmaster_slots::router::PoolView;
-use ringmaster_slots::queue::{FairQueue, Place};
-use crate::routing::RoutingInput;
-use ringmaster_slots::single::PolicySlot;
+use ringmaster_api::error::{ApiError, ErrorKind};
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{Pool, PoolSnapshot};
+use ringmaster_slots::queue::{FairQueue, Place};
+use ringmaster_slots::router::PoolView;
+use ringmaster_slots::routing::RoutingInput;
+use ringmaster_slots::single::PolicySlot;
 
 pub use ringmaster_config::policies::DEFAULT_QUEUE_CAPACITY;
 pub use ringmaster_config::policies::DEFAULT_QUEUE_TIMEOUT;

@@ -1,6 +1,6 @@
 //! The metrics read at scrape time from the state other parts own: every server's load, cache
 //! and health (the pool), and every policy's totals, shadow agreement, emitted counters and the
-//! admission queue (the slots). Registered from the top ([`crate::Gateway::start`]), so that
+//! admission queue (the slots). Registered from the top ([`crate::state::Gateway::start`]), so that
 //! the parts they read never import the metrics that read them.
 
 use std::sync::Arc;
@@ -12,8 +12,8 @@ use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::admission::AdmissionGate;
 use crate::metrics::{RoleLabels, ServerLabel, VariantLabel};
-use ringmaster_slots::router::RouterSlot;
 use ringmaster_pool::Pool;
+use ringmaster_slots::router::RouterSlot;
 
 /// Reads per-variant totals, shadow agreement and policy-emitted counters on each scrape.
 #[derive(Debug)]
@@ -21,31 +21,17 @@ pub(crate) struct PolicyCollector {
     pub(crate) router: Arc<RouterSlot>,
     pub(crate) admission: Arc<AdmissionGate>,
     pub(crate) pool: Arc<Pool>,
-    pub(crate) autoscale: crate::autoscale::AutoscaleSettings,
+    pub(crate) autoscale: ringmaster_pool::autoscale::AutoscaleSettings,
 }
 
 /// The autoscaling signal now: the admission queue's tokens and every active server's work.
 pub(crate) fn autoscale_report(
     pool: &Pool,
     admission: &AdmissionGate,
-    settings: &crate::autoscale::AutoscaleSettings,
-) -> crate::autoscale::AutoscaleReport {
-    let snapshot = pool.snapshot();
-    let servers: Vec<crate::autoscale::ServerWork> = snapshot
-        .servers
-        .iter()
-        .filter(|s| !s.is_draining())
-        .map(|s| {
-            let load = s.engine().load();
-            crate::autoscale::ServerWork {
-                kv_blocks_total: u64::from(load.kv_blocks_total),
-                kv_blocks_used: u64::from(load.kv_blocks_used),
-                prefill_backlog: s.prefill_backlog(),
-                in_flight: s.in_flight(),
-            }
-        })
-        .collect();
-    crate::autoscale::assess(settings, admission.order.queued_tokens(), &servers)
+    settings: &ringmaster_pool::autoscale::AutoscaleSettings,
+) -> ringmaster_pool::autoscale::AutoscaleReport {
+    let queued_tokens = admission.order.queued_tokens();
+    ringmaster_pool::autoscale::assess_pool(settings, queued_tokens, &pool.snapshot())
 }
 
 impl Collector for PolicyCollector {

@@ -14,13 +14,13 @@ use hyper::body::Incoming;
 use ringmaster_api::{ApiError, Door};
 use tracing::debug;
 
-use crate::Gateway;
 use crate::body::ResponseBody;
 use crate::call::prepare::{resolve_model, unserved_in_process};
 use crate::call::{Call, CallInput, Prior};
 use crate::reply::early;
 use crate::respond::{json_response, read_json_body};
-use crate::routing::MAX_SESSION_ID_BYTES;
+use crate::state::Gateway;
+use ringmaster_slots::routing::MAX_SESSION_ID_BYTES;
 
 /// `POST /v1/messages`, `/v1/chat/completions` and `/v1/completions`.
 pub(crate) async fn answer(
@@ -265,7 +265,7 @@ pub(crate) async fn stored_response(
 /// `limit` (1 to 100, default 20), `after` (an item id).
 fn input_items(
     req: &Request<Incoming>,
-    stored: &crate::responses::Stored,
+    stored: &ringmaster_responses::Stored,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let query: Vec<(String, String)> = req
         .uri()
@@ -442,7 +442,7 @@ mod tests {
 
     #[test]
     fn the_first_session_header_present_wins() {
-        let names: Vec<http::HeaderName> = crate::routing::DEFAULT_SESSION_HEADERS
+        let names: Vec<http::HeaderName> = ringmaster_slots::routing::DEFAULT_SESSION_HEADERS
             .iter()
             .map(|h| http::HeaderName::from_static(h))
             .collect();

@@ -4,82 +4,22 @@
 //! the figures in the experiments; the configuration log is applied by the admin API's
 //! applier, which owns the changes.
 //!
-//! - [`FleetBuckets`]: tenancy's shared buckets over the cluster's bucket scripts;
 //! - [`PoolLoad`]: this replica's per-server load out, the others' sums into the pool;
 //! - [`ReplicaReport`]: what this replica's lease says of the servers and the experiments.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
 use ringmaster_cluster::Cluster;
-use ringmaster_cluster::buckets::{Draw as ClusterDraw, Taken};
 use ringmaster_cluster::lease::LeaseReport;
 use ringmaster_cluster::load::{LoadSide, ServerLoad};
 use ringmaster_pool::Pool;
-use ringmaster_tenancy::{Draw, Drawn, SharedBuckets};
 use serde_json::json;
-use tracing::debug;
 
-use crate::Gateway;
+use crate::state::Gateway;
 
 /// Samples of each window a replica publishes per variant (its lease stays small).
 pub const PUBLISHED_SAMPLES: usize = 2_000;
-
-/// Tenancy's shared buckets, kept in the cluster's Redis.
-#[derive(Debug)]
-pub struct FleetBuckets {
-    cluster: Arc<Cluster>,
-}
-
-impl FleetBuckets {
-    /// The buckets of `cluster`.
-    pub fn new(cluster: Arc<Cluster>) -> Self {
-        Self { cluster }
-    }
-}
-
-impl SharedBuckets for FleetBuckets {
-    fn draw<'a>(&'a self, draws: &'a [Draw]) -> Pin<Box<dyn Future<Output = Drawn> + Send + 'a>> {
-        Box::pin(async move {
-            let draws: Vec<ClusterDraw> = draws
-                .iter()
-                .map(|d| ClusterDraw {
-                    id: d.id.clone(),
-                    per_minute: d.per_minute,
-                    amount: d.amount,
-                    debt_check: d.debt_check,
-                })
-                .collect();
-            match self.cluster.take(&draws).await {
-                Ok(Taken::Paid) => Drawn::Paid,
-                Ok(Taken::Short { index, wait }) => Drawn::Short { index, wait },
-                Err(error) => {
-                    self.cluster.note_local_draw();
-                    debug!(%error, "cluster.buckets_local");
-                    Drawn::Unavailable
-                }
-            }
-        })
-    }
-
-    fn charge(&self, id: &str, per_minute: u32, delta: f64) {
-        self.cluster.charge(id, per_minute, delta);
-    }
-
-    fn is_up(&self) -> bool {
-        self.cluster.is_up()
-    }
-
-    fn live_replicas(&self) -> u32 {
-        self.cluster.live_replicas()
-    }
-
-    fn fail_open(&self) -> bool {
-        self.cluster.spec().fail_open
-    }
-}
 
 /// The pool's load, out to the other replicas and in from them.
 #[derive(Debug)]

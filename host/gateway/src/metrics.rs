@@ -186,9 +186,9 @@ pub struct Metrics {
     /// Seconds from process start to accepting requests (set once by the binary).
     pub cold_start_seconds: Gauge<f64, AtomicU64>,
     /// Client connections: open, and ended by the gateway (timeouts, the cap).
-    pub connections: crate::conn::ConnectionMetrics,
+    pub connections: ringmaster_serve::conn::ConnectionMetrics,
     /// The overload guard: requests pending and shed, resident memory.
-    pub overload: crate::overload::OverloadMetrics,
+    pub overload: ringmaster_serve::overload::OverloadMetrics,
     /// Request bodies refused for arriving too slowly (`body_read_timeout_ms`).
     pub body_read_timeouts: Counter,
     /// Fields of requests that their server never saw, by door and field.
@@ -340,7 +340,7 @@ impl Metrics {
             "Seconds from process start to accepting requests (models loaded, policies ready)",
             cold_start_seconds.clone(),
         );
-        let connections = crate::conn::ConnectionMetrics::default();
+        let connections = ringmaster_serve::conn::ConnectionMetrics::default();
         registry.register(
             "client_connections",
             "Client connections open now",
@@ -351,7 +351,7 @@ impl Metrics {
             "Client connections the gateway ended, by reason: header_timeout (a request head not sent in time), idle_timeout (keep-alive unused), refused (over max_connections)",
             connections.closed.clone(),
         );
-        let overload = crate::overload::OverloadMetrics::default();
+        let overload = ringmaster_serve::overload::OverloadMetrics::default();
         registry.register(
             "overload_shed",
             "Requests shed at the door (529/503 with retry-after) because the gateway was over a bound, by reason: pending (requests inside it), memory (resident set)",

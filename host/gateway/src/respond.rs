@@ -10,8 +10,8 @@ use hyper::body::Incoming;
 
 use ringmaster_api::{ApiError, Door, ErrorKind};
 
-use crate::Gateway;
 use crate::body::{ResponseBody, full};
+use crate::state::Gateway;
 
 /// The gateway's own response headers, named once: `insert` with a `&str` parses and hashes
 /// the name again on every request.

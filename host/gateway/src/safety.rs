@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use ringmaster_policy_engine::{PolicyFault, SafetyPolicy, SafetyVerdict};
 
-use crate::error::{ApiError, ErrorKind};
 use crate::metrics::{FaultLabels, Metrics, SafetyLabels};
+use ringmaster_api::error::{ApiError, ErrorKind};
 use ringmaster_slots::single::{Installed, PolicySlot};
 
 pub use ringmaster_config::policies::DEFAULT_OUTPUT_WINDOW_BYTES;

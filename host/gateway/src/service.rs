@@ -5,7 +5,7 @@
 //! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and
 //! turned into their door's JSON in one place ([`crate::respond::error_response`]). A streamed
 //! reply is a body hyper polls in the connection's task; if the client goes away (or takes
-//! nothing for `client_send_timeout_ms`, [`crate::send_timeout`]), hyper drops it, and with it
+//! nothing for `client_send_timeout_ms`, [`ringmaster_serve::send_timeout`]), hyper drops it, and with it
 //! the engine's stream, which cancels the generation and frees its KV blocks.
 
 use std::convert::Infallible;
@@ -19,7 +19,8 @@ use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use ringmaster_serve::conn::{Activity, Watched, watchdog};
+use ringmaster_serve::send_timeout::SendTimeout;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -27,10 +28,10 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use ringmaster_api::{ApiError, Door, ErrorKind};
 use ringmaster_wire::models::{Model, ModelList};
 
-use crate::Gateway;
 use crate::body::{ResponseBody, full};
 use crate::metrics::ResponseLabels;
 use crate::respond::{error_response, json_response};
+use crate::state::Gateway;
 
 /// How often drained servers are looked at for removal.
 const REAP_INTERVAL: Duration = Duration::from_millis(200);
@@ -42,11 +43,10 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
     let builder = connection_builder(&gateway.config.client);
     let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
-    let watcher = tokio::spawn(crate::watch_policy_files(Arc::downgrade(&gateway)));
-    let memory = tokio::spawn(crate::overload::watch_memory(Arc::downgrade(
+    let watcher = tokio::spawn(crate::reload::watch_policy_files(Arc::downgrade(&gateway)));
+    let memory = tokio::spawn(ringmaster_serve::overload::watch_memory(Arc::downgrade(
         &gateway.overload,
     )));
     // In a cluster the guardrails read the fleet's figures and stop a variant through the
@@ -54,74 +54,52 @@ pub async fn serve(
     let guardrails = (gateway.config.policies.guardrails && gateway.cluster().is_none())
         .then(|| tokio::spawn(watch_guardrails(Arc::downgrade(&gateway))));
     let client = gateway.config.client;
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        // Out of descriptors (EMFILE) or a connection reset before it was
-                        // taken: wait a little instead of spinning on the error.
-                        warn!(error = %e, "accept.failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Some(slot) = gateway.connections.try_open() else {
-                    debug!(%peer, open = gateway.connections.open(), "connection.refused");
-                    gateway.connections.refuse(stream);
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let activity = crate::conn::Activity::new();
-                let served = gateway.clone();
-                let requests = activity.clone();
-                let service = hyper::service::service_fn(move |req| {
-                    let gateway = served.clone();
-                    let in_flight = requests.request_started();
-                    async move { Ok::<_, Infallible>(handle(gateway, req, peer, in_flight).await) }
-                });
-                let stream = crate::send_timeout::SendTimeout::new(
-                    stream,
-                    gateway.config.client_send_timeout,
-                    gateway.metrics.slow_client_disconnects.clone(),
-                );
-                let stream = crate::conn::Watched::new(stream, activity.clone());
-                let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                let conn = graceful.watch(conn);
-                let connections = gateway.connections.clone();
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    let watchdog = crate::conn::watchdog(
-                        &activity,
-                        &connections,
-                        client.header_read_timeout,
-                        client.idle_timeout,
-                    );
-                    // A connection the watchdog ends is dropped: its socket closes. It is
-                    // reading a head or idle then, so no request is cut short.
-                    tokio::select! {
-                        result = conn => if let Err(e) = result {
-                            debug!(error = %e, %peer, "connection.closed_with_error");
-                        },
-                        expired = watchdog => debug!(?expired, %peer, "connection.ended"),
-                    }
-                });
+    let graceful = ringmaster_serve::accept_until(listener, shutdown, |stream, peer, graceful| {
+        let Some(slot) = gateway.connections.try_open() else {
+            debug!(%peer, open = gateway.connections.open(), "connection.refused");
+            gateway.connections.refuse(stream);
+            return None;
+        };
+        let activity = Activity::new();
+        let served = gateway.clone();
+        let requests = activity.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let gateway = served.clone();
+            let in_flight = requests.request_started();
+            async move { Ok::<_, Infallible>(handle(gateway, req, peer, in_flight).await) }
+        });
+        let stream = SendTimeout::new(
+            stream,
+            gateway.config.client_send_timeout,
+            gateway.metrics.slow_client_disconnects.clone(),
+        );
+        let stream = Watched::new(stream, activity.clone());
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        let connections = gateway.connections.clone();
+        Some(async move {
+            let _slot = slot;
+            let watchdog = watchdog(
+                &activity,
+                &connections,
+                client.header_read_timeout,
+                client.idle_timeout,
+            );
+            // A connection the watchdog ends is dropped: its socket closes. It is reading a
+            // head or idle then, so no request is cut short.
+            tokio::select! {
+                result = conn => if let Err(e) = result {
+                    debug!(error = %e, %peer, "connection.closed_with_error");
+                },
+                expired = watchdog => debug!(?expired, %peer, "connection.ended"),
             }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
+        })
+    })
+    .await;
     gateway.stopping.cancel();
-    info!(
-        grace_s = gateway.config.shutdown_grace.as_secs(),
-        "gateway.draining"
-    );
-    tokio::select! {
-        () = graceful.shutdown() => info!("gateway.drained"),
-        () = tokio::time::sleep(gateway.config.shutdown_grace) => warn!("gateway.grace_expired"),
-    }
+    ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, "gateway").await;
     reaper.abort();
     watcher.abort();
     memory.abort();
@@ -133,7 +111,7 @@ pub async fn serve(
 
 /// hyper's connection settings from `[limits]`: the head's size and header count (431 past
 /// either), HTTP/2's streams per connection and header list. The head's read timeout is the
-/// connection watchdog's ([`crate::conn`]), not hyper's: hyper's would also run while a
+/// connection watchdog's ([`ringmaster_serve::conn`]), not hyper's: hyper's would also run while a
 /// keep-alive connection is idle and close it at the head timeout, not the idle one.
 fn connection_builder(
     limits: &ringmaster_config::limits::ClientLimits,
@@ -232,7 +210,7 @@ async fn handle(
     gateway: Arc<Gateway>,
     req: Request<Incoming>,
     peer: SocketAddr,
-    in_flight: crate::conn::InFlight,
+    in_flight: ringmaster_serve::conn::InFlight,
 ) -> Response<ResponseBody> {
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
     // With traces on, the span is an OpenTelemetry server span continuing the client's
@@ -290,7 +268,7 @@ async fn handle(
             if e.kind() == ErrorKind::Api {
                 warn!(error = %e, "request.internal_error");
             }
-            gateway.recent_errors.push(crate::recent::RecentError {
+            gateway.recent_errors.push(ringmaster_telemetry::recent::RecentError {
                 at_ms: std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map_or(0, |d| d.as_millis() as u64),

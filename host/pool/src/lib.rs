@@ -10,6 +10,7 @@
 //! - [`kv_view`] and [`prefix_index`]: what each server's cache holds, as it reports it or as
 //!   the routing history estimates it;
 //! - [`input`]: what routing knows about a request, computed once by the gateway;
+//! - [`autoscale`]: the autoscaling signal, the fleet's work over its capacity;
 //! - [`settings`]: the engines' and the ring's settings from the configuration's.
 //!
 //! It knows no client-facing API (the gateway parses requests and renders replies) and no
@@ -17,6 +18,7 @@
 
 #![deny(missing_docs)]
 
+pub mod autoscale;
 pub mod engine_index;
 pub mod input;
 pub mod kv_view;

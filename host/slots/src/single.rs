@@ -309,6 +309,9 @@ mod tests {
             .unwrap_err();
         assert!(matches!(error, SlotError::Policy(_)), "{error}");
         assert_eq!(&*slot.current().unwrap().name, "block");
-        assert!(slot.install("", builtin("blocklist").unwrap(), None).is_err());
+        assert!(
+            slot.install("", builtin("blocklist").unwrap(), None)
+                .is_err()
+        );
     }
 }

@@ -1,4 +1,6 @@
-//! Ringmaster's request traces: the OpenTelemetry pipeline `[telemetry]` switches on (an OTLP
+//! What Ringmaster writes down about its traffic: the traffic recording ([`record`], a trace
+//! `ringmaster bench replay` reads), the last errors answered ([`recent`], for the status
+//! page), and request traces: the OpenTelemetry pipeline `[telemetry]` switches on (an OTLP
 //! exporter over HTTP or gRPC, the sampler, the resource), the W3C trace context read from a
 //! client's headers and written into a server's, and the attribute names the spans carry
 //! ([`semconv`]: the GenAI semantic conventions and `ringmaster.*`).
@@ -9,6 +11,8 @@
 //! and the pass-through of a client's `traceparent`. It must not know the request path, the
 //! pool or HTTP beyond header maps.
 
+pub mod recent;
+pub mod record;
 pub mod semconv;
 
 use std::sync::atomic::{AtomicBool, Ordering};

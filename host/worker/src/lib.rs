@@ -48,14 +48,13 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use ringmaster_gpu_runtime::{EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent};
 use ringmaster_wire::models::ModelList;
 use ringmaster_wire::worker::{self as wire, HexHash, TokenizerDescription};
 use ringmaster_wire::{openai as openai_wire, sse};
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::openai::{Endpoint, Invalid, Reply};
 
@@ -118,42 +117,26 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let graceful = GracefulShutdown::new();
     let builder = auto::Builder::new(TokioExecutor::new());
-    tokio::pin!(shutdown);
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(conn) => conn,
-                    Err(e) => {
-                        warn!(error = %e, "worker.accept_failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let worker = worker.clone();
-                let service = hyper::service::service_fn(move |req| {
-                    let worker = worker.clone();
-                    async move { Ok::<_, Infallible>(handle(worker, req).await) }
-                });
-                let conn = graceful.watch(builder.serve_connection(TokioIo::new(stream), service).into_owned());
-                tokio::spawn(async move {
-                    if let Err(e) = conn.await {
-                        debug!(error = %e, %peer, "worker.connection_closed_with_error");
-                    }
-                });
+    let graceful = ringmaster_serve::accept_until(listener, shutdown, |stream, peer, graceful| {
+        let worker = worker.clone();
+        let service = hyper::service::service_fn(move |req| {
+            let worker = worker.clone();
+            async move { Ok::<_, Infallible>(handle(worker, req).await) }
+        });
+        let conn = graceful.watch(
+            builder
+                .serve_connection(TokioIo::new(stream), service)
+                .into_owned(),
+        );
+        Some(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, %peer, "worker.connection_closed_with_error");
             }
-            () = &mut shutdown => break,
-        }
-    }
-    drop(listener);
-    info!("worker.draining");
-    tokio::select! {
-        () = graceful.shutdown() => info!("worker.drained"),
-        () = tokio::time::sleep(SHUTDOWN_GRACE) => warn!("worker.grace_expired"),
-    }
+        })
+    })
+    .await;
+    ringmaster_serve::drain(graceful, SHUTDOWN_GRACE, "worker").await;
     Ok(())
 }
 

@@ -7,11 +7,11 @@ use http::header::HeaderValue;
 use ringmaster_api::ApiError;
 
 use super::attempt::Started;
-use super::track::Tracker;
 use super::{Call, json_body};
 use crate::body::ResponseBody;
 use crate::respond::header_names;
-use crate::responses::Saver;
+use crate::track::Tracker;
+use ringmaster_responses::Saver;
 
 impl Call {
     /// Phase 5: the reply to this call, whose generation has `started`, as a stream or one body.
@@ -55,7 +55,7 @@ impl Call {
                     whole = collected => whole,
                     () = saver.cancel.cancelled() => Err(ApiError::new(
                         ringmaster_api::ErrorKind::Conflict,
-                        crate::responses::CANCELLED,
+                        ringmaster_responses::CANCELLED,
                     )),
                 },
                 None => collected.await,

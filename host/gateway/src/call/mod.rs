@@ -23,7 +23,6 @@ mod legs;
 mod local_pair;
 pub(crate) mod prepare;
 mod route;
-pub(crate) mod track;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,10 +35,10 @@ use ringmaster_policy_engine::PolicyRequest;
 use ringmaster_pool::kv_view::ChatPrompt;
 use ringmaster_pool::{PoolSnapshot, RoutingInput};
 
-use crate::Gateway;
 use crate::auth::Caller;
 use crate::body::ResponseBody;
 use crate::respond::header_names;
+use crate::state::Gateway;
 use tracing::debug;
 
 /// A request as the HTTP layer hands it over: the body as read, and what was taken from the

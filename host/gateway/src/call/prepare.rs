@@ -12,8 +12,8 @@ use ringmaster_policy_engine::PolicyRequest;
 use ringmaster_pool::PoolSnapshot;
 
 use super::{AdapterUse, Call, CallInput};
-use crate::Gateway;
-use crate::routing::routing_input;
+use crate::state::Gateway;
+use ringmaster_slots::routing::routing_input;
 
 impl Call {
     /// Phase 1, prepare: the body parsed by its door, the model's pool resolved, what the

@@ -13,9 +13,9 @@ use ringmaster_pool::{Decision, DecisionReason};
 use tracing::debug;
 
 use super::Call;
-use super::track::{Observation, Tracker};
-use crate::Gateway;
 use crate::metrics::{DecisionLabels, FaultLabels, OutcomeLabels, VariantLabel};
+use crate::state::Gateway;
+use crate::track::{Observation, Tracker};
 use ringmaster_slots::router::{RouteOutcome, Routed};
 
 impl Call {

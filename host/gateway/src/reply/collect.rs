@@ -8,7 +8,7 @@ use ringmaster_pool::InFlight;
 use tracing::debug;
 
 use super::{Ended, ReplyMachine};
-use crate::call::track::Tracker;
+use crate::track::Tracker;
 
 /// Counts a client disconnect if a non-streaming reply is dropped before it is complete:
 /// hyper drops the handler's future when the connection goes away, and with it the engine's

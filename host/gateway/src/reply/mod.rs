@@ -6,14 +6,13 @@
 //! refuses, how usage is counted, how a failure ends it.
 //!
 //! A streamed reply that has to wait starts early ([`early`]); a stream can be resumed by its
-//! request's id ([`resume`]).
+//! request's id (`crate::resume`).
 //!
 //! Cancel safety: dropping the generation (the client went away, or the filter refused)
 //! cancels it on the server; both drivers drop it as soon as nothing more is wanted.
 
 pub(crate) mod collect;
 pub(crate) mod early;
-pub(crate) mod resume;
 pub(crate) mod stream;
 
 use ringmaster_api::reply::{ReplyEvent, StopReason, StreamWriter, Usage, WholeReply};
@@ -21,9 +20,9 @@ use ringmaster_api::{ApiError, Door};
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
 use tracing::{info, warn};
 
-use crate::call::track::Tracker;
 use crate::metrics::Metrics;
 use crate::safety::{Blocked, OutputFilter};
+use crate::track::Tracker;
 
 /// Where a reply's events go: a door's stream writer, or a whole reply being folded.
 pub(crate) trait Sink {

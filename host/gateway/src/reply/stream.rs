@@ -20,8 +20,8 @@ use tracing::debug;
 
 use super::{EARLY_KEEP_ALIVE, Ended, Frames, ReplyMachine};
 use crate::body::ResponseBody;
-use crate::call::track::Tracker;
-use crate::responses::Saver;
+use crate::track::Tracker;
+use ringmaster_responses::Saver;
 
 /// The reply as server-sent events, produced as the client's connection asks for them. With
 /// `relayed` (a server reply kept for a relay, to a client of the server's API), the server's
@@ -156,7 +156,7 @@ impl SseReply {
                 out: &mut self.out,
             };
             let cancel = GenerateEvent::Failed {
-                message: crate::responses::CANCELLED.to_owned(),
+                message: ringmaster_responses::CANCELLED.to_owned(),
             };
             self.ended = self.machine.on(&self.tracker, Some(cancel), &mut frames);
         }

@@ -33,9 +33,9 @@ pub mod pair;
 mod rollout;
 mod rollout_slot;
 mod route;
-mod view;
 #[cfg(test)]
 mod tests;
+mod view;
 
 pub use rollout::{Rollout, RolloutPhase};
 pub use rollout_slot::RolloutStart;

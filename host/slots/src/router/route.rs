@@ -73,24 +73,13 @@ impl RouterSlot {
         };
         let reach = view.reach(decision.server.id(), request.prompt_tokens);
         let uncached = view.uncached_tokens(decision.server.id(), request.prompt_tokens);
-        let pair = match routers_pair {
-            Some((prefill, reason)) => pair::chosen(
-                pool,
-                snapshot,
-                &decision.server,
-                (prefill.as_deref(), reason),
-                (input, chat),
-                request.prompt_tokens,
-            ),
-            None => pair::plan(
-                pool,
-                snapshot,
-                &decision.server,
-                (uncached, request.prompt_tokens),
-                (input, chat),
-                &self.pair_rule,
-            ),
-        };
+        let pair = self.pair_for(
+            (pool, snapshot),
+            &decision.server,
+            routers_pair,
+            (uncached, request.prompt_tokens),
+            (input, chat),
+        );
         let prefill = pair.count(pool, input);
         if prefill.is_none() {
             // A split request's decode server computes only the prompt's last tokens.
@@ -120,6 +109,38 @@ impl RouterSlot {
                 prefill,
             },
         }))
+    }
+
+    /// The pair for a request routed to `decode`: the router's own (`routers_pair`: the
+    /// prefill server it named, or none, and why) when it gave one, else the host's rule over
+    /// the `uncached` of `prompt_tokens` the decode server would compute. Routing and
+    /// explaining both ask here, so that explain shows what routing does.
+    fn pair_for(
+        &self,
+        (pool, snapshot): (&Pool, &PoolSnapshot),
+        decode: &Arc<ringmaster_pool::Server>,
+        routers_pair: Option<(Option<String>, String)>,
+        (uncached, prompt_tokens): (u64, u32),
+        prompt: (&RoutingInput, ChatPrompt<'_>),
+    ) -> PairPlan {
+        match routers_pair {
+            Some((prefill, reason)) => pair::chosen(
+                pool,
+                snapshot,
+                decode,
+                (prefill.as_deref(), reason),
+                prompt,
+                prompt_tokens,
+            ),
+            None => pair::plan(
+                pool,
+                snapshot,
+                decode,
+                (uncached, prompt_tokens),
+                prompt,
+                &self.pair_rule,
+            ),
+        }
     }
 
     pub(super) fn on_fault(&self, variant: &Arc<Variant>, fault: &PolicyFault) {
@@ -226,27 +247,16 @@ impl RouterSlot {
         if let Some(decision) = &explained.decision {
             let server = decision.server.id();
             view.reach(server, request.prompt_tokens);
-            explained.pair = Some(match routers_pair {
-                Some((prefill, reason)) => pair::chosen(
-                    pool,
-                    snapshot,
-                    &decision.server,
-                    (prefill.as_deref(), reason),
-                    (input, chat),
+            explained.pair = Some(self.pair_for(
+                (pool, snapshot),
+                &decision.server,
+                routers_pair,
+                (
+                    view.uncached_tokens(server, request.prompt_tokens),
                     request.prompt_tokens,
                 ),
-                None => pair::plan(
-                    pool,
-                    snapshot,
-                    &decision.server,
-                    (
-                        view.uncached_tokens(server, request.prompt_tokens),
-                        request.prompt_tokens,
-                    ),
-                    (input, chat),
-                    &self.pair_rule,
-                ),
-            });
+                (input, chat),
+            ));
         }
         explained
     }

@@ -28,12 +28,24 @@ fn hash(slot: &RouterSlot, name: &str) -> String {
 #[test]
 fn a_key_keeps_its_variant_and_the_weights_share_the_keys() {
     let slot = slot();
-    slot.install("a", builtin("consistent-hash").unwrap(), Some(1), false, None)
-        .unwrap();
+    slot.install(
+        "a",
+        builtin("consistent-hash").unwrap(),
+        Some(1),
+        false,
+        None,
+    )
+    .unwrap();
     slot.install("b", builtin("round-robin").unwrap(), Some(3), false, None)
         .unwrap();
-    slot.install("off", builtin("least-loaded").unwrap(), Some(0), false, None)
-        .unwrap();
+    slot.install(
+        "off",
+        builtin("least-loaded").unwrap(),
+        Some(0),
+        false,
+        None,
+    )
+    .unwrap();
     slot.install("watch", builtin("least-loaded").unwrap(), None, true, None)
         .unwrap();
     let set = slot.current();
@@ -55,8 +67,14 @@ fn a_key_keeps_its_variant_and_the_weights_share_the_keys() {
 #[test]
 fn a_swap_leaves_requests_on_the_version_they_began_with() {
     let slot = Arc::new(slot());
-    slot.install("main", builtin("consistent-hash").unwrap(), Some(1), false, None)
-        .unwrap();
+    slot.install(
+        "main",
+        builtin("consistent-hash").unwrap(),
+        Some(1),
+        false,
+        None,
+    )
+    .unwrap();
     let before = slot.current();
     let first = hash(&slot, "main");
     // Readers keep picking while the variant is swapped back and forth: none ever finds the
@@ -74,7 +92,11 @@ fn a_swap_leaves_requests_on_the_version_they_began_with() {
         })
         .collect();
     for i in 0..5 {
-        let name = if i % 2 == 0 { "round-robin" } else { "consistent-hash" };
+        let name = if i % 2 == 0 {
+            "round-robin"
+        } else {
+            "consistent-hash"
+        };
         slot.install("main", builtin(name).unwrap(), None, false, None)
             .unwrap();
     }
@@ -95,8 +117,14 @@ fn a_swap_leaves_requests_on_the_version_they_began_with() {
 #[test]
 fn faults_in_a_row_roll_a_variant_back_and_an_answer_between_them_does_not() {
     let slot = slot();
-    slot.install("main", builtin("consistent-hash").unwrap(), Some(1), false, None)
-        .unwrap();
+    slot.install(
+        "main",
+        builtin("consistent-hash").unwrap(),
+        Some(1),
+        false,
+        None,
+    )
+    .unwrap();
     let good = hash(&slot, "main");
     slot.install("main", builtin("round-robin").unwrap(), None, false, None)
         .unwrap();

@@ -301,7 +301,9 @@ pub fn prefix_matches_of(
                     server: s.id().to_owned(),
                     hashes: in_prefix_units(held, prompt_tokens, input.prompt_chunks, hashes)
                         .max(s.pending_prefix(&input.prefix_hashes)),
-                    tokens: Some((held * ringmaster_pool::engine_index::BLOCK_SIZE).min(prompt_tokens)),
+                    tokens: Some(
+                        (held * ringmaster_pool::engine_index::BLOCK_SIZE).min(prompt_tokens),
+                    ),
                     source: MatchSource::Reported,
                 },
                 None => {

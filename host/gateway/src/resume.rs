@@ -6,7 +6,7 @@
 //! Once no client has read a stream for the window, its generation is cancelled (the window
 //! bounds the GPU time a departed client costs); a finished stream's log is kept for the window,
 //! then dropped. Without the window, streams are not logged: the client's connection drives
-//! the generation directly and a disconnect cancels it at once ([`super::reply`]).
+//! the generation directly and a disconnect cancels it at once (`crate::reply`).
 //!
 //! The log holds one reply's events, so it is bounded by `max_tokens`; a reader sends all that
 //! is pending in one write. This module does not know the events' API: it splits frames at SSE

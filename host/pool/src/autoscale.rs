@@ -52,6 +52,29 @@ pub struct AutoscaleReport {
     pub scale_down_threshold: f64,
 }
 
+/// [`assess`] over `snapshot`'s active servers (a draining one is on its way out).
+pub fn assess_pool(
+    settings: &AutoscaleSettings,
+    queued_tokens: u64,
+    snapshot: &crate::PoolSnapshot,
+) -> AutoscaleReport {
+    let servers: Vec<ServerWork> = snapshot
+        .servers
+        .iter()
+        .filter(|s| !s.is_draining())
+        .map(|s| {
+            let load = s.engine().load();
+            ServerWork {
+                kv_blocks_total: u64::from(load.kv_blocks_total),
+                kv_blocks_used: u64::from(load.kv_blocks_used),
+                prefill_backlog: s.prefill_backlog(),
+                in_flight: s.in_flight(),
+            }
+        })
+        .collect();
+    assess(settings, queued_tokens, &servers)
+}
+
 /// The report for `queued_tokens` waiting and `servers` as they are.
 pub fn assess(
     settings: &AutoscaleSettings,

@@ -14,6 +14,8 @@
 //! logged and lost: the reply itself is never held back for the store), a response evicted
 //! or expired (404 naming why it may be gone).
 
+#![deny(missing_docs)]
+
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;

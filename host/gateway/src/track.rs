@@ -1,4 +1,4 @@
-//! Phase 6, record: per-request bookkeeping that ends in the variant's statistics, the
+//! The call's accounting (its last phase): per-request bookkeeping that ends in the variant's statistics, the
 //! latency histograms, the token buckets' output charges, the fair queue's counters, the
 //! learning router's observation and the traffic recording. The reply state machine calls it
 //! as the reply goes (the first token, each output token, the finish or the failure).
@@ -11,8 +11,8 @@ use ringmaster_policy_engine::Outcome;
 use ringmaster_telemetry::SpanExt;
 use tracing::debug;
 
-use crate::Gateway;
 use crate::metrics::VariantLabel;
+use crate::state::Gateway;
 use ringmaster_slots::router::Variant;
 
 /// What a learning router is told about a request it decided, gathered as the request runs.
@@ -44,7 +44,7 @@ pub(crate) struct Tracker {
     pub(crate) door: ringmaster_api::Door,
     pub(crate) started: Instant,
     /// The request's start as the traffic recording has it, when recording.
-    pub(crate) record: Option<crate::record::RecordStart>,
+    pub(crate) record: Option<ringmaster_telemetry::record::RecordStart>,
     /// The request's span when traced: held until the reply ends, so it ends with it.
     pub(crate) trace: Option<tracing::Span>,
     /// The successful upstream attempt's span, held as long as the reply.
@@ -68,10 +68,11 @@ impl Tracker {
             caller.charge_output(tokens);
         }
         if let Some(tenant) = &self.fair_share {
-            self.gateway
-                .admission
-                .order
-                .served(tenant, tokens, ringmaster_slots::queue::OUTPUT_WEIGHT);
+            self.gateway.admission.order.served(
+                tenant,
+                tokens,
+                ringmaster_slots::queue::OUTPUT_WEIGHT,
+            );
         }
     }
 

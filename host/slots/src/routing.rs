@@ -15,8 +15,8 @@
 //! estimate how much of a prompt a server already holds. This module does no I/O.
 
 use ringmaster_api::Request;
-use ringmaster_gpu_runtime::Role;
 use ringmaster_ring::key_hash;
+use ringmaster_wire::chat::Role;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 pub use ringmaster_config::routing::{DEFAULT_SESSION_HEADERS, PrefixHashing};
@@ -137,7 +137,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use ringmaster_api::Door;
-    use ringmaster_gpu_runtime::ChatMessage;
+    use ringmaster_wire::chat::ChatMessage;
 
     fn request(system: Option<&str>, turns: &[(Role, &str)]) -> Request {
         let mut request = Request::new(Door::Messages, "m".into());
