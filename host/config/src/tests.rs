@@ -360,3 +360,88 @@ fn client_limits_have_production_defaults_and_zero_turns_each_off() {
     assert_eq!(Bound::Auto.resolve(|| 9), Some(9));
     assert_eq!(Bound::<u32>::Off.resolve(|| 9), None);
 }
+
+/// The tables and keys the configuration accepts, as its deserializer lists them: a table
+/// given an unknown key is refused with every name it would take ("unknown field `…`,
+/// expected one of …"). Returns `None` for a table that takes any key (a policy's `config`).
+fn keys_of(header: &str) -> Option<Vec<String>> {
+    const PROBE: &str = "zz_probe";
+    let text = format!("{header}\n{PROBE} = 1\n");
+    let error = RawConfig::from_toml(&text).err()?.to_string();
+    let rest = error
+        .split(&format!("unknown field `{PROBE}`, expected"))
+        .nth(1)?;
+    let line = rest.lines().next().unwrap_or_default();
+    Some(
+        line.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect(),
+    )
+}
+
+/// Every key the configuration accepts, dotted: `[]` marks an array of tables
+/// (`servers[].address`), `NAME` a table of tables named by the user
+/// (`lora.adapters.NAME.path`).
+fn accepted_keys() -> std::collections::BTreeSet<String> {
+    fn walk(path: &str, header: &str, into: &mut std::collections::BTreeSet<String>) {
+        let keys = keys_of(header).unwrap_or_else(|| panic!("{header:?} names no table"));
+        for key in keys {
+            let dotted = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            let name = |p: &str| p.replace("[]", "");
+            if keys_of(&format!("[{}]", name(&dotted))).is_some() {
+                walk(&dotted, &format!("[{}]", name(&dotted)), into);
+            } else if keys_of(&format!("[[{}]]", name(&dotted))).is_some() {
+                walk(
+                    &format!("{dotted}[]"),
+                    &format!("[[{}]]", name(&dotted)),
+                    into,
+                );
+            } else if keys_of(&format!("[{}.NAME]", name(&dotted))).is_some() {
+                walk(
+                    &format!("{dotted}.NAME"),
+                    &format!("[{}.NAME]", name(&dotted)),
+                    into,
+                );
+            } else {
+                into.insert(dotted);
+            }
+        }
+    }
+    let mut keys = std::collections::BTreeSet::new();
+    walk("", "", &mut keys);
+    keys
+}
+
+/// docs/configuration.md's reference table lists every key the configuration accepts, and
+/// nothing it does not: a new key fails here until it is documented, a removed one until its
+/// row goes.
+#[test]
+fn the_reference_documents_every_key_and_only_those() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let reference = std::fs::read_to_string(root.join("docs/configuration.md")).unwrap();
+    let table = reference
+        .split("## Every key")
+        .nth(1)
+        .expect("docs/configuration.md has a section \"Every key\"");
+    let documented: std::collections::BTreeSet<String> = table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `"))
+        .filter_map(|rest| rest.split('`').next())
+        .map(str::to_owned)
+        .collect();
+    let accepted = accepted_keys();
+    assert!(accepted.len() > 100, "{accepted:?}");
+    assert!(accepted.contains("servers[].address") && accepted.contains("lora.adapters.NAME.base"));
+    let undocumented: Vec<_> = accepted.difference(&documented).collect();
+    let gone: Vec<_> = documented.difference(&accepted).collect();
+    assert!(
+        undocumented.is_empty() && gone.is_empty(),
+        "docs/configuration.md, \"Every key\": document {undocumented:?}; remove {gone:?}"
+    );
+}
