@@ -6,19 +6,8 @@ use ringmaster_wire::anthropic::{
 };
 use serde_json::value::RawValue;
 
-use super::{ReplyEvent, StopReason, UsablePart, Usage, WholeReply};
+use super::{ReplyEvent, UsablePart, Usage, WholeReply};
 use crate::error::ApiError;
-
-/// Anthropic's stop reason.
-fn stop_reason(reason: StopReason) -> anthropic::StopReason {
-    match reason {
-        StopReason::EndTurn => anthropic::StopReason::EndTurn,
-        StopReason::MaxTokens => anthropic::StopReason::MaxTokens,
-        StopReason::StopSequence => anthropic::StopReason::StopSequence,
-        StopReason::Refusal => anthropic::StopReason::Refusal,
-        StopReason::ToolUse => anthropic::StopReason::ToolUse,
-    }
-}
 
 /// Anthropic's usage: the input is what was computed, the cache's share apart.
 fn usage(usage: Usage) -> anthropic::Usage {
@@ -166,7 +155,7 @@ impl StreamWriter {
                 self.close(out);
                 StreamEvent::MessageDelta {
                     delta: MessageDelta {
-                        stop_reason: stop_reason(reason),
+                        stop_reason: reason,
                         stop_sequence,
                     },
                     usage: usage(counted),
@@ -241,7 +230,7 @@ pub fn whole_body(
         content.push(ContentBlock::Text { text: "" });
     }
     let (reason, sequence) = match &reply.stop {
-        Some((reason, sequence)) => (Some(stop_reason(*reason)), sequence.as_deref()),
+        Some((reason, sequence)) => (Some(*reason), sequence.as_deref()),
         None => (None, None),
     };
     let message = MessageResponse {

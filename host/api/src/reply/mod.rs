@@ -14,20 +14,9 @@ pub mod responses;
 use crate::Door;
 use crate::error::ApiError;
 
-/// Why a reply stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopReason {
-    /// The model finished its turn.
-    EndTurn,
-    /// `max_tokens` was reached.
-    MaxTokens,
-    /// A stop sequence was produced.
-    StopSequence,
-    /// A filter (the gateway's, or the server's own) blocked the rest.
-    Refusal,
-    /// The model called tools.
-    ToolUse,
-}
+/// Why a reply stopped: the Messages API's stop reasons, which every door's reply maps from
+/// (a filter's block, the gateway's or the server's own, is a `Refusal`).
+pub use ringmaster_wire::anthropic::StopReason;
 
 /// A reply's token accounting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
