@@ -185,7 +185,9 @@ fn chat(messages: Vec<openai::Message<'_>>) -> Result<(Option<String>, Vec<ChatM
     Ok((system, out))
 }
 
-/// OpenAI's `finish_reason`.
+/// OpenAI's `finish_reason` for the engine's own reason. The doors' twin
+/// (`ringmaster_api::reply::openai::finish_reason`) maps the door-neutral `StopReason`, which
+/// has lost the matched stop sequence this one still carries; the worker builds no door.
 pub fn finish_reason(reason: &FinishReason) -> &'static str {
     match reason {
         FinishReason::EndOfTurn | FinishReason::StopSequence(_) => "stop",
