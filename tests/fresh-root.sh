@@ -12,7 +12,8 @@
 # with every cache empty passed in 2,296 s (38 min; the fuzz build 38 s), and in this root at
 # 014a5a7 in 2,337 s (39 min; the build 20.7 min, the fuzz build 36 s); at 28a1e95
 # (2026-12-06, the coding agents' issue: Claude Code and Codex installed and run in a network
-# namespace) in 1,861 s (31 min).
+# namespace) in 1,861 s (31 min); at 378c828 (2026-12-07, config a leaf, the slots, the server loop
+# and the Responses store in crates of their own) in 1,792 s (29.9 min).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
