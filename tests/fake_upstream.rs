@@ -464,7 +464,15 @@ impl Shapes {
             StatusCode::OK,
             &openai::Chunk {
                 id: Some("x".into()),
-                object: Some(openai::CHAT_COMPLETION.into()),
+                // What vLLM names each endpoint's answer.
+                object: Some(
+                    if self.completions {
+                        openai::TEXT_COMPLETION
+                    } else {
+                        openai::CHAT_COMPLETION
+                    }
+                    .into(),
+                ),
                 choices: vec![choice],
                 usage: with_usage.then(|| usage(counted)),
                 ..openai::Chunk::default()

@@ -21,6 +21,9 @@ pub struct GenerationStream {
     /// something else (a remote worker's client).
     wake: Option<Arc<Notify>>,
     finished: bool,
+    /// A server's whole answer as it sent it, kept for a client of the server's own API
+    /// ([`GenerationStream::with_answer`]).
+    answer: Option<Vec<u8>>,
 }
 
 /// Something that produces a stream's events when polled, in the consumer's own task: a
@@ -64,6 +67,7 @@ impl GenerationStream {
             front: None,
             wake: Some(wake),
             finished: false,
+            answer: None,
         }
     }
 
@@ -74,6 +78,7 @@ impl GenerationStream {
             front: None,
             wake: None,
             finished: false,
+            answer: None,
         }
     }
 
@@ -92,7 +97,20 @@ impl GenerationStream {
             front: None,
             wake: None,
             finished: false,
+            answer: None,
         }
+    }
+
+    /// The stream with the server's whole answer (`body`, its events already decoded into
+    /// the stream) kept, to go to a client of the server's API as it came.
+    pub fn with_answer(mut self, body: Vec<u8>) -> Self {
+        self.answer = Some(body);
+        self
+    }
+
+    /// The server's whole answer as it sent it, when it was kept ([`Self::with_answer`]).
+    pub fn take_answer(&mut self) -> Option<Vec<u8>> {
+        self.answer.take()
     }
 
     /// The server's own frames for the content read so far and not yet taken, when the

@@ -2,19 +2,29 @@
 # Two gateway binaries against each other, alternated in one run on loopback (not part of
 # tests/run): whether a data-plane change moved anything, when this VM's speed drifts more
 # between whole benchmark runs than the change itself. Each round runs A then B (then B then
-# A, so neither always goes first) in front of the same two fast fake upstreams, Messages API,
-# with the default router on the path: plain and streamed at 2,000 req/s (p50 and p99) and at
+# A, so neither always goes first) in front of the same two fast fake upstreams, through the
+# Messages door (translated to the upstreams' OpenAI API) or the OpenAI door (`--door openai`:
+# the same API, relayed), with the default router on the path: plain and streamed at 2,000 req/s (p50 and p99) and at
 # the maximum rate with 64 connections, with the gateway's CPU per request and the new upstream
 # connections per request. The gateways and both upstreams share core 1; oha runs on core 0.
 #
-#   tests/bench/paired.sh OLD_BINARY NEW_BINARY [--rounds 3] [--seconds 5] [--out DIR]
+#   tests/bench/paired.sh OLD_BINARY NEW_BINARY [--door messages|openai] [--rounds 3] [--seconds 5] [--out DIR]
 #
 # Prints one JSON line per phase and gateway, then medians and B/A ratios (paired.md in --out).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
-[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [--rounds N] [--seconds S] [--out DIR]" >&2; exit 2; }
+[ $# -ge 2 ] || { echo "usage: $0 OLD_BINARY NEW_BINARY [--door messages|openai] [--rounds N] [--seconds S] [--out DIR]" >&2; exit 2; }
 bin_a=$(realpath "$1"); bin_b=$(realpath "$2"); shift 2
+door=messages
+options=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --door) door=$2; shift 2 ;;
+    *) options+=("$1"); shift ;;
+  esac
+done
+set -- "${options[@]}"
 # shellcheck source=tests/bench/lib.sh
 source "$root/tests/bench/lib.sh"
 bench_setup "$@"
@@ -42,7 +52,11 @@ cpu_s() { awk -v t="$(getconf CLK_TCK)" '{print ($14 + $15) / t}' "/proc/$1/stat
 
 plain='{"model":"fake","max_tokens":8,"messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
 stream='{"model":"fake","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"Hello there, how are you today?"}]}'
-url=http://127.0.0.1:18080/v1/messages
+case $door in
+  messages) url=http://127.0.0.1:18080/v1/messages ;;
+  openai) url=http://127.0.0.1:18080/v1/chat/completions ;;
+  *) echo "--door is messages or openai, not $door" >&2; exit 2 ;;
+esac
 
 one() { # label binary -> JSON lines
   local label=$1 bin=$2 pid

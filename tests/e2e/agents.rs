@@ -206,6 +206,53 @@ async fn a_server_of_the_clients_api_gets_its_body_as_it_came() {
 }
 
 #[tokio::test]
+async fn a_whole_answer_of_the_clients_api_goes_back_as_the_server_sent_it() {
+    let server = FakeUpstream::start(Behavior::Vllm, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[aliases]\nnick = \"fake\"\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let ask = |model: &str| {
+        json!({"model": model, "max_tokens": 8,
+            "messages": [{"role": "user", "content": "Hi"}]})
+    };
+    // The same API and the same model name: the server's own answer (its id "x", no id of
+    // the gateway's), and its usage still counted.
+    let reply = gw.post_chat(&ask("fake")).await;
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["id"], "x", "the server's answer as it sent it: {body}");
+    assert_eq!(body["choices"][0]["message"]["content"], "tok tok tok ");
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+    let metrics = gw.metrics().await;
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_prompt_tokens_total", ""),
+        12.0,
+        "the relayed answer's usage is counted"
+    );
+    // An alias: the answer must name the client's model, so the gateway writes it.
+    let reply = gw.post_chat(&ask("nick")).await;
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["model"], "nick", "{body}");
+    assert!(
+        body["id"].as_str().unwrap().starts_with("chatcmpl-"),
+        "{body}"
+    );
+    // The Messages door to a Messages server: the server's message as it sent it.
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\naddress = \"{}\"\napi = \"messages\"\n",
+        server.url()
+    ))
+    .await;
+    let reply = gw.post_messages(&ask("fake")).await;
+    assert_eq!(reply.status(), 200);
+    let body: Value = reply.json().await.unwrap();
+    assert_eq!(body["id"], "msg_fake", "{body}");
+    assert_eq!(body["content"][0]["text"], "tok tok tok ");
+}
+
+#[tokio::test]
 async fn the_billing_line_changes_neither_the_routing_key_nor_the_prefix() {
     let body = |cch: &str| {
         json!({"model": "sim-llama-3-8b", "max_tokens": 8,

@@ -68,17 +68,21 @@ impl ringmaster_gateway::AdminRoutes for Admin {
 }
 
 /// Mounts the admin API on a gateway alone (and, inside a Tokio runtime, starts its
-/// rollout judge).
+/// rollout judge and guardrails).
 pub fn mount(gateway: &Arc<Gateway>) {
     mount_with(gateway, None);
 }
 
 /// Mounts the admin API on a replica whose configuration log `applier` applies
 /// ([`follow_cluster`]), or on a gateway alone (`None`), and inside a Tokio runtime starts
-/// the rollout judge ([`rollout`]).
+/// the rollout judge ([`rollout`]) and, with `[policies] guardrails`, the guardrails
+/// ([`guardrails`]).
 pub fn mount_with(gateway: &Arc<Gateway>, applier: Option<Arc<Applier>>) {
     if tokio::runtime::Handle::try_current().is_ok() {
         tokio::spawn(rollout::watch(Arc::downgrade(gateway), applier.clone()));
+        if gateway.config().policies.guardrails {
+            tokio::spawn(guardrails::watch(Arc::downgrade(gateway), applier.clone()));
+        }
     }
     gateway.mount_admin(Arc::new(Admin { applier }));
 }
@@ -96,9 +100,6 @@ pub async fn follow_cluster(
     let revision = cluster.catch_up(applier.as_ref()).await?;
     tracing::info!(revision, replica = cluster.replica(), "cluster.caught_up");
     tokio::spawn(cluster.clone().follow(applier.clone()));
-    if gateway.config().policies.guardrails {
-        tokio::spawn(guardrails::watch(Arc::downgrade(gateway), applier.clone()));
-    }
     Ok(Some(applier))
 }
 

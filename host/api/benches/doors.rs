@@ -56,7 +56,7 @@ fn doors(c: &mut Criterion) {
     let events = events();
     for door in [Door::Messages, Door::Chat, Door::Responses] {
         let request = ringmaster_api::Request::new(door, "fake".into());
-        c.bench_function(&format!("stream/{}", door.route()), |b| {
+        c.bench_function(&format!("stream/{}", door.label()), |b| {
             b.iter(|| {
                 let mut writer = StreamWriter::new(door, "id-1".into(), "fake".into(), true);
                 let mut out = Vec::with_capacity(2048);
@@ -66,7 +66,7 @@ fn doors(c: &mut Criterion) {
                 out
             })
         });
-        c.bench_function(&format!("whole/{}", door.route()), |b| {
+        c.bench_function(&format!("whole/{}", door.label()), |b| {
             b.iter(|| {
                 let mut whole = WholeReply::default();
                 for event in &events {

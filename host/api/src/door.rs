@@ -37,11 +37,11 @@ impl Door {
         Self::ALL.into_iter().find(|door| door.path() == path)
     }
 
-    /// The door named `name` (its [`Self::route`], or `chat`).
+    /// The door named `name` (its [`Self::label`], or `chat`).
     pub fn named(name: &str) -> Option<Self> {
         match name {
             "chat" => Some(Self::Chat),
-            name => Self::ALL.into_iter().find(|door| door.route() == name),
+            name => Self::ALL.into_iter().find(|door| door.label() == name),
         }
     }
 
@@ -56,7 +56,7 @@ impl Door {
     }
 
     /// Its name in metrics and logs.
-    pub fn route(self) -> &'static str {
+    pub fn label(self) -> &'static str {
         match self {
             Self::Messages => "messages",
             Self::Chat => "chat_completions",

@@ -58,7 +58,7 @@ impl LoadSide for PoolLoad {
 /// variant's figures.
 #[derive(Debug)]
 pub struct ReplicaReport {
-    gateway: Weak<Gateway>,
+    pub(crate) gateway: Weak<Gateway>,
 }
 
 impl LeaseReport for ReplicaReport {
@@ -159,23 +159,5 @@ impl Gateway {
     /// The cluster this gateway is a replica of, if any.
     pub fn cluster(&self) -> Option<&Arc<Cluster>> {
         self.cluster.as_ref()
-    }
-
-    /// Starts the tasks that keep this replica in its fleet: its lease, the load fan-out and
-    /// the batched bucket charges. (The configuration log is followed by whoever applies it:
-    /// the admin API.)
-    pub(crate) fn join_fleet(self: &Arc<Self>) {
-        let Some(cluster) = &self.cluster else {
-            return;
-        };
-        tokio::spawn(cluster.clone().keep_lease(Arc::new(ReplicaReport {
-            gateway: Arc::downgrade(self),
-        })));
-        tokio::spawn(
-            cluster
-                .clone()
-                .share_load(Arc::new(PoolLoad::new(self.pool.clone()))),
-        );
-        tokio::spawn(cluster.clone().send_charges());
     }
 }

@@ -12,16 +12,18 @@
 //!   and the error and JSON responses;
 //! - **gates** ([`auth`], [`admission`], [`safety`]): keys and limits, the admission policy and
 //!   its fair queue, the safety filter (overload shedding is `ringmaster_serve::overload`);
-//! - **operations** ([`metrics`], `collectors`, `track`, [`fleet`], `reload`): what an operator
-//!   watches and the per-request accounting behind it (`track`),
-//!   the fleet's adapters, policy files reloaded when they change.
+//! - **operations** ([`metrics`], `collectors`, `track`, [`fleet`], `reload`, `background`):
+//!   what an operator watches and the per-request accounting behind it (`track`), the fleet's
+//!   adapters, policy files reloaded when they change, and every background loop of the
+//!   gateway's, started in one place (`background`).
 //!
 //! Arrows run down that list's reverse: the call uses the gates and replies, never the
 //! reverse; every room reads the state and the state knows no room above the gates.
 //!
 //! Words, one meaning each: a **door** is a client-facing API (Messages, Chat, Completions,
 //! Responses); a **server** one inference endpoint and a **pool** the servers of one model; a
-//! **route** the router slot's decision (a server, or a prefill/decode pair); an **attempt**
+//! **route** the router slot's decision (a server, or a prefill/decode pair; only the metrics'
+//! `route` label keeps HTTP's sense, a path's label, as dashboards know it); an **attempt**
 //! one try of sending a routed request (a retry is another attempt); a **leg** one server's
 //! part of a split request; a **variant** one router version in an experiment; the
 //! **record**ing the traffic written as a trace; a **gate** a check a request passes before it
@@ -33,6 +35,7 @@
 
 pub mod admission;
 pub mod auth;
+mod background;
 mod body;
 pub mod call;
 mod collectors;
@@ -58,6 +61,6 @@ pub use reload::POLICY_WATCH_INTERVAL;
 /// The configuration (its own crate).
 pub use ringmaster_config as config;
 pub use ringmaster_config::{Config, RawConfig};
-pub use service::{GUARDRAIL_INTERVAL, serve};
+pub use service::serve;
 pub use start::StartError;
 pub use state::{AdminFuture, AdminRoutes, Gateway};

@@ -33,9 +33,6 @@ use crate::metrics::ResponseLabels;
 use crate::respond::{error_response, json_response};
 use crate::state::Gateway;
 
-/// How often drained servers are looked at for removal.
-const REAP_INTERVAL: Duration = Duration::from_millis(200);
-
 /// Serves the gateway on `listener` until `shutdown` resolves, then gives in-flight requests
 /// the configured grace period.
 pub async fn serve(
@@ -44,15 +41,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let builder = connection_builder(&gateway.config.client);
-    let reaper = tokio::spawn(reap_drained(Arc::downgrade(&gateway)));
-    let watcher = tokio::spawn(crate::reload::watch_policy_files(Arc::downgrade(&gateway)));
-    let memory = tokio::spawn(ringmaster_serve::overload::watch_memory(Arc::downgrade(
-        &gateway.overload,
-    )));
-    // In a cluster the guardrails read the fleet's figures and stop a variant through the
-    // configuration log (the admin API's applier runs them), never on one replica alone.
-    let guardrails = (gateway.config.policies.guardrails && gateway.cluster().is_none())
-        .then(|| tokio::spawn(watch_guardrails(Arc::downgrade(&gateway))));
+    let background = crate::background::Serving::start(&gateway);
     let client = gateway.config.client;
     let graceful = ringmaster_serve::accept_until(listener, shutdown, |stream, peer, graceful| {
         let Some(slot) = gateway.connections.try_open() else {
@@ -100,12 +89,7 @@ pub async fn serve(
     .await;
     gateway.stopping.cancel();
     ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, "gateway").await;
-    reaper.abort();
-    watcher.abort();
-    memory.abort();
-    if let Some(guardrails) = guardrails {
-        guardrails.abort();
-    }
+    drop(background);
     Ok(())
 }
 
@@ -132,77 +116,6 @@ fn connection_builder(
         .max_concurrent_streams(limits.max_concurrent_streams)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     builder
-}
-
-/// How often the guardrails look at the experiment.
-pub const GUARDRAIL_INTERVAL: Duration = Duration::from_secs(5);
-
-/// `[policies] guardrails`: every few seconds, one [`guardrail_pass`].
-async fn watch_guardrails(gateway: std::sync::Weak<Gateway>) {
-    let mut tick = tokio::time::interval(GUARDRAIL_INTERVAL);
-    loop {
-        tick.tick().await;
-        let Some(gateway) = gateway.upgrade() else {
-            return;
-        };
-        guardrail_pass(&gateway);
-    }
-}
-
-/// A live candidate (any variant after the first) that is worse than the first beyond doubt
-/// gets weight 0, so its traffic goes back to the others; it stays loaded for a look at what
-/// happened. Returns the variants stopped, with why.
-pub(crate) fn guardrail_pass(gateway: &Gateway) -> Vec<(String, String)> {
-    // A running rollout's judge (the admin crate's) watches its candidate, and the slot's
-    // weights are the rollout's until it ends.
-    if gateway
-        .router
-        .rollout()
-        .is_some_and(|r| r.phase == ringmaster_slots::router::RolloutPhase::Running)
-    {
-        return Vec::new();
-    }
-    let mut stopped = Vec::new();
-    let set = gateway.router.current();
-    let Some(control) = set.variants.first() else {
-        return stopped;
-    };
-    for candidate in set.variants.iter().skip(1).filter(|v| v.weight > 0) {
-        let Some(why) = ringmaster_experiments::guardrails::check(&control.stats, &candidate.stats)
-        else {
-            continue;
-        };
-        if gateway
-            .router
-            .set_weight(&candidate.name, 0)
-            .unwrap_or(false)
-        {
-            warn!(variant = %candidate.name, control = %control.name, reason = %why, "guardrail.stopped");
-            gateway
-                .metrics
-                .guardrail_stops
-                .get_or_create(&crate::metrics::VariantLabel {
-                    variant: candidate.name.to_string(),
-                })
-                .inc();
-            stopped.push((candidate.name.to_string(), why));
-        }
-    }
-    stopped
-}
-
-async fn reap_drained(gateway: std::sync::Weak<Gateway>) {
-    let mut tick = tokio::time::interval(REAP_INTERVAL);
-    loop {
-        tick.tick().await;
-        let Some(gateway) = gateway.upgrade() else {
-            return;
-        };
-        let reaped = gateway.pool.reap_drained();
-        if reaped > 0 {
-            info!(reaped, "pool.drained_servers_removed");
-        }
-    }
 }
 
 /// Handles one request: routes by path, turns errors into responses, stamps the request id.
@@ -235,7 +148,7 @@ async fn handle(
         let method = req.method().clone();
         let path = req.uri().path().to_owned();
         let door = Door::at(&path);
-        let route = door.map_or_else(|| route_name(&path), Door::route);
+        let route = door.map_or_else(|| path_label(&path), Door::label);
         // The doors (and token counting) are what an overloaded gateway sheds; health,
         // metrics and the admin API stay answered so an operator can see and act.
         let admitted = match door.is_some() || path == "/v1/messages/count_tokens" {
@@ -340,7 +253,7 @@ fn jittered(hold: Duration, request_id: &str) -> Duration {
 }
 
 /// The metric label of a path that is no door.
-fn route_name(path: &str) -> &'static str {
+fn path_label(path: &str) -> &'static str {
     match path {
         "/v1/messages/count_tokens" => "count_tokens",
         p if p.starts_with("/v1/streams/") => "streams",
@@ -479,7 +392,6 @@ fn models_json(gateway: &Gateway) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::Ordering::Relaxed;
 
     #[test]
     fn a_held_refusal_waits_between_half_and_all_of_the_hold() {
@@ -491,65 +403,5 @@ mod tests {
             .collect();
         assert!(spread.iter().all(|d| *d >= hold / 2 && *d <= hold));
         assert!(spread.len() > 32, "ids spread the holds");
-    }
-
-    const TWO_VARIANTS: &str = r#"
-models = ["sim-llama-3-8b"]
-[[servers]]
-address = "sim://gpu-0"
-[[policies.router]]
-name = "control"
-source = "builtin:least-loaded"
-[[policies.router]]
-name = "candidate"
-source = "builtin:round-robin"
-weight = 10
-"#;
-
-    fn weights(gateway: &Gateway) -> Vec<(String, u32)> {
-        gateway
-            .router
-            .current()
-            .variants
-            .iter()
-            .map(|v| (v.name.to_string(), v.weight))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn a_candidate_failing_beyond_doubt_is_stopped_and_an_equal_one_is_not() {
-        let config = crate::RawConfig::from_toml(TWO_VARIANTS)
-            .unwrap()
-            .validate_with_env(|_| None)
-            .unwrap();
-        let gateway = Gateway::start(config).unwrap();
-        let set = gateway.router.current();
-        let (control, candidate) = (&set.variants[0], &set.variants[1]);
-        // Equal so far (40 requests each, 1 error each, the same TTFTs): nothing happens.
-        for (variant, errors) in [(control, 1), (candidate, 1)] {
-            variant.stats.requests.store(40, Relaxed);
-            variant.stats.errors.store(errors, Relaxed);
-            for i in 0..40 {
-                variant.stats.record_ttft(0.1 + f64::from(i % 5) * 0.01);
-            }
-        }
-        assert!(guardrail_pass(&gateway).is_empty());
-        assert_eq!(
-            weights(&gateway),
-            [("control".to_owned(), 100), ("candidate".to_owned(), 10)]
-        );
-        // The candidate's requests start failing: 30 of 80.
-        candidate.stats.requests.store(80, Relaxed);
-        candidate.stats.errors.store(30, Relaxed);
-        let stopped = guardrail_pass(&gateway);
-        assert_eq!(stopped.len(), 1, "{stopped:?}");
-        assert_eq!(stopped[0].0, "candidate");
-        assert!(stopped[0].1.starts_with("error rate"), "{}", stopped[0].1);
-        assert_eq!(
-            weights(&gateway),
-            [("control".to_owned(), 100), ("candidate".to_owned(), 0)]
-        );
-        // Stopped once: a stopped candidate is not looked at again.
-        assert!(guardrail_pass(&gateway).is_empty());
     }
 }

@@ -201,7 +201,7 @@ impl Gateway {
             safety,
             config,
         });
-        gateway.join_fleet();
+        crate::background::join_fleet(&gateway);
         Ok(gateway)
     }
 }

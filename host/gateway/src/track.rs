@@ -150,7 +150,7 @@ impl Tracker {
             variant.stats.record_cache(cached_tokens, prompt_tokens);
         }
         let labels = crate::metrics::DoorVariantLabels {
-            door: self.door.route(),
+            door: self.door.label(),
             variant: self.label.variant.clone(),
         };
         let metrics = &self.gateway.metrics;

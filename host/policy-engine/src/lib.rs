@@ -97,7 +97,9 @@ pub fn default_cache_dir() -> Option<PathBuf> {
 }
 
 pub use error::{FaultCounts, PolicyError, PolicyFault};
-pub use policy::{AdmissionPolicy, RouterPolicy, SafetyPolicy};
+pub use policy::{
+    AdmissionPolicy, AdmissionWorld, Loaded, RouterPolicy, RouterWorld, SafetyPolicy, SafetyWorld,
+};
 pub use state::{DEFAULT_STATE_MAX_BYTES, DEFAULT_STATE_MAX_ENTRIES, StateMode, StateUsage};
 pub use types::{
     AdmissionLoad, AdmissionVerdict, Outcome, PolicyInfo, PolicyRequest, PolicyRole, RouteDecision,

@@ -1,6 +1,7 @@
-//! The three kinds of policy — [`RouterPolicy`], [`AdmissionPolicy`], [`SafetyPolicy`] — and
-//! how each is loaded: the engine's common pipeline, then probe calls on synthetic inputs that
-//! must succeed before the handle is returned.
+//! The three kinds of policy — [`RouterPolicy`], [`AdmissionPolicy`], [`SafetyPolicy`], one
+//! [`Loaded`] handle type over the three worlds — and how each is loaded: the engine's common
+//! pipeline, then probe calls on synthetic inputs that must succeed before the handle is
+//! returned.
 //!
 //! A handle is one loaded version: cheap to clone, safe to call from many threads at once
 //! (each call takes its own warm instance). Dropping the last clone frees its instances.
@@ -29,9 +30,68 @@ use crate::types::{
 /// Longest part of a guest's answer quoted in a fault message.
 const QUOTE_LIMIT: usize = 64;
 
-pub(crate) struct RouterWorld;
-pub(crate) struct AdmissionWorld;
-pub(crate) struct SafetyWorld;
+/// The `router` world, as the type a [`Loaded`] handle is of.
+#[derive(Debug)]
+pub struct RouterWorld;
+/// The `admission` world, as the type a [`Loaded`] handle is of.
+#[derive(Debug)]
+pub struct AdmissionWorld;
+/// The `safety-filter` world, as the type a [`Loaded`] handle is of.
+#[derive(Debug)]
+pub struct SafetyWorld;
+
+/// One loaded policy version of world `W`. Clone it freely; calls may run on many threads at
+/// once. What every kind has is here; what each kind is asked is on its alias.
+#[allow(private_bounds)] // `World` is the engine's own; the worlds themselves are public.
+pub struct Loaded<W: World> {
+    core: Arc<Core<W>>,
+}
+
+/// A loaded router policy version.
+pub type RouterPolicy = Loaded<RouterWorld>;
+/// A loaded admission policy version.
+pub type AdmissionPolicy = Loaded<AdmissionWorld>;
+/// A loaded safety-filter version.
+pub type SafetyPolicy = Loaded<SafetyWorld>;
+
+#[allow(private_bounds)]
+impl<W: World> Clone for Loaded<W> {
+    fn clone(&self) -> Self {
+        Self {
+            core: self.core.clone(),
+        }
+    }
+}
+
+#[allow(private_bounds)]
+impl<W: World> Loaded<W> {
+    /// What was loaded.
+    pub fn info(&self) -> &PolicyInfo {
+        &self.core.info
+    }
+
+    /// Faults of this version so far, by kind.
+    pub fn faults(&self) -> FaultCounts {
+        self.core.faults()
+    }
+
+    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
+    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
+        self.core.time_instantiation()
+    }
+
+    /// The contract version it was built against (`0.1.0`, `0.2.0` or `0.3.0`).
+    pub fn contract(&self) -> &'static str {
+        self.core.version.as_str()
+    }
+}
+
+#[allow(private_bounds)]
+impl<W: World> fmt::Debug for Loaded<W> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.core.fmt(f)
+    }
+}
 
 /// `route` in each contract version: 0.1.0 copies the request record in, 0.2.0 lends a
 /// borrow of the request resource.
@@ -329,12 +389,6 @@ impl PolicyEngine {
     }
 }
 
-/// A loaded router policy version. Clone it freely; calls may run on many threads at once.
-#[derive(Clone)]
-pub struct RouterPolicy {
-    core: Arc<Core<RouterWorld>>,
-}
-
 impl RouterPolicy {
     /// Asks the policy where `request` goes. `host` answers the policy's `ring` and `cluster`
     /// imports during the call.
@@ -435,29 +489,9 @@ impl RouterPolicy {
         })
     }
 
-    /// The contract version it was built against (`0.1.0` or `0.2.0`).
-    pub fn contract(&self) -> &'static str {
-        self.core.version.as_str()
-    }
-
     /// How full its `state` store is.
     pub fn state_usage(&self) -> StateUsage {
         self.core.state_usage()
-    }
-
-    /// What was loaded.
-    pub fn info(&self) -> &PolicyInfo {
-        &self.core.info
-    }
-
-    /// Faults of this version so far, by kind.
-    pub fn faults(&self) -> FaultCounts {
-        self.core.faults()
-    }
-
-    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
-    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
-        self.core.time_instantiation()
     }
 
     /// In fuel mode, the fuel the last successful call burned (`ringmaster policy check`).
@@ -469,18 +503,6 @@ impl RouterPolicy {
     pub(crate) fn core(&self) -> &Core<RouterWorld> {
         &self.core
     }
-}
-
-impl fmt::Debug for RouterPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt(f)
-    }
-}
-
-/// A loaded admission policy version.
-#[derive(Clone)]
-pub struct AdmissionPolicy {
-    core: Arc<Core<AdmissionWorld>>,
 }
 
 impl AdmissionPolicy {
@@ -526,40 +548,6 @@ impl AdmissionPolicy {
             verdict => verdict,
         })
     }
-
-    /// What was loaded.
-    pub fn info(&self) -> &PolicyInfo {
-        &self.core.info
-    }
-
-    /// Faults of this version so far, by kind.
-    pub fn faults(&self) -> FaultCounts {
-        self.core.faults()
-    }
-
-    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
-    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
-        self.core.time_instantiation()
-    }
-}
-
-impl AdmissionPolicy {
-    /// The contract version it was built against (`0.1.0` or `0.2.0`).
-    pub fn contract(&self) -> &'static str {
-        self.core.version.as_str()
-    }
-}
-
-impl fmt::Debug for AdmissionPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt(f)
-    }
-}
-
-/// A loaded safety-filter version.
-#[derive(Clone)]
-pub struct SafetyPolicy {
-    core: Arc<Core<SafetyWorld>>,
 }
 
 enum Text<'a> {
@@ -597,34 +585,6 @@ impl SafetyPolicy {
                 allow => allow,
             })
         })
-    }
-
-    /// What was loaded.
-    pub fn info(&self) -> &PolicyInfo {
-        &self.core.info
-    }
-
-    /// Faults of this version so far, by kind.
-    pub fn faults(&self) -> FaultCounts {
-        self.core.faults()
-    }
-
-    /// One fresh instantiation's time, outside the warm pool (`ringmaster policy check`).
-    pub fn time_instantiation(&self) -> Result<std::time::Duration, PolicyFault> {
-        self.core.time_instantiation()
-    }
-}
-
-impl SafetyPolicy {
-    /// The contract version it was built against (`0.1.0` or `0.2.0`).
-    pub fn contract(&self) -> &'static str {
-        self.core.version.as_str()
-    }
-}
-
-impl fmt::Debug for SafetyPolicy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.core.fmt(f)
     }
 }
 

@@ -49,6 +49,10 @@ impl Call {
         });
         if !call.request.stream {
             let mut in_flight = in_flight;
+            // A server's answer kept for a relay goes out as it came; its events still run
+            // through the machine for the accounting.
+            let mut generation = generation;
+            let relayed = generation.take_answer();
             let collected = crate::reply::collect::collect(&tracker, generation, &mut in_flight);
             let whole = match &saver {
                 Some(saver) => tokio::select! {
@@ -61,7 +65,10 @@ impl Call {
                 None => collected.await,
             }?;
             drop(in_flight);
-            let body = door.whole_body(&whole, &id, &call.request)?;
+            let body = match relayed {
+                Some(body) => body,
+                None => door.whole_body(&whole, &id, &call.request)?,
+            };
             if let Some(saver) = saver {
                 saver.finished(&body);
             }

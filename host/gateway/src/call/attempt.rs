@@ -40,19 +40,23 @@ pub(crate) struct Started {
 
 impl Call {
     /// How a remote server of `api` is asked for its reply: whole for a client that wants one
-    /// message; streamed, and relayed as it came to a client that speaks the server's chat
-    /// API where nothing in its chunks has to change (the same model name, no filter that
-    /// may hold text back, and not a split request's, whose usage is the gateway's).
+    /// message, streamed otherwise; and relayed as the server sent it (the whole answer, or a
+    /// chat stream's own chunks) to a client of the server's API where nothing in it has to
+    /// change: the same model name, no filter that may hold text back, not a split request's
+    /// (its usage is the gateway's), and not a Responses reply (the gateway stores those
+    /// under its own id).
     fn reply_mode(&self, api: Api, paired: bool) -> ReplyMode {
-        if !self.request.stream {
-            ReplyMode::Whole
-        } else if self.request.door.relays_chat_chunks()
-            && api == Api::Chat
-            // A split request's usage is rewritten (the prefill's cached tokens).
-            && !paired
+        let door = self.request.door;
+        let as_sent = !paired
             && self.served_model == self.request.model
-            && self.gateway.safety.slot.current().is_none()
-        {
+            && self.gateway.safety.slot.current().is_none();
+        if !self.request.stream {
+            if as_sent && door != ringmaster_api::Door::Responses && self.relays_to(api) {
+                ReplyMode::WholeRelayed
+            } else {
+                ReplyMode::Whole
+            }
+        } else if as_sent && door.relays_chat_chunks() && api == Api::Chat {
             ReplyMode::Relayed
         } else {
             ReplyMode::Stream

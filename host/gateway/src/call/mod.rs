@@ -225,7 +225,7 @@ impl Call {
         crate::auth::rate_limit_headers(&caller, headers, door);
         if !dropped.is_empty() {
             for field in &dropped {
-                caller_gateway.metrics.dropped_field(door.route(), field);
+                caller_gateway.metrics.dropped_field(door.label(), field);
             }
             debug!(fields = ?dropped, "request.fields_dropped");
             if let Some(value) = dropped_header(&dropped) {

@@ -85,7 +85,7 @@ impl Call {
             priority: 0,
             stream: request.stream,
             headers: passed_headers,
-            door: door.route(),
+            door: door.label(),
         };
         // The request's span (opened by the HTTP layer) is described once its trace is known
         // to be recorded; otherwise nothing is built for it.
@@ -263,7 +263,7 @@ fn describe(
     span.attribute(k::REQUEST_STREAM, request.stream);
     span.attribute(k::GEN_AI_RESPONSE_ID, request_id.to_owned());
     span.attribute(k::REQUEST_ID, request_id.to_owned());
-    span.attribute(k::DOOR, request.door.route());
+    span.attribute(k::DOOR, request.door.label());
     span.attribute(k::TENANT, caller.tenant.to_string());
     span.attribute(k::TIER, caller.tier.to_string());
     span.attribute(k::ROUTING_KEY_SOURCE, input.source.as_str());

@@ -68,9 +68,30 @@ pub struct ReplyDecoder {
     tally: Tally,
     /// Text bytes seen: a whole answer's output estimate when the server reports none.
     text_bytes: usize,
+    /// The server's own bytes go to the client ([`Self::relaying`]): text and reasoning are
+    /// counted, not copied into their events.
+    relaying: bool,
 }
 
 impl ReplyDecoder {
+    /// A decoder for a reply relayed as the server sent it: its events carry the counts (and
+    /// tool calls whole) but no text, which nothing after it reads; no `String` per chunk.
+    pub fn relaying() -> Self {
+        Self {
+            relaying: true,
+            ..Self::default()
+        }
+    }
+
+    /// `text` as an event's own, or nothing when the reply is relayed.
+    fn owned(&self, text: std::borrow::Cow<'_, str>) -> String {
+        if self.relaying {
+            String::new()
+        } else {
+            text.into_owned()
+        }
+    }
+
     /// Whether the last event was produced; the rest of the body can be read and dropped.
     pub fn is_done(&self) -> bool {
         self.tally.done
@@ -187,7 +208,7 @@ impl ReplyDecoder {
             self.text_bytes += reasoning.len();
             self.tally.push(
                 GenerateEvent::Reasoning {
-                    text: reasoning.into_owned(),
+                    text: self.owned(reasoning),
                 },
                 out,
             );
@@ -196,7 +217,7 @@ impl ReplyDecoder {
             self.text_bytes += text.len();
             self.tally.push(
                 GenerateEvent::Token {
-                    text: text.into_owned(),
+                    text: self.owned(text),
                 },
                 out,
             );

@@ -462,6 +462,15 @@ impl Decoder {
         }
     }
 
+    /// The decoder of `api`'s replies when the server's own bytes go to the client: a chat
+    /// reply's text is counted, not copied ([`ReplyDecoder::relaying`]).
+    pub fn relaying(api: Api) -> Self {
+        match api {
+            Api::Chat => Self::Chat(ReplyDecoder::relaying()),
+            api => Self::of(api),
+        }
+    }
+
     /// One SSE event's data; says what it was (only a chat server's chunks can be relayed).
     pub fn data(&mut self, data: &[u8], out: &mut Vec<GenerateEvent>) -> ChunkKind {
         match self {

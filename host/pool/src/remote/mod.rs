@@ -92,11 +92,21 @@ pub enum ReplyMode {
     /// One whole JSON answer (for a client that wants one message: one read and one parse
     /// instead of one per token); its events come together when it is done.
     Whole,
+    /// One whole JSON answer, read into events and also kept as the server sent it, for a
+    /// client that speaks the server's API ([`GenerationStream::take_answer`]).
+    WholeRelayed,
     /// A stream, read into events.
     Stream,
     /// A stream, read into events, with the server's own content chunks kept for a client
     /// that speaks the server's API ([`GenerationStream::take_relayed`]).
     Relayed,
+}
+
+impl ReplyMode {
+    /// Whether the server is asked for one whole JSON answer.
+    pub fn is_whole(self) -> bool {
+        matches!(self, Self::Whole | Self::WholeRelayed)
+    }
 }
 
 /// A client of one server.
@@ -397,7 +407,7 @@ impl RemoteWorker {
         request: &UpstreamRequest,
         headers_timeout: std::time::Duration,
     ) -> Result<(http::Response<Incoming>, Option<Lease>), RemoteError> {
-        let whole = request.mode == ReplyMode::Whole;
+        let whole = request.mode.is_whole();
         let endpoint = match request.endpoint {
             Endpoint::Chat => self.chat_url.clone(),
             Endpoint::Completions => self.completions_url.clone(),
@@ -464,7 +474,7 @@ impl RemoteWorker {
         &self,
         request: &UpstreamRequest,
     ) -> Result<GenerationStream, RemoteError> {
-        let headers_timeout = if request.mode == ReplyMode::Whole {
+        let headers_timeout = if request.mode.is_whole() {
             self.settings.whole_answer_timeout
         } else {
             self.settings.first_byte_timeout
@@ -478,8 +488,21 @@ impl RemoteWorker {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("application/json"));
         if json_answer {
-            let events = read_whole(response, lease, &self.settings, request.endpoint.api()).await;
-            return self.started(GenerationStream::from_events(events)).await;
+            let keep = request.mode == ReplyMode::WholeRelayed;
+            let (events, kept) = read_whole(
+                response,
+                lease,
+                &self.settings,
+                (request.endpoint.api(), keep),
+            )
+            .await;
+            let stream = GenerationStream::from_events(events);
+            return self
+                .started(match kept {
+                    Some(body) => stream.with_answer(body),
+                    None => stream,
+                })
+                .await;
         }
         let reply = RemoteReply::new(
             response.into_body(),
@@ -564,15 +587,25 @@ async fn read_whole(
     response: http::Response<Incoming>,
     mut lease: Option<Lease>,
     settings: &UpstreamSettings,
-    api: ringmaster_wire::Api,
-) -> Vec<GenerateEvent> {
-    let mut decoder = dialects::Decoder::of(api);
+    (api, keep): (ringmaster_wire::Api, bool),
+) -> (Vec<GenerateEvent>, Option<Vec<u8>>) {
+    let mut decoder = if keep {
+        dialects::Decoder::relaying(api)
+    } else {
+        dialects::Decoder::of(api)
+    };
     let mut events = Vec::new();
     match read_body(response.into_body(), &mut lease, settings).await {
-        Ok(bytes) => decoder.whole(&bytes, &mut events),
+        Ok(bytes) => {
+            decoder.whole(&bytes, &mut events);
+            // Only an answer that decoded to a finish is worth relaying; a failure goes to
+            // the client in the door's own error shape.
+            let finished = matches!(events.last(), Some(GenerateEvent::Finished { .. }));
+            return (events, (keep && finished).then_some(bytes));
+        }
         Err(why) => decoder.fail(why, &mut events),
     }
-    events
+    (events, None)
 }
 
 /// A body read to its end, at most `max_event_bytes` of it, with `chunk_gap_timeout` between
@@ -746,9 +779,24 @@ mod tests {
                 ..
             })
         ));
-        // Without a relay nothing is kept.
+        // The relay's events count the tokens and copy no text: the server's bytes carry it.
+        let tokens: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                GenerateEvent::Token { text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(tokens, ["", ""]);
+        // Without a relay nothing is kept, and the events carry the text.
         let mut plain = ReplyReader::new(4096);
-        plain.feed(stream.as_bytes(), &mut Vec::new());
+        let mut events = Vec::new();
+        plain.feed(stream.as_bytes(), &mut events);
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, GenerateEvent::Token { text } if text == " there"))
+        );
         assert_eq!(plain.take_relayed(), None);
         assert_eq!(plain.relay_state(), None);
     }

@@ -66,8 +66,9 @@ impl ReplyReader {
     /// A reader that also keeps the server's content chunks for [`Self::take_relayed`].
     pub fn relaying(limit: usize) -> Self {
         Self {
+            sse: SseDecoder::new(limit),
+            decoder: Decoder::relaying(Api::Chat),
             relay: Some(Relay::default()),
-            ..Self::new(limit)
         }
     }
 

@@ -93,7 +93,7 @@ impl UpstreamRequest {
         mode: ReplyMode,
         target: Target,
     ) -> Self {
-        let whole = mode == ReplyMode::Whole;
+        let whole = mode.is_whole();
         let (endpoint, body) = match target.api {
             Api::Chat => {
                 let (endpoint, body) = wire_request(request, model, whole, target);
