@@ -22,6 +22,7 @@ mod rollout;
 mod sandbox;
 mod support;
 mod telemetry;
+mod tls;
 mod tools;
 mod upstream;
 mod worker;

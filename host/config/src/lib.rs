@@ -32,6 +32,7 @@ pub mod rollout;
 pub mod routing;
 pub mod servers;
 pub mod telemetry;
+pub mod tls;
 pub mod upstream;
 
 use std::net::SocketAddr;
@@ -62,6 +63,7 @@ pub use servers::{
     ServerProtocol, ServerSpec, TokenizerSource, server_spec,
 };
 pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
+pub use tls::{AdminListener, TlsSettings};
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
 use error::invalid;
@@ -141,6 +143,11 @@ fn unknown_fields(api: RawApi) -> Result<UnknownFieldPolicy, ConfigError> {
 pub struct Config {
     /// Address to bind.
     pub listen: SocketAddr,
+    /// `[tls]`: the public listener's certificate (`None`: plain HTTP).
+    pub tls: Option<TlsSettings>,
+    /// `[admin] listen`: the admin API and `/ui` on a listener of their own (`None`: on the
+    /// public one).
+    pub admin_listener: Option<AdminListener>,
     /// Models accepted.
     pub models: Vec<String>,
     /// Admin token; `None` turns the admin API off.
@@ -361,6 +368,8 @@ impl RawConfig {
 
         Ok(Config {
             listen,
+            tls: tls::public(self.tls.unwrap_or_default())?,
+            admin_listener: tls::admin(self.admin.unwrap_or_default())?,
             models,
             admin_token,
             access_log: self.access_log.unwrap_or(false),

@@ -16,6 +16,10 @@ pub struct RawConfig {
     pub models: Option<Vec<String>>,
     /// `admin_token`: enables the admin API.
     pub admin_token: Option<String>,
+    /// `[tls]`: the public listener's certificate and key.
+    pub tls: Option<crate::tls::RawTls>,
+    /// `[admin]`: the admin API's own listener.
+    pub admin: Option<crate::tls::RawAdmin>,
     /// `access_log`: one INFO line per request (otherwise they are DEBUG).
     pub access_log: Option<bool>,
     /// `[aliases]`: public model name → the name servers serve.

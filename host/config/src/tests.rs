@@ -100,6 +100,36 @@ fn refuses_public_listen_without_keys() {
 }
 
 #[test]
+fn tls_needs_both_files_and_the_admin_listener_its_address() {
+    let check = |toml: &str| {
+        RawConfig::from_toml(toml)
+            .unwrap()
+            .validate_with_env(no_env)
+    };
+    let config = check("[tls]\ncert = \"c.pem\"\nkey = \"k.pem\"\nclient_ca = \"ca.pem\"").unwrap();
+    let tls = config.tls.unwrap();
+    assert_eq!(tls.cert, std::path::PathBuf::from("c.pem"));
+    assert_eq!(tls.client_ca, Some(std::path::PathBuf::from("ca.pem")));
+    assert!(config.admin_listener.is_none());
+    for (toml, key) in [
+        ("[tls]\ncert = \"c.pem\"", "tls.key"),
+        ("[tls]\nkey = \"k.pem\"", "tls.cert"),
+        ("[tls]\nclient_ca = \"ca.pem\"", "tls.client_ca"),
+        ("[admin]\ncert = \"c.pem\"\nkey = \"k.pem\"", "admin.cert"),
+        ("[admin]\nlisten = \"nowhere\"", "admin.listen"),
+    ] {
+        let err = check(toml).unwrap_err().to_string();
+        assert!(err.contains(key), "{toml}: {err}");
+    }
+    let config =
+        check("[admin]\nlisten = \"127.0.0.1:9090\"\ncert = \"a.pem\"\nkey = \"b.pem\"").unwrap();
+    let admin = config.admin_listener.unwrap();
+    assert_eq!(admin.listen.port(), 9090);
+    assert_eq!(admin.tls.unwrap().key, std::path::PathBuf::from("b.pem"));
+    assert!(config.tls.is_none(), "the public listener stays plain");
+}
+
+#[test]
 fn keys_are_kept_as_digests_and_tenants_must_exist() {
     let digest = key_digest("sk-test-123456");
     let hex_digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();

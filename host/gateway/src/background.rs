@@ -1,6 +1,6 @@
 //! Every loop the gateway runs in the background, started here and nowhere else in this crate:
 //! while it serves ([`Serving`]: the drained-server reaper, the policy-file watcher, the memory
-//! watch, stopped when serving stops), and for its life as a replica ([`join_fleet`]: the lease,
+//! watch, the TLS files' watch, stopped when serving stops), and for its life as a replica ([`join_fleet`]: the lease,
 //! the load fan-out, the batched bucket charges). Each holds the gateway weakly and ends when
 //! the gateway is dropped.
 //!
@@ -38,7 +38,15 @@ impl Serving {
                 tokio::spawn(ringmaster_serve::overload::watch_memory(Arc::downgrade(
                     &gateway.overload,
                 ))),
-            ],
+            ]
+            .into_iter()
+            .chain(
+                [&gateway.tls, &gateway.admin_tls]
+                    .into_iter()
+                    .flatten()
+                    .map(|tls| tokio::spawn(ringmaster_tls::ServerTls::watch(Arc::downgrade(tls)))),
+            )
+            .collect(),
         }
     }
 }

@@ -165,6 +165,9 @@ pub struct Metrics {
     pub client_disconnects: Counter,
     /// Client connections cut off for taking nothing for `client_send_timeout_ms`.
     pub slow_client_disconnects: Counter,
+    /// TLS handshakes that failed (a client that speaks no TLS or nothing in common, one
+    /// without the certificate mutual TLS asks for, or a handshake past the head timeout).
+    pub tls_handshake_failures: Counter,
     /// Attempts to start a request on a server, by outcome (a retry is one more attempt).
     pub upstream_attempts: Family<AttemptLabels, Counter>,
     /// Requests routed, by whether they were split between a prefill and a decode server.
@@ -279,6 +282,12 @@ impl Metrics {
             "slow_client_disconnects",
             "Client connections cut off for accepting nothing of a reply for client_send_timeout_ms",
             slow_client_disconnects.clone(),
+        );
+        let tls_handshake_failures = Counter::default();
+        registry.register(
+            "tls_handshake_failures",
+            "TLS handshakes that failed: no TLS or nothing in common, no client certificate where mutual TLS asks for one, or past the head timeout",
+            tls_handshake_failures.clone(),
         );
         let upstream_attempts = Family::<AttemptLabels, Counter>::default();
         registry.register(
@@ -424,6 +433,7 @@ impl Metrics {
             routing_load_to_cap,
             client_disconnects,
             slow_client_disconnects,
+            tls_handshake_failures,
             upstream_attempts,
             pair_decisions,
             prefill_legs,

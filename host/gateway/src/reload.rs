@@ -1,10 +1,19 @@
-//! Policy files reloaded when they change (the file watcher, SIGHUP): each router variant,
+//! Files reloaded when they change (the file watchers, SIGHUP): each router variant,
 //! admission or safety policy whose component is a file is read again and swapped in when
-//! its bytes changed; a failure leaves the running version in place.
+//! its bytes changed; the listeners' certificates ([`Gateway::reload_tls`]) likewise. A
+//! failure leaves what runs in place.
 
 use crate::state::Gateway;
 
 impl Gateway {
+    /// Reads every listener's certificate, key and client CA again (SIGHUP): new handshakes
+    /// use the new pair; one that does not load is logged and the old pair kept.
+    pub fn reload_tls(&self) {
+        for tls in [&self.tls, &self.admin_tls].into_iter().flatten() {
+            tls.log_reload(tls.reload());
+        }
+    }
+
     /// Re-reads every router variant whose component is a file and swaps in the ones that
     /// changed (SIGHUP, or the file watcher). A failure leaves that variant's running version
     /// in place and is logged with its reason.

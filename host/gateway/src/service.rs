@@ -1,5 +1,7 @@
-//! The HTTP front: accepting connections, dispatching paths to their handlers (the Messages
-//! doors are [`crate::doors`]), and stamping every response.
+//! The HTTP front: accepting connections on the public listener and the admin API's own
+//! ([`Listener`]), each over TLS when configured (`ringmaster_tls`: the handshake first, with
+//! the certificate current then), dispatching paths to their handlers (the doors are
+//! [`crate::doors`]), and stamping every response.
 //!
 //! Every response, success or error, carries a `request-id` header, and every log line of a
 //! request carries the same id through a `tracing` span. Errors are built as [`ApiError`]s and
@@ -33,29 +35,130 @@ use crate::metrics::ResponseLabels;
 use crate::respond::{error_response, json_response};
 use crate::state::Gateway;
 
+/// Which of the gateway's listeners a connection came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// The public one (`listen`, with `[tls]`): the doors, health and metrics, and the admin
+    /// API unless it has a listener of its own.
+    Public,
+    /// The admin API's own (`[admin] listen`): the admin API, `/ui`, health and metrics.
+    Admin,
+}
+
 /// Serves the gateway on `listener` until `shutdown` resolves, then gives in-flight requests
-/// the configured grace period.
+/// the configured grace period. With `[tls]`, every connection's TLS handshake comes first
+/// (within the head's read timeout), with the certificate current at that moment.
 pub async fn serve(
     gateway: Arc<Gateway>,
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let builder = connection_builder(&gateway.config.client);
     let background = crate::background::Serving::start(&gateway);
-    let client = gateway.config.client;
+    serve_on(gateway, listener, Listener::Public, shutdown).await;
+    drop(background);
+    Ok(())
+}
+
+/// Serves the admin API's own listener (`[admin] listen`) until `shutdown` resolves.
+pub async fn serve_admin(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    serve_on(gateway, listener, Listener::Admin, shutdown).await;
+    Ok(())
+}
+
+async fn serve_on(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    kind: Listener,
+    shutdown: impl Future<Output = ()>,
+) {
+    let builder = connection_builder(&gateway.config.client);
+    let tls = match kind {
+        Listener::Public => gateway.tls.clone(),
+        Listener::Admin => gateway.admin_tls.clone(),
+    };
     let graceful = ringmaster_serve::accept_until(listener, shutdown, |stream, peer, graceful| {
         let Some(slot) = gateway.connections.try_open() else {
             debug!(%peer, open = gateway.connections.open(), "connection.refused");
             gateway.connections.refuse(stream);
             return None;
         };
+        let connection = Connection {
+            gateway: gateway.clone(),
+            builder: builder.clone(),
+            watcher: graceful.watcher(),
+            peer,
+            kind,
+        };
+        let tls = tls.clone();
+        Some(async move {
+            let _slot = slot;
+            let Some(tls) = tls else {
+                connection.run(stream).await;
+                return;
+            };
+            let timeout = connection.gateway.config.client.header_read_timeout;
+            let handshake = tls.accept(stream);
+            let result = match timeout {
+                Some(timeout) => tokio::time::timeout(timeout, handshake)
+                    .await
+                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                None => handshake.await,
+            };
+            match result {
+                Ok(stream) => connection.run(stream).await,
+                Err(e) => {
+                    connection.gateway.metrics.tls_handshake_failures.inc();
+                    debug!(error = %e, %peer, "connection.tls_handshake_failed");
+                }
+            }
+        })
+    })
+    .await;
+    if kind == Listener::Public {
+        gateway.stopping.cancel();
+    }
+    let name = match kind {
+        Listener::Public => "gateway",
+        Listener::Admin => "admin",
+    };
+    ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, name).await;
+}
+
+/// One accepted connection, before its stream is known (plain, or after its TLS handshake).
+struct Connection {
+    gateway: Arc<Gateway>,
+    builder: auto::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    peer: SocketAddr,
+    kind: Listener,
+}
+
+impl Connection {
+    /// Serves HTTP/1.1 or HTTP/2 on `stream` until the client closes it, the watchdog ends
+    /// it, or shutdown's grace runs out.
+    async fn run<S>(self, stream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let Self {
+            gateway,
+            builder,
+            watcher,
+            peer,
+            kind,
+        } = self;
+        let client = gateway.config.client;
         let activity = Activity::new();
         let served = gateway.clone();
         let requests = activity.clone();
         let service = hyper::service::service_fn(move |req| {
             let gateway = served.clone();
             let in_flight = requests.request_started();
-            async move { Ok::<_, Infallible>(handle(gateway, req, peer, in_flight).await) }
+            async move { Ok::<_, Infallible>(handle(gateway, req, (peer, kind), in_flight).await) }
         });
         let stream = SendTimeout::new(
             stream,
@@ -66,31 +169,22 @@ pub async fn serve(
         let conn = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
-        let conn = graceful.watch(conn);
-        let connections = gateway.connections.clone();
-        Some(async move {
-            let _slot = slot;
-            let watchdog = watchdog(
-                &activity,
-                &connections,
-                client.header_read_timeout,
-                client.idle_timeout,
-            );
-            // A connection the watchdog ends is dropped: its socket closes. It is reading a
-            // head or idle then, so no request is cut short.
-            tokio::select! {
-                result = conn => if let Err(e) = result {
-                    debug!(error = %e, %peer, "connection.closed_with_error");
-                },
-                expired = watchdog => debug!(?expired, %peer, "connection.ended"),
-            }
-        })
-    })
-    .await;
-    gateway.stopping.cancel();
-    ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, "gateway").await;
-    drop(background);
-    Ok(())
+        let conn = watcher.watch(conn);
+        let watchdog = watchdog(
+            &activity,
+            &gateway.connections,
+            client.header_read_timeout,
+            client.idle_timeout,
+        );
+        // A connection the watchdog ends is dropped: its socket closes. It is reading a head
+        // or idle then, so no request is cut short.
+        tokio::select! {
+            result = conn => if let Err(e) = result {
+                debug!(error = %e, %peer, "connection.closed_with_error");
+            },
+            expired = watchdog => debug!(?expired, %peer, "connection.ended"),
+        }
+    }
 }
 
 /// hyper's connection settings from `[limits]`: the head's size and header count (431 past
@@ -122,7 +216,7 @@ fn connection_builder(
 async fn handle(
     gateway: Arc<Gateway>,
     req: Request<Incoming>,
-    peer: SocketAddr,
+    (peer, listener): (SocketAddr, Listener),
     in_flight: ringmaster_serve::conn::InFlight,
 ) -> Response<ResponseBody> {
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
@@ -158,7 +252,7 @@ async fn handle(
         let (pending, result) = match admitted {
             Ok(pending) => (
                 pending,
-                dispatch(&gateway, req, door, started, &request_id).await,
+                dispatch(&gateway, req, (door, listener), started, &request_id).await,
             ),
             Err(shed) => (None, Err(shed)),
         };
@@ -270,12 +364,27 @@ fn path_label(path: &str) -> &'static str {
 async fn dispatch(
     gateway: &Arc<Gateway>,
     req: Request<Incoming>,
-    door: Option<Door>,
+    (door, listener): (Option<Door>, Listener),
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
+    let admin_path = path.starts_with("/admin/") || path == "/ui" || path.starts_with("/ui/");
+    let operator_path = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
+    match listener {
+        Listener::Public if admin_path && gateway.config.admin_listener.is_some() => {
+            return Err(ApiError::not_found(
+                "the admin API is served on its own listener ([admin] listen), not this one",
+            ));
+        }
+        Listener::Admin if !admin_path && !operator_path => {
+            return Err(ApiError::not_found(format!(
+                "this listener serves the admin API only; {path} is on the public one"
+            )));
+        }
+        _ => {}
+    }
     let allow = |allowed: &[Method]| -> Result<(), ApiError> {
         if allowed.contains(&method) {
             Ok(())

@@ -55,6 +55,14 @@ pub enum StartError {
     /// A setting the configuration checked could not be applied.
     #[error("config: {0}")]
     Config(String),
+    /// A listener's certificate, key or client CA could not be used.
+    #[error("{section}: {error}")]
+    Tls {
+        /// `tls` or `admin`.
+        section: &'static str,
+        /// Why.
+        error: ringmaster_tls::TlsError,
+    },
     /// A setting the engine it configures refused (the CPU lacks the kernels named, the
     /// simulator's numbers do not fit together).
     #[error(transparent)]
@@ -66,6 +74,17 @@ impl Gateway {
     /// Needs a tokio runtime.
     pub fn start(config: Config) -> Result<Arc<Self>, StartError> {
         Self::start_in(config, None)
+    }
+
+    /// Reads the listeners' certificates, keys and client CAs as [`Self::start`] would
+    /// (`ringmaster check-config`).
+    pub fn check_tls(config: &Config) -> Result<(), StartError> {
+        server_tls("tls", config.tls.as_ref())?;
+        server_tls(
+            "admin",
+            config.admin_listener.as_ref().and_then(|a| a.tls.as_ref()),
+        )?;
+        Ok(())
     }
 
     /// [`Self::start`], as a replica of `cluster` when given: limits, load and experiment
@@ -180,7 +199,14 @@ impl Gateway {
             )),
         };
         let responses = Arc::new(responses::Responses::new(store));
+        let tls = server_tls("tls", config.tls.as_ref())?;
+        let admin_tls = server_tls(
+            "admin",
+            config.admin_listener.as_ref().and_then(|a| a.tls.as_ref()),
+        )?;
         let gateway = Arc::new(Self {
+            tls,
+            admin_tls,
             volatile,
             unknown_fields,
             responses,
@@ -204,6 +230,23 @@ impl Gateway {
         crate::background::join_fleet(&gateway);
         Ok(gateway)
     }
+}
+
+/// A listener's TLS from its configured files, read now.
+fn server_tls(
+    section: &'static str,
+    settings: Option<&ringmaster_config::TlsSettings>,
+) -> Result<Option<Arc<ringmaster_tls::ServerTls>>, StartError> {
+    settings
+        .map(|s| {
+            ringmaster_tls::ServerTls::load(ringmaster_tls::TlsFiles {
+                cert: s.cert.clone(),
+                key: s.key.clone(),
+                client_ca: s.client_ca.clone(),
+            })
+            .map_err(|error| StartError::Tls { section, error })
+        })
+        .transpose()
 }
 
 /// A single-policy slot with its configured policy loaded (empty when none is configured).

@@ -53,6 +53,10 @@ pub struct Gateway {
     /// The Responses door's stored responses (in memory, or the fleet's Redis) and those in
     /// flight.
     pub(crate) responses: Arc<responses::Responses>,
+    /// The public listener's TLS (`[tls]`; `None`: plain HTTP).
+    pub(crate) tls: Option<Arc<ringmaster_tls::ServerTls>>,
+    /// The admin listener's TLS (`[admin] cert`).
+    pub(crate) admin_tls: Option<Arc<ringmaster_tls::ServerTls>>,
 }
 
 impl Gateway {

@@ -188,10 +188,22 @@ fn main() -> anyhow::Result<()> {
             // A component file that is missing or of the wrong world would stop `serve`:
             // load each one now, as `serve` would, and say what it is.
             let components = policy_cmd::check_config_components(&resolved.policies)?;
+            Gateway::check_tls(&resolved)?;
             #[allow(clippy::print_stdout)]
             {
                 println!("{} is valid:", config.display());
-                println!("  listen     {}", resolved.listen);
+                println!(
+                    "  listen     {}{}",
+                    resolved.listen,
+                    tls_line(resolved.tls.as_ref())
+                );
+                if let Some(admin) = &resolved.admin_listener {
+                    println!(
+                        "  admin at   {}{}",
+                        admin.listen,
+                        tls_line(admin.tls.as_ref())
+                    );
+                }
                 println!("  models     {}", models_line(&resolved));
                 for variant in &resolved.policies.router {
                     println!(
@@ -266,6 +278,21 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// How `check-config` shows a listener's TLS.
+fn tls_line(tls: Option<&ringmaster_config::TlsSettings>) -> String {
+    match tls {
+        None => " (plain HTTP)".to_owned(),
+        Some(tls) => format!(
+            " (TLS, {}{})",
+            tls.cert.display(),
+            tls.client_ca
+                .as_ref()
+                .map(|ca| format!("; client certificates of {}", ca.display()))
+                .unwrap_or_default()
+        ),
     }
 }
 
@@ -420,6 +447,13 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
         let listener = TcpListener::bind(listen)
             .await
             .with_context(|| format!("cannot listen on {listen}"))?;
+        let admin_listener =
+            match &config.admin_listener {
+                Some(admin) => Some(TcpListener::bind(admin.listen).await.with_context(|| {
+                    format!("cannot listen on {} ([admin] listen)", admin.listen)
+                })?),
+                None => None,
+            };
         let cluster = match &config.cluster {
             None => None,
             Some(settings) => {
@@ -464,11 +498,28 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 .collect::<Vec<_>>()
                 .join(","),
             admin_api = gateway.config().admin_token.is_some(),
+            tls = gateway.config().tls.is_some(),
+            admin_address = ?admin_listener.as_ref().and_then(|l| l.local_addr().ok()),
             "gateway.listening"
         );
+        // The admin listener stops with the public one.
+        let (stop_admin, admin_stopped) = tokio::sync::oneshot::channel::<()>();
+        let admin = admin_listener.map(|listener| {
+            tokio::spawn(ringmaster_gateway::serve_admin(
+                gateway.clone(),
+                listener,
+                async move {
+                    let _ = admin_stopped.await;
+                },
+            ))
+        });
         #[cfg(unix)]
         tokio::spawn(reload_on_sighup(std::sync::Arc::downgrade(&gateway)));
         ringmaster_gateway::serve(gateway, listener, shutdown_signal()).await?;
+        drop(stop_admin);
+        if let Some(admin) = admin {
+            let _ = admin.await;
+        }
         if let Some(cluster) = cluster {
             // Leave the fleet at once rather than when the lease lapses.
             let _ = cluster.drop_lease().await;
@@ -691,7 +742,11 @@ async fn reload_on_sighup(gateway: std::sync::Weak<Gateway>) {
             return;
         };
         info!("gateway.sighup_reload");
-        let _ = tokio::task::spawn_blocking(move || gateway.reload_policies()).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            gateway.reload_tls();
+            gateway.reload_policies()
+        })
+        .await;
     }
 }
 

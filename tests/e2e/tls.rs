@@ -1,0 +1,483 @@
+//! The gateway over TLS, with certificates made here (`rcgen`): both doors over HTTPS with
+//! HTTP/1.1 and HTTP/2 (and curl's HTTP/2), the certificate rotated every second under load
+//! with no failed request and the new certificate seen by new connections, a client without
+//! a certificate refused on a mutual-TLS listener, and the admin API on a listener of its own.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use ringmaster_gateway::{Gateway, RawConfig};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
+
+use crate::support::ADMIN_TOKEN;
+
+/// A test CA and the certificates it signs.
+struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        Self {
+            issuer: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    /// A certificate for `localhost` and 127.0.0.1: (cert PEM, key PEM, cert DER).
+    fn leaf(&self) -> (String, String, CertificateDer<'static>) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem(), cert.der().clone())
+    }
+
+    fn write(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf, CertificateDer<'static>) {
+        let (cert, key, der) = self.leaf();
+        let cert_path = dir.join(format!("{name}.crt"));
+        let key_path = dir.join(format!("{name}.key"));
+        std::fs::write(&cert_path, cert).unwrap();
+        std::fs::write(&key_path, key).unwrap();
+        (cert_path, key_path, der)
+    }
+
+    fn write_ca(&self, dir: &Path, name: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, self.issuer.pem()).unwrap();
+        path
+    }
+}
+
+/// A rustls client trusting `ca`, offering h2 and HTTP/1.1, with an identity for mutual TLS.
+fn client_config(ca: &Ca, identity: Option<(String, String)>) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.issuer.der().clone()).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let mut config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    };
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config
+}
+
+/// An HTTPS client over one TLS connection, HTTP/2 or HTTP/1.1 as ALPN agreed (hyper's own
+/// client: the tests' reqwest is built without TLS).
+enum Https {
+    One(hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>),
+    Two(hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>),
+}
+
+/// A reply: its status, the HTTP version and the body.
+type Reply = (u16, hyper::Version, bytes::Bytes);
+
+impl Https {
+    /// Connects to `addr` as `localhost` with `config`.
+    async fn connect(
+        config: &Arc<rustls::ClientConfig>,
+        addr: SocketAddr,
+    ) -> std::io::Result<Self> {
+        let tcp = TcpStream::connect(addr).await?;
+        let tls = tokio_rustls::TlsConnector::from(config.clone())
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        let io = hyper_util::rt::TokioIo::new(tls);
+        let broken = |e: hyper::Error| std::io::Error::other(e.to_string());
+        Ok(if h2 {
+            let (send, conn) =
+                hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io)
+                    .await
+                    .map_err(broken)?;
+            tokio::spawn(conn);
+            Self::Two(send)
+        } else {
+            let (send, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(broken)?;
+            tokio::spawn(conn);
+            Self::One(send)
+        })
+    }
+
+    /// `method path` with `body` (JSON when there is one) and an admin token when asked.
+    async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        admin: bool,
+    ) -> std::io::Result<Reply> {
+        use http_body_util::BodyExt;
+        let mut request = http::Request::builder()
+            .method(method)
+            .header("host", "localhost")
+            .header("content-type", "application/json");
+        if admin {
+            request = request.header("authorization", format!("Bearer {ADMIN_TOKEN}"));
+        }
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let broken = |e: hyper::Error| std::io::Error::other(e.to_string());
+        let response = match self {
+            Self::One(send) => {
+                let request = request
+                    .uri(path)
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                    .unwrap();
+                send.send_request(request).await.map_err(broken)?
+            }
+            Self::Two(send) => {
+                let request = request
+                    .uri(format!("https://localhost{path}"))
+                    .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                    .unwrap();
+                send.send_request(request).await.map_err(broken)?
+            }
+        };
+        let status = response.status().as_u16();
+        let version = response.version();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(broken)?
+            .to_bytes();
+        Ok((status, version, bytes))
+    }
+}
+
+/// One request on a new connection.
+async fn once(
+    config: &rustls::ClientConfig,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> std::io::Result<Reply> {
+    let config = Arc::new(config.clone());
+    Https::connect(&config, addr)
+        .await?
+        .send(method, path, body, path.starts_with("/admin"))
+        .await
+}
+
+/// A gateway from `toml` (simulated servers), its public and (if configured) admin
+/// addresses; stops when the sender drops.
+async fn start(toml: &str) -> (SocketAddr, Option<SocketAddr>, oneshot::Sender<()>) {
+    let mut raw = RawConfig::from_toml(toml).unwrap();
+    raw.listen = Some("127.0.0.1:0".into());
+    raw.admin_token = Some(ADMIN_TOKEN.into());
+    let config = raw.validate_with_env(|_| None).unwrap();
+    let listener = TcpListener::bind(config.listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let admin = match &config.admin_listener {
+        Some(admin) => Some(TcpListener::bind(admin.listen).await.unwrap()),
+        None => None,
+    };
+    let admin_addr = admin.as_ref().map(|l| l.local_addr().unwrap());
+    let gateway = Gateway::start(config).unwrap();
+    ringmaster_admin::mount(&gateway);
+    let (tx, rx) = oneshot::channel::<()>();
+    let (admin_tx, admin_rx) = oneshot::channel::<()>();
+    if let Some(admin) = admin {
+        tokio::spawn(ringmaster_gateway::serve_admin(
+            gateway.clone(),
+            admin,
+            async move {
+                let _ = admin_rx.await;
+            },
+        ));
+    }
+    tokio::spawn(ringmaster_gateway::serve(gateway, listener, async move {
+        let _ = rx.await;
+        drop(admin_tx);
+    }));
+    (addr, admin_addr, tx)
+}
+
+const SIMULATED: &str = "models = [\"sim-llama-3-8b\"]\n[simulator]\ntime_scale = 0.01\n[[servers]]\naddress = \"sim://gpu-0\"\n";
+
+fn messages() -> Value {
+    json!({"model": "sim-llama-3-8b", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "Hello over TLS"}]})
+}
+
+/// The certificate a new connection to `addr` is shown.
+async fn presented(ca: &Ca, addr: SocketAddr) -> CertificateDer<'static> {
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client_config(ca, None)));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let stream = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    stream.get_ref().1.peer_certificates().unwrap()[0]
+        .clone()
+        .into_owned()
+}
+
+#[tokio::test]
+async fn both_doors_answer_over_https_with_http1_and_http2() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (cert, key, _) = ca.write(dir.path(), "gateway");
+    let toml = format!(
+        "{SIMULATED}[tls]\ncert = {:?}\nkey = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    let (addr, _, _stop) = start(&toml).await;
+    let h2 = client_config(&ca, None);
+    let (status, version, body) = once(&h2, addr, "POST", "/v1/messages", Some(&messages()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(version, hyper::Version::HTTP_2, "ALPN chose h2");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["type"], "message");
+    // HTTP/1.1 over TLS, the OpenAI door.
+    let mut http1 = client_config(&ca, None);
+    http1.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let (status, version, _) = once(
+        &http1,
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&messages()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(version, hyper::Version::HTTP_11);
+    // Plain HTTP on a TLS port: no answer, and the failed handshake is counted.
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/healthz", addr.port()))
+        .send()
+        .await;
+    assert!(plain.is_err() || !plain.unwrap().status().is_success());
+    let (_, _, metrics) = once(&h2, addr, "GET", "/metrics", None).await.unwrap();
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        crate::support::metric_sum(&metrics, "ringmaster_tls_handshake_failures_total", "") >= 1.0,
+        "{metrics}"
+    );
+    // curl, HTTP/2 over TLS with the test CA.
+    let ca_file = ca.write_ca(dir.path(), "ca.pem");
+    let out = tokio::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--http2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_version} %{http_code}",
+        ])
+        .arg("--cacert")
+        .arg(&ca_file)
+        .args(["-H", "content-type: application/json", "-d"])
+        .arg(messages().to_string())
+        .arg(format!("https://localhost:{}/v1/messages", addr.port()))
+        .output()
+        .await
+        .expect("curl runs");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "2 200",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn a_certificate_rotated_every_second_under_load_fails_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (cert, key, first) = ca.write(dir.path(), "gateway");
+    let toml = format!(
+        "{SIMULATED}[tls]\ncert = {:?}\nkey = {:?}\n",
+        cert.display().to_string(),
+        key.display().to_string()
+    );
+    let (addr, _, _stop) = start(&toml).await;
+    assert_eq!(presented(&ca, addr).await, first);
+    let ok = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicU64::new(0));
+    let (stop_load, load_stopped) = tokio::sync::watch::channel(false);
+    // Four clients: two keep their connection (one HTTP/2, one HTTP/1.1), two open a new one
+    // for every request (each a handshake with whatever pair is current).
+    let mut load = Vec::new();
+    for (reuse, alpn) in [
+        (true, "h2"),
+        (true, "http/1.1"),
+        (false, "h2"),
+        (false, "http/1.1"),
+    ] {
+        let mut config = client_config(&ca, None);
+        config.alpn_protocols = vec![alpn.as_bytes().to_vec()];
+        let config = Arc::new(config);
+        let (ok, failed) = (ok.clone(), failed.clone());
+        let stopped = load_stopped.clone();
+        load.push(tokio::spawn(async move {
+            let mut kept: Option<Https> = None;
+            while !*stopped.borrow() {
+                let answer = async {
+                    let mut conn = match kept.take() {
+                        Some(conn) if reuse => conn,
+                        _ => Https::connect(&config, addr).await?,
+                    };
+                    let reply = conn
+                        .send("POST", "/v1/messages", Some(&messages()), false)
+                        .await;
+                    if reuse {
+                        kept = Some(conn);
+                    }
+                    reply
+                }
+                .await;
+                if matches!(answer, Ok((200, _, _))) {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    let mut last = first;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (cert_pem, key_pem, der) = ca.leaf();
+        // The key first, then the certificate: a watcher that looks between the two writes
+        // sees a mismatched pair, refuses it and keeps the old one until both are there.
+        std::fs::write(&key, key_pem).unwrap();
+        std::fs::write(&cert, cert_pem).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let seen = presented(&ca, addr).await;
+            if seen == der {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the new certificate is not served within 5 s"
+            );
+            assert!(seen == last, "only the old pair until the new one");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        last = der;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    stop_load.send(true).unwrap();
+    for task in load {
+        task.await.unwrap();
+    }
+    let (ok, failed) = (ok.load(Ordering::Relaxed), failed.load(Ordering::Relaxed));
+    assert!(ok > 20, "load ran: {ok} requests");
+    assert_eq!(failed, 0, "{failed} of {} requests failed", ok + failed);
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_a_client_without_a_certificate_and_the_admin_api_has_its_own_listener()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("server CA");
+    let clients = Ca::new("client CA");
+    let (cert, key, _) = ca.write(dir.path(), "gateway");
+    let client_ca = clients.write_ca(dir.path(), "clients.pem");
+    let toml = format!(
+        "{SIMULATED}[tls]\ncert = {cert:?}\nkey = {key:?}\nclient_ca = {client_ca:?}\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        cert = cert.display().to_string(),
+        key = key.display().to_string(),
+        client_ca = client_ca.display().to_string(),
+    );
+    let (addr, admin, _stop) = start(&toml).await;
+    let admin = admin.expect("an admin listener");
+    // No client certificate: refused in the handshake (TLS 1.3 tells the client at its first
+    // read).
+    let refused = once(
+        &client_config(&ca, None),
+        addr,
+        "POST",
+        "/v1/messages",
+        Some(&messages()),
+    )
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    // A certificate of another CA: refused too.
+    let (stranger_cert, stranger_key, _) = ca.leaf();
+    let refused = once(
+        &client_config(&ca, Some((stranger_cert, stranger_key))),
+        addr,
+        "POST",
+        "/v1/messages",
+        Some(&messages()),
+    )
+    .await;
+    assert!(refused.is_err(), "{refused:?}");
+    // One the client CA signed: served.
+    let (client_cert, client_key, _) = clients.leaf();
+    let config = client_config(&ca, Some((client_cert, client_key)));
+    let (status, _, _) = once(&config, addr, "POST", "/v1/messages", Some(&messages()))
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    // The admin API is not on the public listener...
+    let (status, _, body) = once(&config, addr, "GET", "/admin/servers", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 404);
+    assert!(String::from_utf8_lossy(&body).contains("[admin] listen"));
+    // ...but on its own (plain HTTP here: [admin] names no certificate), which serves no door.
+    let admin_base = format!("http://{admin}");
+    let plain = reqwest::Client::new();
+    let servers: Value = plain
+        .get(format!("{admin_base}/admin/servers"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        servers["servers"].as_array().map(Vec::len),
+        Some(1),
+        "{servers}"
+    );
+    let door = plain
+        .post(format!("{admin_base}/v1/messages"))
+        .json(&messages())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(door.status(), 404);
+    let health = plain
+        .get(format!("{admin_base}/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
