@@ -39,6 +39,98 @@ async fn admin_api_is_off_without_a_token() {
 }
 
 #[tokio::test]
+async fn scoped_tokens_are_refused_past_their_scope_and_every_change_is_audited() {
+    let gw = TestGateway::simulated(
+        2,
+        0.01,
+        "[[admin.tokens]]\nname = \"dashboards\"\ntoken = \"dashboards-secret-0001\"\n\
+         [[admin.tokens]]\nname = \"ops\"\ntoken = \"operations-secret-0002\"\n\
+         scopes = [\"read\", \"operate\"]\n",
+    )
+    .await;
+    let call = |token: &'static str, method: Method, path: &str| {
+        gw.client.request(method, gw.url(path)).bearer_auth(token)
+    };
+    // Read: looks, but changes nothing.
+    let servers = call("dashboards-secret-0001", Method::GET, "/admin/servers")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(servers.status(), 200);
+    let refused = call("dashboards-secret-0001", Method::POST, "/admin/servers")
+        .json(&json!({"address": "sim://gpu-7", "id": "gpu-7"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    let message: Value = refused.json().await.unwrap();
+    let message = message["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("dashboards") && message.contains("\"operate\""),
+        "{message}"
+    );
+    // Operate: changes the fleet, but uploads no component.
+    let added = call("operations-secret-0002", Method::POST, "/admin/servers")
+        .json(&json!({"address": "sim://gpu-7", "id": "gpu-7"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let upload = call(
+        "operations-secret-0002",
+        Method::PUT,
+        "/admin/policies/router?variant=new",
+    )
+    .body(vec![0u8; 16])
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(upload.status(), 403);
+    let message: Value = upload.json().await.unwrap();
+    assert!(
+        message["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"policies\""),
+        "{message}"
+    );
+    // An unknown token: 401, as before.
+    let unknown = call("not-a-token-at-all-000", Method::GET, "/admin/servers")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 401);
+    // The trail: each change (refused ones too), newest first, by name; never a read.
+    let audit = gw.admin_json(Method::GET, "/admin/audit").await;
+    let seen: Vec<(&str, &str, &str, u64)> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["token"].as_str().unwrap(),
+                e["method"].as_str().unwrap(),
+                e["path"].as_str().unwrap(),
+                e["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("ops", "PUT", "/admin/policies/router?variant=new", 403),
+            ("ops", "POST", "/admin/servers", 201),
+            ("dashboards", "POST", "/admin/servers", 403),
+        ],
+        "{audit}"
+    );
+    assert!(
+        !audit.to_string().contains("secret"),
+        "no token in the trail"
+    );
+}
+
+#[tokio::test]
 async fn admin_needs_the_token() {
     let gw = TestGateway::simulated(2, 0.0, "").await;
     let none = gw

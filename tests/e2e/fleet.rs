@@ -92,6 +92,32 @@ async fn an_admin_change_on_one_replica_holds_on_all_and_a_late_replica_starts_o
     let late = Replica::start(&config, Some(&redis.url()), "late").await;
     let servers = late.admin_json(Method::GET, "/admin/servers").await;
     assert_eq!(server_ids(&servers), expected);
+    // The audit trail is the fleet's: any replica lists the changes every replica made, newest
+    // first, with who, the answer and the revision.
+    let audit = late.admin_json(Method::GET, "/admin/audit").await;
+    let entries = audit["entries"].as_array().unwrap();
+    let seen: Vec<(&str, &str, &str, u64)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["replica"].as_str().unwrap(),
+                e["method"].as_str().unwrap(),
+                e["path"].as_str().unwrap(),
+                e["status"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("r1", "POST", "/admin/servers", 409),
+            ("r2", "DELETE", "/admin/servers/gpu-1?wait=true", 200),
+            ("r0", "POST", "/admin/servers?wait=true", 201),
+        ],
+        "{audit}"
+    );
+    assert!(entries.iter().all(|e| e["token"] == "admin"));
+    assert_eq!(entries[1]["revision"].as_u64(), Some(revision + 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,10 +3,12 @@
 //! membership, the policy slots, the recorder), and explains a decision by running the
 //! request path's own prepare phase and router ([`explain`]), never a copy of them.
 //!
-//! It is off unless an admin token is configured (`admin_token` or `RINGMASTER_ADMIN_TOKEN`);
-//! every call must present it as `Authorization: Bearer TOKEN` or `x-admin-token`. The token
-//! is compared in constant time (`subtle`) and never logged. Nothing here holds a lock
-//! across an await.
+//! It is off unless an operator token is configured (`admin_token` or
+//! `RINGMASTER_ADMIN_TOKEN`, every scope; `[[admin.tokens]]`, named and scoped); every call
+//! presents one as `Authorization: Bearer TOKEN` or `x-admin-token`, and needs its scope
+//! (`read`, `operate`, `policies`; 403 naming the one missing). Every change goes into the
+//! audit trail ([`access`], `GET /admin/audit`). Tokens are compared by digest in constant
+//! time and never logged. Nothing here holds a lock across an await.
 //!
 //! - [`servers`]: `GET|POST /admin/servers`, `DELETE /admin/servers/{id}`, `/admin/record`;
 //! - [`policies`]: `GET /admin/policies`, `PUT|POST|DELETE /admin/policies/…`;
@@ -23,6 +25,7 @@
 
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod changes;
 pub mod cluster;
 pub mod experiments;
@@ -41,7 +44,6 @@ use hyper::body::Incoming;
 use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_gateway::respond::json_response;
 use ringmaster_gateway::{Gateway, ResponseBody};
-use subtle::ConstantTimeEq;
 
 use crate::changes::{Applier, Change};
 use crate::cluster::cluster_json;
@@ -55,6 +57,8 @@ use crate::servers::{add_server, record_json, remove_server, servers_json};
 pub struct Admin {
     /// The applier of the configuration log (a cluster's replicas only).
     applier: Option<Arc<Applier>>,
+    /// The trail of changes (a gateway alone's; a cluster's is in Redis).
+    audit: access::Audit,
 }
 
 impl ringmaster_gateway::AdminRoutes for Admin {
@@ -63,7 +67,7 @@ impl ringmaster_gateway::AdminRoutes for Admin {
         gateway: &'a Arc<Gateway>,
         req: Request<Incoming>,
     ) -> ringmaster_gateway::AdminFuture<'a> {
-        Box::pin(handle(gateway, self.applier.as_ref(), req))
+        Box::pin(handle(gateway, self, req))
     }
 }
 
@@ -84,7 +88,10 @@ pub fn mount_with(gateway: &Arc<Gateway>, applier: Option<Arc<Applier>>) {
             tokio::spawn(guardrails::watch(Arc::downgrade(gateway), applier.clone()));
         }
     }
-    gateway.mount_admin(Arc::new(Admin { applier }));
+    gateway.mount_admin(Arc::new(Admin {
+        applier,
+        audit: access::Audit::default(),
+    }));
 }
 
 /// For a replica: applies the configuration log up to its head (so that the replica serves
@@ -103,17 +110,20 @@ pub async fn follow_cluster(
     Ok(Some(applier))
 }
 
-/// Handles `/admin/…`.
+/// Handles `/admin/…` and `/ui`: the caller's token and scope checked, every change recorded
+/// in the audit trail.
 pub async fn handle(
     gateway: &Arc<Gateway>,
-    applier: Option<&Arc<Applier>>,
+    admin: &Admin,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let Some(token) = gateway.config().admin_token.as_deref() else {
+    let tokens = &gateway.config().admin_tokens;
+    if tokens.is_empty() {
         return Err(ApiError::not_found(
-            "the admin API is disabled: set admin_token in the config or RINGMASTER_ADMIN_TOKEN",
+            "the admin API is disabled: set admin_token (or [[admin.tokens]]) in the config or \
+             RINGMASTER_ADMIN_TOKEN",
         ));
-    };
+    }
     let path = req.uri().path();
     if path == "/ui" || path.starts_with("/ui/") {
         if req.method() != Method::GET && req.method() != Method::HEAD {
@@ -124,12 +134,80 @@ pub async fn handle(
         }
         return ui::serve(path);
     }
-    if !presented_token_matches(req.headers(), token) {
-        return Err(ApiError::new(
-            ErrorKind::Authentication,
-            "admin API: missing or wrong admin token (Authorization: Bearer TOKEN)",
+    let token = access::caller(tokens, req.headers())?;
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let has_body = req
+        .headers()
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map_or(
+            req.headers().contains_key(http::header::TRANSFER_ENCODING),
+            |n| n != "0",
+        );
+    let scope = access::scope_of(&method, &path, has_body);
+    let denied = access::check(token, scope, &method, &path).err();
+    if scope == ringmaster_config::Scope::Read
+        && let Some(denied) = denied
+    {
+        return Err(denied);
+    }
+    if path == "/admin/audit" {
+        if method != Method::GET {
+            return Err(ApiError::new(
+                ErrorKind::MethodNotAllowed,
+                format!("method {method} is not allowed on {path}"),
+            ));
+        }
+        let limit = query_param(&req, "limit")
+            .and_then(|l| l.parse().ok())
+            .unwrap_or(100usize)
+            .clamp(1, ringmaster_cluster::audit::AUDIT_KEPT);
+        return Ok(json_response(
+            StatusCode::OK,
+            &admin.audit.list(gateway, limit).await?,
         ));
     }
+    if scope == ringmaster_config::Scope::Read {
+        return route(gateway, admin.applier.as_ref(), req).await;
+    }
+    let what = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| path.clone(), |p| p.as_str().to_owned());
+    // A refused change is recorded too: who tried what is what an audit is for.
+    let answer = match denied {
+        Some(denied) => Err(denied),
+        None => route(gateway, admin.applier.as_ref(), req).await,
+    };
+    let status = match &answer {
+        Ok(response) => response.status().as_u16(),
+        Err(e) => e.kind().status().as_u16(),
+    };
+    admin
+        .audit
+        .record(
+            gateway,
+            access::AuditEntry {
+                at_ms: access::now_ms(),
+                token: token.name.clone(),
+                method: method.to_string(),
+                path: what,
+                status,
+                replica: None,
+                revision: None,
+            },
+        )
+        .await;
+    answer
+}
+
+/// An authorized call to its handler.
+async fn route(
+    gateway: &Arc<Gateway>,
+    applier: Option<&Arc<Applier>>,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
     let path = req.uri().path().to_owned();
     let method = req.method().clone();
     let wait = matches!(query_param(&req, "wait").as_deref(), Some("true" | "1"));
@@ -263,19 +341,6 @@ pub async fn handle(
             "no admin route for {method} {path}"
         ))),
     }
-}
-
-/// `/admin/record`: the traffic recording's state, after switching it on or off when asked.
-/// Only the file named in the config (`[record] path`) is ever written: the admin API cannot
-/// choose where the gateway writes.
-fn presented_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
-    let presented = headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .or_else(|| headers.get("x-admin-token").and_then(|v| v.to_str().ok()));
-    // `subtle` compares without an early exit on the first differing byte.
-    presented.is_some_and(|p| bool::from(p.trim().as_bytes().ct_eq(token.as_bytes())))
 }
 
 /// A query parameter that must be there.

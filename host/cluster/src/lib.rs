@@ -26,6 +26,7 @@
 
 #![deny(missing_docs)]
 
+pub mod audit;
 pub mod blobs;
 pub mod buckets;
 pub mod lease;

@@ -18,6 +18,7 @@
 
 #![deny(missing_docs)]
 
+pub mod admin;
 pub mod autoscale;
 pub mod cluster;
 pub mod disaggregation;
@@ -39,6 +40,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+pub use admin::{AdminListener, AdminToken, Scope};
 pub use autoscale::AutoscaleSettings;
 pub use cluster::ClusterSettings;
 pub use disaggregation::{
@@ -63,7 +65,7 @@ pub use servers::{
     ServerProtocol, ServerSpec, TokenizerSource, server_spec,
 };
 pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
-pub use tls::{AdminListener, TlsSettings};
+pub use tls::TlsSettings;
 pub use upstream::{MAX_ATTEMPTS, RawRetry, RawUpstream, RetryPolicy, UpstreamSettings};
 
 use error::invalid;
@@ -148,6 +150,9 @@ pub struct Config {
     /// `[admin] listen`: the admin API and `/ui` on a listener of their own (`None`: on the
     /// public one).
     pub admin_listener: Option<AdminListener>,
+    /// The operator tokens (`admin_token` is one of them, named `admin`, with every scope);
+    /// none: the admin API is off.
+    pub admin_tokens: Vec<AdminToken>,
     /// Models accepted.
     pub models: Vec<String>,
     /// Admin token; `None` turns the admin API off.
@@ -307,6 +312,29 @@ impl RawConfig {
             ));
         }
 
+        let (admin_listener, mut admin_tokens) = admin::admin(self.admin.unwrap_or_default())?;
+        if let Some(token) = &admin_token {
+            let digest = key_digest(token);
+            if admin_tokens
+                .iter()
+                .any(|t| t.name == "admin" || t.digest == digest)
+            {
+                return Err(invalid(
+                    "admin.tokens",
+                    "admin_token is the token named \"admin\": no [[admin.tokens]] entry may \
+                     take its name or its secret",
+                ));
+            }
+            admin_tokens.insert(
+                0,
+                AdminToken {
+                    name: "admin".to_owned(),
+                    digest,
+                    scopes: Scope::ALL.to_vec(),
+                },
+            );
+        }
+
         let autoscale = autoscale::autoscale_settings(self.autoscale.unwrap_or_default())?;
         let cluster = self.cluster.map(cluster::cluster_settings).transpose()?;
         let lora = lora::lora_settings(self.lora.unwrap_or_default())?;
@@ -369,7 +397,8 @@ impl RawConfig {
         Ok(Config {
             listen,
             tls: tls::public(self.tls.unwrap_or_default())?,
-            admin_listener: tls::admin(self.admin.unwrap_or_default())?,
+            admin_listener,
+            admin_tokens,
             models,
             admin_token,
             access_log: self.access_log.unwrap_or(false),

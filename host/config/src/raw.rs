@@ -19,7 +19,7 @@ pub struct RawConfig {
     /// `[tls]`: the public listener's certificate and key.
     pub tls: Option<crate::tls::RawTls>,
     /// `[admin]`: the admin API's own listener.
-    pub admin: Option<crate::tls::RawAdmin>,
+    pub admin: Option<crate::admin::RawAdmin>,
     /// `access_log`: one INFO line per request (otherwise they are DEBUG).
     pub access_log: Option<bool>,
     /// `[aliases]`: public model name → the name servers serve.

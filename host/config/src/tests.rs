@@ -130,6 +130,66 @@ fn tls_needs_both_files_and_the_admin_listener_its_address() {
 }
 
 #[test]
+fn operator_tokens_are_named_digests_with_known_scopes() {
+    let check = |toml: &str| {
+        RawConfig::from_toml(&format!(
+            "admin_token = \"the-full-admin-token-01\"\n{toml}"
+        ))
+        .unwrap()
+        .validate_with_env(no_env)
+    };
+    let config = check(
+        "[[admin.tokens]]\nname = \"ci\"\ntoken = \"ci-token-0123456789\"\nscopes = [\"policies\", \"read\"]",
+    )
+    .unwrap();
+    let names: Vec<(&str, Vec<Scope>)> = config
+        .admin_tokens
+        .iter()
+        .map(|t| (t.name.as_str(), t.scopes.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("admin", Scope::ALL.to_vec()),
+            ("ci", vec![Scope::Read, Scope::Policies])
+        ]
+    );
+    assert_eq!(
+        config.admin_tokens[1].digest,
+        key_digest("ci-token-0123456789")
+    );
+    for (toml, key) in [
+        (
+            "[[admin.tokens]]\ntoken = \"ci-token-0123456789\"",
+            "admin.tokens[0].name",
+        ),
+        (
+            "[[admin.tokens]]\nname = \"ci\"\ntoken = \"short\"",
+            "admin.tokens[0].token",
+        ),
+        (
+            "[[admin.tokens]]\nname = \"ci\"\ntoken = \"ci-token-0123456789\"\nscopes = [\"root\"]",
+            "admin.tokens[0].scopes",
+        ),
+        (
+            "[[admin.tokens]]\nname = \"admin\"\ntoken = \"ci-token-0123456789\"",
+            "admin.tokens",
+        ),
+        (
+            "[[admin.tokens]]\nname = \"ci\"\ntoken = \"the-full-admin-token-01\"",
+            "admin.tokens",
+        ),
+        (
+            "[[admin.tokens]]\nname = \"a\"\ntoken = \"ci-token-0123456789\"\n[[admin.tokens]]\nname = \"a\"\ntoken = \"ci-token-9876543210\"",
+            "admin.tokens[1].name",
+        ),
+    ] {
+        let err = check(toml).unwrap_err().to_string();
+        assert!(err.contains(key), "{toml}: {err}");
+    }
+}
+
+#[test]
 fn keys_are_kept_as_digests_and_tenants_must_exist() {
     let digest = key_digest("sk-test-123456");
     let hex_digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();

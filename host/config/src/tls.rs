@@ -1,8 +1,7 @@
-//! `[tls]` (the public listener) and `[admin]` (the admin API's own listener): the PEM files a
-//! TLS listener reads. Only the keys are checked here; the files are read where the listener
+//! `[tls]` (the public listener) and the TLS keys of `[admin]` (the admin API's own listener,
+//! `crate::admin`): the PEM files a TLS listener reads. Only the keys are checked here; the files are read where the listener
 //! starts (`ringmaster-tls`), so that `check-config` and start-up say which file is wrong.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -21,22 +20,6 @@ pub struct RawTls {
     pub client_ca: Option<PathBuf>,
 }
 
-/// `[admin]`: the admin API and `/ui` on a listener of their own.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawAdmin {
-    /// Address of the admin listener (the admin API and `/ui` are then not on the public
-    /// port).
-    pub listen: Option<String>,
-    /// Its certificate chain, PEM.
-    pub cert: Option<PathBuf>,
-    /// Its private key, PEM.
-    pub key: Option<PathBuf>,
-    /// For mutual TLS on it: the CA certificates (PEM) an operator's certificate must chain
-    /// to.
-    pub client_ca: Option<PathBuf>,
-}
-
 /// A listener's TLS files, as configured (read when the listener starts, and again when they
 /// change).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,15 +30,6 @@ pub struct TlsSettings {
     pub key: PathBuf,
     /// The CA of the client certificates required (`None`: no client certificate asked).
     pub client_ca: Option<PathBuf>,
-}
-
-/// The admin API's own listener.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AdminListener {
-    /// Its address.
-    pub listen: SocketAddr,
-    /// Its TLS (`None`: plain HTTP).
-    pub tls: Option<TlsSettings>,
 }
 
 /// `[tls]` (or `[admin]`'s TLS keys, under `section`) validated: `None` when neither file is
@@ -92,27 +66,4 @@ pub(crate) fn settings(
 /// `[tls]` validated.
 pub(crate) fn public(raw: RawTls) -> Result<Option<TlsSettings>, ConfigError> {
     settings("tls", raw.cert, raw.key, raw.client_ca)
-}
-
-/// `[admin]` validated: `None` when it names no listener (then its TLS keys are an error: the
-/// admin API shares the public listener and its TLS).
-pub(crate) fn admin(raw: RawAdmin) -> Result<Option<AdminListener>, ConfigError> {
-    let tls = settings("admin", raw.cert, raw.key, raw.client_ca)?;
-    let Some(listen) = raw.listen.filter(|l| !l.is_empty()) else {
-        return match tls {
-            Some(_) => Err(invalid(
-                "admin.cert",
-                "needs admin.listen: without a listener of its own the admin API is served \
-                 on the public one, with [tls]",
-            )),
-            None => Ok(None),
-        };
-    };
-    let listen = listen.parse().map_err(|e| {
-        invalid(
-            "admin.listen",
-            format!("{listen:?} is not an address like 127.0.0.1:9090: {e}"),
-        )
-    })?;
-    Ok(Some(AdminListener { listen, tls }))
 }

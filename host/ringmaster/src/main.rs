@@ -247,14 +247,27 @@ fn main() -> anyhow::Result<()> {
                 );
                 println!("  api keys   {}", resolved.api_keys.len());
                 println!("  tenants    {}", resolved.tenants.len());
-                println!(
-                    "  admin API  {}",
-                    if resolved.admin_token.is_some() {
-                        "on"
-                    } else {
-                        "off"
-                    }
-                );
+                if resolved.admin_tokens.is_empty() {
+                    println!("  admin API  off");
+                } else {
+                    println!(
+                        "  admin API  on: {}",
+                        resolved
+                            .admin_tokens
+                            .iter()
+                            .map(|t| format!(
+                                "{} ({})",
+                                t.name,
+                                t.scopes
+                                    .iter()
+                                    .map(|s| s.as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    );
+                }
             }
             Ok(())
         }
@@ -497,7 +510,7 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 .map(|v| format!("{}={}", v.name, v.source))
                 .collect::<Vec<_>>()
                 .join(","),
-            admin_api = gateway.config().admin_token.is_some(),
+            admin_api = !gateway.config().admin_tokens.is_empty(),
             tls = gateway.config().tls.is_some(),
             admin_address = ?admin_listener.as_ref().and_then(|l| l.local_addr().ok()),
             "gateway.listening"
