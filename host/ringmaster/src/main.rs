@@ -27,7 +27,13 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Log format.
-    #[arg(long, global = true, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "RINGMASTER_LOG_FORMAT"
+    )]
     log_format: LogFormat,
 }
 
@@ -165,7 +171,7 @@ struct ServeArgs {
     #[arg(long, env = "RINGMASTER_CLUSTER")]
     cluster: Option<String>,
     /// This replica's name in the cluster (overrides `[cluster] name`; default: host:port).
-    #[arg(long)]
+    #[arg(long, env = "RINGMASTER_REPLICA")]
     replica: Option<String>,
 }
 
