@@ -10,7 +10,6 @@
 //! nothing for `client_send_timeout_ms`, [`ringmaster_serve::send_timeout`]), hyper drops it, and with it
 //! the engine's stream, which cancels the generation and frees its KV blocks.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -19,10 +18,6 @@ use std::time::{Duration, Instant};
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use ringmaster_serve::conn::{Activity, Watched, watchdog};
-use ringmaster_serve::send_timeout::SendTimeout;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -75,141 +70,43 @@ async fn serve_on(
     kind: Listener,
     shutdown: impl Future<Output = ()>,
 ) {
-    let builder = connection_builder(&gateway.config.client);
-    let tls = match kind {
-        Listener::Public => gateway.tls.clone(),
-        Listener::Admin => gateway.admin_tls.clone(),
+    let (tls, name) = match kind {
+        Listener::Public => (gateway.tls.clone(), "gateway"),
+        Listener::Admin => (gateway.admin_tls.clone(), "admin"),
     };
+    let front = ringmaster_serve::http::Front::new(
+        gateway.config.client,
+        gateway.config.client_send_timeout,
+        gateway.connections.clone(),
+        ringmaster_serve::http::FrontCounters {
+            slow_clients: gateway.metrics.slow_client_disconnects.clone(),
+            tls_failures: gateway.metrics.tls_handshake_failures.clone(),
+        },
+        tls,
+    );
     let graceful = ringmaster_serve::accept_until(listener, shutdown, |stream, peer, graceful| {
         let Some(slot) = gateway.connections.try_open() else {
             debug!(%peer, open = gateway.connections.open(), "connection.refused");
             gateway.connections.refuse(stream);
             return None;
         };
-        let connection = Connection {
-            gateway: gateway.clone(),
-            builder: builder.clone(),
-            watcher: graceful.watcher(),
-            peer,
-            kind,
-        };
-        let tls = tls.clone();
+        let served = gateway.clone();
+        let connection =
+            front
+                .clone()
+                .serve(stream, peer, graceful.watcher(), move |req, in_flight| {
+                    handle(served.clone(), req, (peer, kind), in_flight)
+                });
         Some(async move {
             let _slot = slot;
-            let Some(tls) = tls else {
-                connection.run(stream).await;
-                return;
-            };
-            let timeout = connection.gateway.config.client.header_read_timeout;
-            let handshake = tls.accept(stream);
-            let result = match timeout {
-                Some(timeout) => tokio::time::timeout(timeout, handshake)
-                    .await
-                    .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
-                None => handshake.await,
-            };
-            match result {
-                Ok(stream) => connection.run(stream).await,
-                Err(e) => {
-                    connection.gateway.metrics.tls_handshake_failures.inc();
-                    debug!(error = %e, %peer, "connection.tls_handshake_failed");
-                }
-            }
+            connection.await;
         })
     })
     .await;
     if kind == Listener::Public {
         gateway.stopping.cancel();
     }
-    let name = match kind {
-        Listener::Public => "gateway",
-        Listener::Admin => "admin",
-    };
     ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, name).await;
-}
-
-/// One accepted connection, before its stream is known (plain, or after its TLS handshake).
-struct Connection {
-    gateway: Arc<Gateway>,
-    builder: auto::Builder<TokioExecutor>,
-    watcher: hyper_util::server::graceful::Watcher,
-    peer: SocketAddr,
-    kind: Listener,
-}
-
-impl Connection {
-    /// Serves HTTP/1.1 or HTTP/2 on `stream` until the client closes it, the watchdog ends
-    /// it, or shutdown's grace runs out.
-    async fn run<S>(self, stream: S)
-    where
-        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    {
-        let Self {
-            gateway,
-            builder,
-            watcher,
-            peer,
-            kind,
-        } = self;
-        let client = gateway.config.client;
-        let activity = Activity::new();
-        let served = gateway.clone();
-        let requests = activity.clone();
-        let service = hyper::service::service_fn(move |req| {
-            let gateway = served.clone();
-            let in_flight = requests.request_started();
-            async move { Ok::<_, Infallible>(handle(gateway, req, (peer, kind), in_flight).await) }
-        });
-        let stream = SendTimeout::new(
-            stream,
-            gateway.config.client_send_timeout,
-            gateway.metrics.slow_client_disconnects.clone(),
-        );
-        let stream = Watched::new(stream, activity.clone());
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = watcher.watch(conn);
-        let watchdog = watchdog(
-            &activity,
-            &gateway.connections,
-            client.header_read_timeout,
-            client.idle_timeout,
-        );
-        // A connection the watchdog ends is dropped: its socket closes. It is reading a head
-        // or idle then, so no request is cut short.
-        tokio::select! {
-            result = conn => if let Err(e) = result {
-                debug!(error = %e, %peer, "connection.closed_with_error");
-            },
-            expired = watchdog => debug!(?expired, %peer, "connection.ended"),
-        }
-    }
-}
-
-/// hyper's connection settings from `[limits]`: the head's size and header count (431 past
-/// either), HTTP/2's streams per connection and header list. The head's read timeout is the
-/// connection watchdog's ([`ringmaster_serve::conn`]), not hyper's: hyper's would also run while a
-/// keep-alive connection is idle and close it at the head timeout, not the idle one.
-fn connection_builder(
-    limits: &ringmaster_config::limits::ClientLimits,
-) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    {
-        let mut http1 = builder.http1();
-        http1
-            .header_read_timeout(None)
-            .max_buf_size(limits.max_header_bytes.max(8192));
-        // hyper keeps up to 100 headers on the stack; any other count moves them to the heap.
-        if limits.max_headers != ringmaster_config::limits::DEFAULT_MAX_HEADERS {
-            http1.max_headers(limits.max_headers);
-        }
-    }
-    builder
-        .http2()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    builder
 }
 
 /// Handles one request: routes by path, turns errors into responses, stamps the request id.
@@ -300,7 +197,14 @@ async fn handle(
         );
         let status = response.status().as_u16();
         if traced {
-            describe_response(&method, route, status, error_type.as_deref());
+            // The request's span stays open while a streamed reply runs.
+            ringmaster_telemetry::describe_response(
+                &tracing::Span::current(),
+                method.as_str(),
+                route,
+                status,
+                error_type.as_deref(),
+            );
         }
         gateway
             .metrics
@@ -316,22 +220,6 @@ async fn handle(
     }
     .instrument(span)
     .await
-}
-
-/// The answer on the request's span (it stays open while a streamed reply runs).
-fn describe_response(method: &Method, route: &'static str, status: u16, error: Option<&str>) {
-    use ringmaster_telemetry::SpanExt;
-    use ringmaster_telemetry::semconv as k;
-    let span = tracing::Span::current();
-    span.attribute(k::HTTP_REQUEST_METHOD, method.as_str().to_owned());
-    span.attribute(k::HTTP_ROUTE, route);
-    span.attribute(k::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
-    if let Some(error) = error {
-        span.attribute(k::ERROR_TYPE, error.to_owned());
-        if status >= 500 {
-            span.failed(error.to_owned());
-        }
-    }
 }
 
 /// `hold` shortened by up to half, by the request's own (random) id: a flood's connections,

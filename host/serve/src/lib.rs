@@ -1,6 +1,7 @@
 //! The server loop both of Ringmaster's HTTP servers run (the gateway and `ringmaster
 //! worker`), and what protects the gateway's front: connection limits and timeouts
-//! ([`conn`]), the client send timeout ([`send_timeout`]), load shedding under overload
+//! ([`conn`]), the client send timeout ([`send_timeout`]), one connection served under them,
+//! after its TLS handshake when the listener has TLS ([`http`]), load shedding under overload
 //! ([`overload`]).
 //!
 //! [`accept_until`] takes connections until shutdown, backing off on accept errors (out of
@@ -11,6 +12,7 @@
 #![deny(missing_docs)]
 
 pub mod conn;
+pub mod http;
 pub mod overload;
 pub mod send_timeout;
 

@@ -186,6 +186,26 @@ pub fn continue_trace(span: &Span, headers: &HeaderMap) {
     }
 }
 
+/// A server span's answer, in OpenTelemetry's HTTP terms: the method, the route's label, the
+/// status and, for an error, its type (a 5xx marks the span failed).
+pub fn describe_response(
+    span: &Span,
+    method: &str,
+    route: &'static str,
+    status: u16,
+    error: Option<&str>,
+) {
+    span.attribute(semconv::HTTP_REQUEST_METHOD, method.to_owned());
+    span.attribute(semconv::HTTP_ROUTE, route);
+    span.attribute(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(status));
+    if let Some(error) = error {
+        span.attribute(semconv::ERROR_TYPE, error.to_owned());
+        if status >= 500 {
+            span.failed(error.to_owned());
+        }
+    }
+}
+
 /// Whether `span` is recorded and exported (exporter on, and its trace sampled).
 pub fn is_sampled(span: &Span) -> bool {
     enabled() && span.context().span().span_context().is_sampled()
