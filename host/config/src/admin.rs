@@ -3,46 +3,12 @@
 //! `admin_token` stays: it is a token named `admin` with every scope.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
-
-use serde::Deserialize;
 
 use crate::MIN_ADMIN_TOKEN_CHARS;
 use crate::error::{ConfigError, invalid};
 use crate::keys::key_digest;
+pub use crate::raw::{RawAdmin, RawAdminToken};
 use crate::tls::{self, TlsSettings};
-
-/// `[admin]` as written.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawAdmin {
-    /// Address of the admin listener (the admin API and `/ui` are then not on the public
-    /// port).
-    pub listen: Option<String>,
-    /// Its certificate chain, PEM.
-    pub cert: Option<PathBuf>,
-    /// Its private key, PEM.
-    pub key: Option<PathBuf>,
-    /// For mutual TLS on it: the CA certificates (PEM) an operator's certificate must chain
-    /// to.
-    pub client_ca: Option<PathBuf>,
-    /// `[[admin.tokens]]`: operator tokens, each with a name and scopes.
-    pub tokens: Option<Vec<RawAdminToken>>,
-}
-
-/// One `[[admin.tokens]]` entry as written.
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawAdminToken {
-    /// Who holds it, as the audit trail names them.
-    pub name: Option<String>,
-    /// The secret (hashed at load; at least 16 characters).
-    pub token: Option<String>,
-    /// The secret's SHA-256, 64 hex digits, instead of `token`.
-    pub token_sha256: Option<String>,
-    /// `read`, `operate`, `policies` (default `["read"]`).
-    pub scopes: Option<Vec<String>>,
-}
 
 /// What an operator token may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

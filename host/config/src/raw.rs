@@ -19,7 +19,7 @@ pub struct RawConfig {
     /// `[tls]`: the public listener's certificate and key.
     pub tls: Option<crate::tls::RawTls>,
     /// `[admin]`: the admin API's own listener.
-    pub admin: Option<crate::admin::RawAdmin>,
+    pub admin: Option<RawAdmin>,
     /// `access_log`: one INFO line per request (otherwise they are DEBUG).
     pub access_log: Option<bool>,
     /// `[aliases]`: public model name → the name servers serve.
@@ -435,4 +435,36 @@ pub struct RawSimulator {
     /// How routing learns what this process's engines hold: `in_process` (the default),
     /// `vllm_events` or `routing_history` (see `LocalCacheView`).
     pub cache_view: Option<String>,
+}
+
+/// `[admin]` as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    /// Address of the admin listener (the admin API and `/ui` are then not on the public
+    /// port).
+    pub listen: Option<String>,
+    /// Its certificate chain, PEM.
+    pub cert: Option<std::path::PathBuf>,
+    /// Its private key, PEM.
+    pub key: Option<std::path::PathBuf>,
+    /// For mutual TLS on it: the CA certificates (PEM) an operator's certificate must chain
+    /// to.
+    pub client_ca: Option<std::path::PathBuf>,
+    /// `[[admin.tokens]]`: operator tokens, each with a name and scopes.
+    pub tokens: Option<Vec<RawAdminToken>>,
+}
+
+/// One `[[admin.tokens]]` entry as written.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdminToken {
+    /// Who holds it, as the audit trail names them.
+    pub name: Option<String>,
+    /// The secret (hashed at load; at least 16 characters).
+    pub token: Option<String>,
+    /// The secret's SHA-256, 64 hex digits, instead of `token`.
+    pub token_sha256: Option<String>,
+    /// `read`, `operate`, `policies` (default `["read"]`).
+    pub scopes: Option<Vec<String>>,
 }
