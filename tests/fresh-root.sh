@@ -13,7 +13,9 @@
 # 014a5a7 in 2,337 s (39 min; the build 20.7 min, the fuzz build 36 s); at 28a1e95
 # (2026-12-06, the coding agents' issue: Claude Code and Codex installed and run in a network
 # namespace) in 1,861 s (31 min); at 378c828 (2026-12-07, config a leaf, the slots, the server loop
-# and the Responses store in crates of their own) in 1,792 s (29.9 min).
+# and the Responses store in crates of their own) in 1,792 s (29.9 min); at 56629f4 (TLS,
+# operator tokens, the image and the manifests) it failed after 1,598 s in cargo test on a
+# missing curl, which tests/run installs since 25cfee0.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
