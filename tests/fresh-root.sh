@@ -15,7 +15,9 @@
 # namespace) in 1,861 s (31 min); at 378c828 (2026-12-07, config a leaf, the slots, the server loop
 # and the Responses store in crates of their own) in 1,792 s (29.9 min); at 56629f4 (TLS,
 # operator tokens, the image and the manifests) it failed after 1,598 s in cargo test on a
-# missing curl, which tests/run installs since 25cfee0.
+# missing curl, which tests/run installs since 25cfee0. A run at 7e0dd44 was cut off by the
+# session's end and left its root behind: the disk filled and the CI run beside it failed
+# linking; the root is now removed on any exit and a run refuses to start without the room.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
@@ -70,8 +72,26 @@ umount_all() {
   awk -v r="$root/" 'index($2, r) == 1 {print $2}' /proc/mounts | sort -r |
     while read -r m; do umount -l "$m" || true; done
 }
-trap umount_all EXIT
+# Removed on any exit, a killed run included (unless --keep): a root left behind holds ~30 GB,
+# and a CI run on this machine's build cache then fails linking on a full disk (stop 45's
+# "ld terminated with signal 7 [Bus error]" was exactly that).
+cleanup() {
+  umount_all
+  if [ "$keep" != 1 ]; then rm -rf --one-file-system "$root"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
 umount_all
+
+# The root takes ~30 GB at its peak; with less free than that plus a margin for this machine's
+# own builds, refuse rather than fill the disk under everything else running here.
+need_gb=${RINGMASTER_FRESH_ROOT_MIN_FREE_GB:-45}
+free_gb=$(df --output=avail -BG "$(dirname "$root")" | tail -n 1 | tr -dc '0-9')
+if [ -d "$root" ]; then free_gb=$((free_gb + $(du -s -BG --one-file-system "$root" | cut -f1 | tr -dc '0-9'))); fi
+if [ "$free_gb" -lt "$need_gb" ]; then
+  echo "only ${free_gb} GB free for $root: a cold root needs ${need_gb} GB (RINGMASTER_FRESH_ROOT_MIN_FREE_GB)" >&2
+  exit 1
+fi
 
 if [ ! -x "$root/bin/bash" ]; then
   mkdir -p "$root"
@@ -106,6 +126,4 @@ chroot "$root" /usr/bin/env -i HOME=/root CI=true \
   REQUESTS_CA_BUNDLE=$bundle PIP_CERT=$bundle GIT_SSL_CAINFO=$bundle \
   /bin/bash -c 'cd /work/main && bash .ci/run' || rc=$?
 echo "fresh-root .ci/run: exit $rc after $(( $(date +%s) - started )) s"
-umount_all
-[ "$keep" = 1 ] || rm -rf "$root"
 exit "$rc"
