@@ -134,6 +134,17 @@ pub const PACE: Duration = Duration::from_millis(20);
 /// The models a fake server lists: ids with their `parent`.
 pub type Listed = Vec<(String, Option<String>)>;
 
+/// What a fake server demands beyond HTTP: TLS with its own certificate (and, as that
+/// configuration says, a client certificate), and headers every request must carry (an API
+/// key, an organisation), refused with 401 otherwise.
+#[derive(Clone, Debug, Default)]
+pub struct Demands {
+    /// Serve HTTPS with this configuration.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+    /// `(name, value)` pairs every request must carry.
+    pub headers: Vec<(String, String)>,
+}
+
 /// A running fake server; it stops when dropped.
 #[derive(Debug)]
 pub struct FakeUpstream {
@@ -151,6 +162,8 @@ pub struct FakeUpstream {
     pub metrics: Arc<std::sync::Mutex<Option<String>>>,
     /// What `GET /v1/models` lists: ids with their `parent` (a LoRA adapter's base model).
     pub models: Arc<std::sync::Mutex<Listed>>,
+    /// Requests refused for a missing or wrong header its [`Demands`] named.
+    pub unauthorized: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -164,6 +177,16 @@ impl FakeUpstream {
 
     /// Serves `listener` with `behavior`.
     pub fn serve(listener: TcpListener, behavior: Behavior, tokens: usize) -> Self {
+        Self::serve_demanding(listener, behavior, tokens, Demands::default())
+    }
+
+    /// Serves `listener` with `behavior` to clients that meet `demands`.
+    pub fn serve_demanding(
+        listener: TcpListener,
+        behavior: Behavior,
+        tokens: usize,
+        demands: Demands,
+    ) -> Self {
         let addr = listener.local_addr().unwrap();
         let connections = Arc::new(AtomicUsize::new(0));
         let requests = Arc::new(AtomicUsize::new(0));
@@ -179,6 +202,10 @@ impl FakeUpstream {
             metrics: metrics.clone(),
             models: models.clone(),
         };
+        let unauthorized = Arc::new(AtomicUsize::new(0));
+        let refused = unauthorized.clone();
+        let required = Arc::new(demands.headers);
+        let acceptor = demands.tls.map(tokio_rustls::TlsAcceptor::from);
         let task = tokio::spawn(async move {
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             while let Ok((stream, _)) = listener.accept().await {
@@ -186,14 +213,47 @@ impl FakeUpstream {
                 let _ = stream.set_nodelay(true);
                 let state = state.clone();
                 let builder = builder.clone();
+                let (required, refused) = (required.clone(), refused.clone());
+                let acceptor = acceptor.clone();
                 tokio::spawn(async move {
-                    let service = hyper::service::service_fn(move |req| {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
                         let state = state.clone();
-                        async move { Ok::<_, Infallible>(answer(req, behavior, tokens, &state).await) }
+                        let missing = required
+                            .iter()
+                            .find(|(name, value)| {
+                                req.headers()
+                                    .get(name.as_str())
+                                    .and_then(|v| v.to_str().ok())
+                                    != Some(value.as_str())
+                            })
+                            .map(|(name, _)| name.clone());
+                        if missing.is_some() {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        async move {
+                            Ok::<_, Infallible>(match missing {
+                                Some(name) => json(
+                                    StatusCode::UNAUTHORIZED,
+                                    &serde_json::json!({"error": {
+                                        "message": format!("missing or wrong {name}"),
+                                        "type": "authentication_error"}}),
+                                ),
+                                None => answer(req, behavior, tokens, &state).await,
+                            })
+                        }
                     });
-                    let _ = builder
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    match acceptor {
+                        None => {
+                            let _ = builder
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                        Some(acceptor) => {
+                            if let Ok(tls) = acceptor.accept(stream).await {
+                                let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+                            }
+                        }
+                    }
                 });
             }
         });
@@ -205,6 +265,7 @@ impl FakeUpstream {
             traceparents,
             metrics,
             models,
+            unauthorized,
             task,
         }
     }
@@ -242,6 +303,11 @@ impl FakeUpstream {
     /// `http://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// `https://localhost:PORT`, the name a test certificate is made for.
+    pub fn https_url(&self) -> String {
+        format!("https://localhost:{}", self.addr.port())
     }
 }
 

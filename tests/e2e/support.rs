@@ -22,13 +22,16 @@ impl TestGateway {
     /// Starts a gateway from TOML, with `admin_token` set and listen on 127.0.0.1:0 unless the
     /// TOML says otherwise.
     pub async fn start(toml: &str) -> Self {
+        Self::start_with_env(toml, |_| None).await
+    }
+
+    /// [`Self::start`] with the environment the configuration reads (`api_key_env`).
+    pub async fn start_with_env(toml: &str, env: impl Fn(&str) -> Option<String>) -> Self {
         let mut raw = RawConfig::from_toml(toml).expect("test config parses");
         raw.listen.get_or_insert_with(|| "127.0.0.1:0".to_owned());
         raw.admin_token
             .get_or_insert_with(|| ADMIN_TOKEN.to_owned());
-        let config = raw
-            .validate_with_env(|_| None)
-            .expect("test config is valid");
+        let config = raw.validate_with_env(env).expect("test config is valid");
         let listener = TcpListener::bind(config.listen).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let gateway = Gateway::start(config).expect("gateway starts");

@@ -481,3 +481,155 @@ async fn mutual_tls_refuses_a_client_without_a_certificate_and_the_admin_api_has
         .unwrap();
     assert_eq!(health.status(), 200);
 }
+
+/// A fake server's TLS: `ca`'s certificate for localhost, and when `clients` is given, a
+/// client certificate of that CA demanded.
+fn upstream_tls(dir: &Path, ca: &Ca, clients: Option<&Ca>) -> Arc<rustls::ServerConfig> {
+    let (cert, key, _) = ca.write(dir, "upstream");
+    let chain = CertificateDer::pem_file_iter(&cert)
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match clients {
+        None => builder.with_no_client_auth(),
+        Some(clients) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(clients.issuer.der().clone()).unwrap();
+            builder.with_client_cert_verifier(
+                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider)
+                    .build()
+                    .unwrap(),
+            )
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_server_with_its_own_ca_a_client_certificate_and_credentials() {
+    use ringmaster_tests::fake_upstream::{Behavior, Demands, FakeUpstream};
+
+    use crate::support::{TestGateway, eventually};
+    let dir = tempfile::tempdir().unwrap();
+    let server_ca = Ca::new("upstream CA");
+    let client_ca = Ca::new("gateway clients CA");
+    let other_ca = Ca::new("someone else's CA");
+    let ca_file = server_ca.write_ca(dir.path(), "upstream-ca.pem");
+    let other_ca_file = other_ca.write_ca(dir.path(), "other-ca.pem");
+    let (client_cert, client_key, _) = client_ca.write(dir.path(), "gateway-client");
+    let upstream = FakeUpstream::serve_demanding(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        Behavior::OpenAi,
+        3,
+        Demands {
+            tls: Some(upstream_tls(dir.path(), &server_ca, Some(&client_ca))),
+            headers: vec![
+                ("authorization".into(), "Bearer sk-upstream-secret".into()),
+                ("x-org".into(), "acme-secret-org".into()),
+            ],
+        },
+    );
+    // Read over TLS with the credentials, like every request: the engine's load comes from
+    // its /metrics.
+    upstream.set_metrics(Some(
+        "# TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{engine=\"0\",model_name=\"fake\"} 2.0\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{engine=\"0\",model_name=\"fake\"} 5.0\n",
+    ));
+    let env = |name: &str| (name == "UPSTREAM_KEY").then(|| "sk-upstream-secret".to_owned());
+    let config = |ca: &Path, client: bool, org: &str| {
+        let mut toml = format!(
+            "models = [\"fake\"]\n[[servers]]\nid = \"hosted\"\naddress = \"{}\"\n\
+             ca_file = \"{}\"\napi_key_env = \"UPSTREAM_KEY\"\nheaders = {{ \"x-org\" = \"{org}\" }}\n",
+            upstream.https_url(),
+            ca.display()
+        );
+        if client {
+            toml.push_str(&format!(
+                "client_cert = \"{}\"\nclient_key = \"{}\"\n",
+                client_cert.display(),
+                client_key.display()
+            ));
+        }
+        toml
+    };
+    let chat = json!({"model": "fake", "max_tokens": 3,
+        "messages": [{"role": "user", "content": "Hello over https"}]});
+
+    // Everything right: the request goes through, and the polls carry the credentials too.
+    let gw = TestGateway::start_with_env(&config(&ca_file, true, "acme-secret-org"), env).await;
+    let response = gw.post_chat(&chat).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    let body: Value = response.json().await.unwrap();
+    assert!(
+        !body["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .is_empty()
+    );
+    let hosted = async || gw.servers().await["servers"][0].clone();
+    assert!(
+        eventually(Duration::from_secs(5), async || {
+            hosted().await["engine"]["waiting"] == 5
+        })
+        .await,
+        "the load was not read over TLS: {}",
+        hosted().await
+    );
+    assert_eq!(upstream.unauthorized.load(Ordering::Relaxed), 0);
+    // Shown by name only, never by value.
+    let shown = gw.servers().await.to_string();
+    assert_eq!(
+        hosted().await["access"],
+        json!({"tls": true, "ca_file": ca_file.display().to_string(),
+            "client_cert": client_cert.display().to_string(),
+            "api_key_env": "UPSTREAM_KEY", "headers": ["x-org"]})
+    );
+    assert!(
+        !shown.contains("sk-upstream-secret") && !shown.contains("acme-secret-org"),
+        "{shown}"
+    );
+    drop(gw);
+
+    // HTTP/2 to it, agreed by ALPN (`[upstream] http2`): the same request, the same checks.
+    let before = upstream.requests.load(Ordering::Relaxed);
+    let gw = TestGateway::start_with_env(
+        &format!(
+            "{}[upstream]\nhttp2 = true\n",
+            config(&ca_file, true, "acme-secret-org")
+        ),
+        env,
+    )
+    .await;
+    let response = gw.post_chat(&chat).await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(upstream.requests.load(Ordering::Relaxed), before + 1);
+    drop(gw);
+    let answered = upstream.requests.load(Ordering::Relaxed);
+
+    // A server's certificate from a CA the gateway was not told to trust: no request gets
+    // there. Nor without the client certificate the server demands.
+    for (ca, client) in [(&other_ca_file, true), (&ca_file, false)] {
+        let gw = TestGateway::start_with_env(&config(ca, client, "acme-secret-org"), env).await;
+        let response = gw.post_chat(&chat).await;
+        assert!(response.status().is_server_error(), "{}", response.status());
+        drop(gw);
+    }
+    assert_eq!(upstream.requests.load(Ordering::Relaxed), answered);
+
+    // A wrong credential: the server refuses it, the client is told, nothing leaks.
+    let gw = TestGateway::start_with_env(&config(&ca_file, true, "wrong-org"), env).await;
+    let response = gw.post_chat(&chat).await;
+    assert!(!response.status().is_success());
+    let text = response.text().await.unwrap();
+    assert!(!text.contains("sk-upstream-secret"), "{text}");
+    assert!(upstream.unauthorized.load(Ordering::Relaxed) > 0);
+}

@@ -461,7 +461,7 @@ pub(crate) fn pool_error(error: PoolError) -> ApiError {
         PoolError::Unknown(_) => ApiError::not_found(error.to_string()),
         PoolError::Ring(_) => ApiError::invalid(error.to_string()),
         PoolError::Engine { .. } => ApiError::internal(error.to_string()),
-        PoolError::Model { .. } => ApiError::invalid(error.to_string()),
+        PoolError::Model { .. } | PoolError::Tls { .. } => ApiError::invalid(error.to_string()),
     }
 }
 

@@ -79,6 +79,8 @@ fn server_json(server: &Server) -> serde_json::Value {
             }),
             ringmaster_gateway::pool::Backend::Local(_) => serde_json::Value::Null,
         },
+        // How it is reached: paths and names only, never a key or a header's value.
+        "access": access_json(server.address(), server.access()),
         // Its part in a disaggregated fleet.
         "role": server.role().role.as_str(),
         "disaggregation": server.role().connector.map(|c| c.as_str()),
@@ -123,6 +125,20 @@ fn kv_events_json(server: &Server) -> serde_json::Value {
     })
 }
 
+/// What `/admin/servers` shows of a server's TLS and credentials.
+fn access_json(
+    address: &ringmaster_config::ServerAddress,
+    access: &ringmaster_config::ServerAccess,
+) -> serde_json::Value {
+    json!({
+        "tls": matches!(address, ringmaster_config::ServerAddress::Remote { tls: true, .. }),
+        "ca_file": access.ca_file.as_ref().map(|p| p.display().to_string()),
+        "client_cert": access.client_cert.as_ref().map(|(c, _)| c.display().to_string()),
+        "api_key_env": access.api_key.as_ref().map(|(var, _)| var.as_str()),
+        "headers": access.headers.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(),
+    })
+}
+
 /// `POST /admin/servers`: the server starts at once (on every replica, in a cluster).
 pub(crate) async fn add_server(
     gateway: &Arc<Gateway>,
@@ -135,6 +151,14 @@ pub(crate) async fn add_server(
     );
     let body = read_json_body(gateway, req).await?;
     let raw: RawServer = parse_json(&body)?;
+    if raw.headers.is_some() {
+        // The body is kept (the cluster's log, every replica's): no secret may be in it.
+        return Err(ApiError::invalid(
+            "headers: a server's extra headers may carry secrets and an added server's body is \
+             kept in the change log; give them in the configuration file, or the key by \
+             api_key_env (a variable's name, read by each replica)",
+        ));
+    }
     // Checked here, so that a server that cannot be added never reaches the log.
     let spec = ringmaster_config::server_spec(&raw).map_err(ApiError::invalid)?;
     let server: serde_json::Value =

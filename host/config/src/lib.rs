@@ -61,8 +61,9 @@ pub use raw::{
 };
 pub use routing::{PrefixHashing, RingSettings};
 pub use servers::{
-    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, ServerAddress, ServerApi,
-    ServerProtocol, ServerSpec, TokenizerSource, server_spec,
+    GpuPlacement, KvEventsFormat, KvEventsSpec, LocalCacheView, Secret, ServerAccess,
+    ServerAddress, ServerApi, ServerProtocol, ServerSpec, TokenizerSource, server_spec,
+    server_spec_with_env,
 };
 pub use telemetry::{OtlpExport, OtlpProtocol, TelemetrySettings};
 pub use tls::TlsSettings;
@@ -356,7 +357,8 @@ impl RawConfig {
 
         let mut servers: Vec<ServerSpec> = Vec::new();
         for (i, raw) in self.servers.unwrap_or_default().iter().enumerate() {
-            let spec = server_spec(raw).map_err(|p| invalid(format!("servers[{i}]"), p))?;
+            let spec =
+                server_spec_with_env(raw, &env).map_err(|p| invalid(format!("servers[{i}]"), p))?;
             if servers.iter().any(|s| s.id == spec.id) {
                 return Err(invalid(
                     format!("servers[{i}]"),

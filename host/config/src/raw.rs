@@ -399,6 +399,20 @@ pub struct RawServer {
     pub bootstrap_port: Option<u16>,
     /// The engine's data-parallel rank this entry stands for.
     pub dp_rank: Option<u32>,
+    /// An `https://` server's CA certificates (PEM); default: the system's roots.
+    pub ca_file: Option<String>,
+    /// A client certificate (PEM) for an `https://` server that asks for one; with
+    /// `client_key`.
+    pub client_cert: Option<String>,
+    /// The client certificate's private key (PEM).
+    pub client_key: Option<String>,
+    /// The environment variable holding the server's API key, sent as `Authorization: Bearer`
+    /// (OpenAI's APIs) or `x-api-key` (Anthropic's Messages). The name travels (a cluster's
+    /// log, `/admin/servers`); the key never leaves the process that reads it.
+    pub api_key_env: Option<String>,
+    /// Extra headers sent with every request to the server (an organisation, a project, a
+    /// gateway's own credential); their values are never shown or logged.
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `[record]`: write every finished Messages request to a Mooncake-format trace (token counts

@@ -29,18 +29,21 @@ pub enum ServerAddress {
         /// The ring id it defaults to (the file name without its extensions).
         name: String,
     },
-    /// A `ringmaster worker` (or another OpenAI-compatible server with the same extensions):
-    /// `http://HOST:PORT`.
+    /// A `ringmaster worker`, an inference engine, or a hosted provider with an OpenAI or
+    /// Anthropic API: `http://HOST:PORT` or `https://HOST[:PORT]`.
     Remote {
         /// The base URL, without a trailing slash.
         url: String,
         /// The ring id it defaults to (`HOST:PORT`).
         name: String,
+        /// Reached over TLS (`https://`).
+        tls: bool,
     },
 }
 
 impl ServerAddress {
-    /// Parses `sim://NAME[?slowdown=F]`, `gguf:PATH` or `http://HOST:PORT`.
+    /// Parses `sim://NAME[?slowdown=F]`, `gguf:PATH`, `http://HOST:PORT` or
+    /// `https://HOST[:PORT]` (443 by default).
     pub fn parse(text: &str) -> Result<Self, String> {
         if let Some(rest) = text.strip_prefix("sim://") {
             let (name, slowdown_percent) = match rest.split_once('?') {
@@ -84,30 +87,36 @@ impl ServerAddress {
                 .to_owned();
             return Ok(Self::Model { path, name });
         }
-        if let Some(rest) = text.strip_prefix("http://") {
+        for (scheme, tls) in [("http://", false), ("https://", true)] {
+            let Some(rest) = text.strip_prefix(scheme) else {
+                continue;
+            };
             let host_port = rest.trim_end_matches('/');
-            let valid = !host_port.is_empty()
-                && !host_port.contains('/')
+            let host_port = match host_port.rsplit_once(':') {
+                // A bracketed IPv6 address without a port ends in ']'.
+                Some((_, port)) if !port.ends_with(']') => host_port.to_owned(),
+                _ if tls => format!("{host_port}:443"),
+                _ => String::new(),
+            };
+            let valid = !host_port.contains('/')
                 && host_port
                     .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+                && format!("{scheme}{host_port}").parse::<http::Uri>().is_ok();
             if !valid {
                 return Err(format!(
-                    "{text:?}: expected http://HOST:PORT (a worker's address, no path)"
+                    "{text:?}: expected http://HOST:PORT or https://HOST[:PORT] (a server's \
+                     address, no path)"
                 ));
             }
             return Ok(Self::Remote {
-                url: format!("http://{host_port}"),
-                name: host_port.to_owned(),
+                url: format!("{scheme}{host_port}"),
+                name: host_port,
+                tls,
             });
         }
-        if text.starts_with("https://") {
-            return Err(format!(
-                "{text:?}: workers are reached over plain http:// inside the cluster; put TLS in front of the gateway instead"
-            ));
-        }
         Err(format!(
-            "{text:?}: expected sim://NAME, gguf:PATH or http://HOST:PORT"
+            "{text:?}: expected sim://NAME, gguf:PATH, http://HOST:PORT or https://HOST[:PORT]"
         ))
     }
 
@@ -299,7 +308,55 @@ pub struct ServerSpec {
     pub protocol: ServerProtocol,
     /// Its part in a disaggregated fleet (whole requests unless configured).
     pub role: crate::ServerRole,
+    /// TLS and credentials (a remote server's only).
+    pub access: ServerAccess,
 }
+
+/// A value that must never be shown: its `Debug` says `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// How a remote server is reached beyond its address: the TLS files of an `https://` server
+/// and the credentials sent with every request.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServerAccess {
+    /// The CA certificates its certificate must chain to (`None`: the system's roots).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (mutual TLS).
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
+    /// The API key: the environment variable it was read from, and the key.
+    pub api_key: Option<(String, Secret)>,
+    /// Extra headers (lower-case names), values kept secret.
+    pub headers: Vec<(String, Secret)>,
+}
+
+/// Headers a server's `headers` may not set: the gateway writes them itself.
+const RESERVED_HEADERS: [&str; 6] = [
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+];
 
 /// The API a server speaks (`api = "…"`). The pool maps it onto the wire formats'
 /// `ringmaster_wire::Api`; this crate is a leaf and names the choice only.
@@ -400,7 +457,93 @@ impl ServerSpec {
             tokenizer: None,
             protocol: ServerProtocol::default(),
             role: crate::ServerRole::default(),
+            access: ServerAccess::default(),
         })
+    }
+
+    /// Adds TLS files and credentials (a remote server's only; TLS files need `https://`).
+    /// `env` reads the API key's variable.
+    pub fn with_access(
+        mut self,
+        raw: &crate::RawServer,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        let tls = match &self.address {
+            ServerAddress::Remote { tls, .. } => *tls,
+            _ => {
+                let any = raw.ca_file.is_some()
+                    || raw.client_cert.is_some()
+                    || raw.client_key.is_some()
+                    || raw.api_key_env.is_some()
+                    || raw.headers.is_some();
+                if any {
+                    return Err(format!(
+                        "{}: ca_file, client_cert, client_key, api_key_env and headers describe \
+                         a remote server; this server runs in the gateway",
+                        self.address
+                    ));
+                }
+                return Ok(self);
+            }
+        };
+        let path = |field: &str, value: &Option<String>| -> Result<_, String> {
+            match value.as_deref().map(str::trim) {
+                None => Ok(None),
+                Some("") => Err(format!("{field}: must not be empty")),
+                Some(_) if !tls => Err(format!(
+                    "{field}: {} is plain http://; TLS files need an https:// address",
+                    self.address
+                )),
+                Some(p) => Ok(Some(std::path::PathBuf::from(p))),
+            }
+        };
+        let ca_file = path("ca_file", &raw.ca_file)?;
+        let client_cert = match (
+            path("client_cert", &raw.client_cert)?,
+            path("client_key", &raw.client_key)?,
+        ) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
+            _ => return Err("client_cert and client_key go together".into()),
+        };
+        let api_key = match raw.api_key_env.as_deref().map(str::trim) {
+            None => None,
+            Some(var) => {
+                let key = env(var).filter(|k| !k.trim().is_empty()).ok_or_else(|| {
+                    format!("api_key_env: the environment variable {var:?} is not set")
+                })?;
+                if http::HeaderValue::from_str(&format!("Bearer {}", key.trim())).is_err() {
+                    return Err(format!(
+                        "api_key_env: {var:?} holds characters a header cannot carry"
+                    ));
+                }
+                Some((var.to_owned(), Secret::new(key.trim())))
+            }
+        };
+        let mut headers = Vec::new();
+        for (name, value) in raw.headers.iter().flatten() {
+            let name = name.trim().to_ascii_lowercase();
+            if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+                || RESERVED_HEADERS.contains(&name.as_str())
+            {
+                return Err(format!(
+                    "headers: {name:?} is not a header name a server's requests may carry"
+                ));
+            }
+            if http::HeaderValue::from_str(value).is_err() {
+                return Err(format!(
+                    "headers.{name}: the value holds characters a header cannot carry"
+                ));
+            }
+            headers.push((name, Secret::new(value.as_str())));
+        }
+        self.access = ServerAccess {
+            ca_file,
+            client_cert,
+            api_key,
+            headers,
+        };
+        Ok(self)
     }
 
     /// Adds the engine's KV event stream and tokenizer (a remote server's only).
@@ -454,8 +597,17 @@ impl ServerSpec {
     }
 }
 
-/// Validates one `[[servers]]` entry (the config file's and `POST /admin/servers`').
+/// Validates one `[[servers]]` entry (the config file's and `POST /admin/servers`'), reading
+/// an API key's variable from this process's environment.
 pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
+    server_spec_with_env(raw, &|name| std::env::var(name).ok())
+}
+
+/// [`server_spec`] with an explicit environment.
+pub fn server_spec_with_env(
+    raw: &crate::RawServer,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ServerSpec, String> {
     ServerSpec::new(
         &raw.address,
         raw.id.as_deref(),
@@ -474,7 +626,8 @@ pub fn server_spec(raw: &crate::RawServer) -> Result<ServerSpec, String> {
         raw.disaggregation.as_deref(),
         raw.bootstrap_port,
         raw.dp_rank,
-    )
+    )?
+    .with_access(raw, env)
 }
 
 impl ServerSpec {
@@ -515,6 +668,51 @@ impl ServerSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_https_server_takes_tls_files_and_credentials_that_never_show() {
+        let address = ServerAddress::parse("https://api.example.com").unwrap();
+        assert_eq!(
+            address,
+            ServerAddress::Remote {
+                url: "https://api.example.com:443".into(),
+                name: "api.example.com:443".into(),
+                tls: true,
+            }
+        );
+        assert_eq!(
+            ServerAddress::parse("https://[::1]:8443/")
+                .unwrap()
+                .default_id(),
+            "[::1]:8443"
+        );
+        assert!(ServerAddress::parse("http://10.0.0.1").is_err());
+        let raw = crate::RawServer {
+            address: "https://llm.internal:8443".into(),
+            ca_file: Some("/etc/ringmaster/llm-ca.pem".into()),
+            client_cert: Some("/etc/ringmaster/client.pem".into()),
+            client_key: Some("/etc/ringmaster/client.key".into()),
+            api_key_env: Some("LLM_KEY".into()),
+            headers: Some([("OpenAI-Organization".to_owned(), "org-1".to_owned())].into()),
+            ..Default::default()
+        };
+        let env = |name: &str| (name == "LLM_KEY").then(|| " sk-secret ".to_owned());
+        let spec = server_spec_with_env(&raw, &env).unwrap();
+        assert_eq!(spec.id, "llm.internal:8443");
+        let access = &spec.access;
+        assert_eq!(
+            access.ca_file.as_deref(),
+            Some("/etc/ringmaster/llm-ca.pem".as_ref())
+        );
+        assert_eq!(access.api_key.as_ref().unwrap().1.expose(), "sk-secret");
+        assert_eq!(access.headers[0].0, "openai-organization");
+        let shown = format!("{spec:?}");
+        assert!(
+            !shown.contains("sk-secret") && !shown.contains("org-1"),
+            "{shown}"
+        );
+        assert!(shown.contains("<redacted>"));
+    }
 
     #[test]
     fn an_engine_feed_is_checked() {

@@ -283,8 +283,28 @@ fn errors_name_the_key() {
             "http://HOST:PORT",
         ),
         (
-            "[[servers]]\naddress = \"https://10.0.0.1:9000\"",
-            "plain http://",
+            "[[servers]]\naddress = \"https://10.0.0.1:9000/v1\"",
+            "no path",
+        ),
+        (
+            "[[servers]]\naddress = \"http://10.0.0.1:9000\"\nca_file = \"ca.pem\"",
+            "TLS files need an https:// address",
+        ),
+        (
+            "[[servers]]\naddress = \"https://10.0.0.1\"\nclient_cert = \"c.pem\"",
+            "client_cert and client_key go together",
+        ),
+        (
+            "[[servers]]\naddress = \"https://10.0.0.1\"\napi_key_env = \"RINGMASTER_TEST_UNSET_KEY\"",
+            "\"RINGMASTER_TEST_UNSET_KEY\" is not set",
+        ),
+        (
+            "[[servers]]\naddress = \"https://10.0.0.1\"\nheaders = { host = \"x\" }",
+            "not a header name",
+        ),
+        (
+            "[[servers]]\naddress = \"sim://a\"\napi_key_env = \"K\"",
+            "describe a remote server",
         ),
         (
             "[[servers]]\naddress = \"sim://a\"\n[[servers]]\naddress = \"sim://a\"",

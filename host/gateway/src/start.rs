@@ -63,6 +63,14 @@ pub enum StartError {
         /// Why.
         error: ringmaster_tls::TlsError,
     },
+    /// An `https://` server's CA file or client certificate could not be used.
+    #[error("servers {id:?}: {error}")]
+    ServerTls {
+        /// The server.
+        id: String,
+        /// Why.
+        error: ringmaster_tls::TlsError,
+    },
     /// A setting the engine it configures refused (the CPU lacks the kernels named, the
     /// simulator's numbers do not fit together).
     #[error(transparent)]
@@ -84,6 +92,17 @@ impl Gateway {
             "admin",
             config.admin_listener.as_ref().and_then(|a| a.tls.as_ref()),
         )?;
+        for server in &config.servers {
+            if let ringmaster_config::ServerAddress::Remote { tls: true, .. } = server.address {
+                let access = pool::remote::RemoteAccess::of(server);
+                ringmaster_tls::client_config(&access.tls, &[b"http/1.1"]).map_err(|error| {
+                    StartError::ServerTls {
+                        id: server.id.clone(),
+                        error,
+                    }
+                })?;
+            }
+        }
         Ok(())
     }
 

@@ -247,6 +247,7 @@ mod tests {
                 tokenizer: None,
                 protocol: Default::default(),
                 role: Default::default(),
+                access: Default::default(),
             })
             .collect()
     }

@@ -40,6 +40,14 @@ pub enum PoolError {
         /// Why.
         source: ringmaster_gpu_runtime::model::ModelError,
     },
+    /// An `https://` server's TLS files could not be used.
+    #[error("cannot start server {id:?}: {source}")]
+    Tls {
+        /// The server.
+        id: String,
+        /// Why.
+        source: ringmaster_tls::TlsError,
+    },
 }
 
 /// How new servers are made: the simulated servers' engine template, and how model servers
@@ -125,6 +133,8 @@ pub struct Server {
     pub(crate) configured_models: Option<Vec<String>>,
     /// The API it speaks and how (a remote server's; this process's engines speak none).
     pub(crate) protocol: ringmaster_config::ServerProtocol,
+    /// Its TLS files and credentials (values redacted in any `Debug`).
+    access: ringmaster_config::ServerAccess,
     /// Its part in a disaggregated fleet.
     pub(crate) role: ringmaster_config::ServerRole,
 }
@@ -143,6 +153,11 @@ impl Server {
     /// The API it speaks, whether it reasons, whether it wants volatile lines back.
     pub fn protocol(&self) -> ringmaster_config::ServerProtocol {
         self.protocol
+    }
+
+    /// Its TLS files and credentials; only [`ringmaster_config::Secret::expose`] shows a value.
+    pub fn access(&self) -> &ringmaster_config::ServerAccess {
+        &self.access
     }
 
     /// The wire format its requests and replies take.
@@ -571,15 +586,22 @@ pub(crate) fn start_server(
         }
         ServerAddress::Remote { url, .. } => {
             tracing::info!(server = %spec.id, worker = %url, "pool.remote_worker");
-            Backend::Remote(crate::remote::RemoteWorker::start_in_pool(
-                url,
-                templates.upstream.clone(),
-                // A server whose models the config names needs no discovery.
-                spec.models.is_none().then(|| models_epoch.clone()),
-                spec.kv_events
-                    .clone()
-                    .map(|feed| (feed, spec.tokenizer.clone())),
-            ))
+            Backend::Remote(
+                crate::remote::RemoteWorker::start_in_pool(
+                    url,
+                    templates.upstream.clone(),
+                    &crate::remote::RemoteAccess::of(spec),
+                    // A server whose models the config names needs no discovery.
+                    spec.models.is_none().then(|| models_epoch.clone()),
+                    spec.kv_events
+                        .clone()
+                        .map(|feed| (feed, spec.tokenizer.clone())),
+                )
+                .map_err(|source| PoolError::Tls {
+                    id: spec.id.clone(),
+                    source,
+                })?,
+            )
         }
     };
     let local_scheme = match &engine {
@@ -613,6 +635,7 @@ pub(crate) fn start_server(
         remote_prefill: AtomicU64::new(0),
         configured_models: spec.models.clone(),
         protocol: spec.protocol,
+        access: spec.access.clone(),
         role: spec.role,
     }))
 }

@@ -6,8 +6,9 @@
 //! [`ServerTls::watch`]) and [`ServerTls::reload`] (SIGHUP) read the files again; a new pair
 //! that does not load is refused with a log line and the old one kept.
 //!
-//! TLS 1.2 and 1.3 with rustls and the `ring` provider; ALPN offers `h2` and `http/1.1`. This
-//! crate knows files and handshakes, never what is served over them.
+//! TLS 1.2 and 1.3 with rustls and the `ring` provider; ALPN offers `h2` and `http/1.1`. The
+//! other direction, to servers behind `https://`, is [`client_config`]. This crate knows files
+//! and handshakes, never what is served over them.
 
 #![deny(missing_docs)]
 
@@ -25,6 +26,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tracing::{info, warn};
+
+mod client;
+pub use client::{ClientTlsFiles, client_config, untrusting_client_config};
 
 /// How often [`ServerTls::watch`] looks at the files.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
@@ -58,6 +62,14 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
         /// What is wrong with it.
+        why: String,
+    },
+    /// A server's host is not a name (or IP address) a certificate can be checked against.
+    #[error("{name:?} is not a name TLS can verify: {why}")]
+    ServerName {
+        /// The host.
+        name: String,
+        /// Why.
         why: String,
     },
     /// rustls refused the pair (the key does not match the certificate, an unsupported key

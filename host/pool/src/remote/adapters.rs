@@ -150,13 +150,9 @@ impl RemoteWorker {
     }
 
     async fn post_adapter(&self, path: &str, body: serde_json::Value) -> Result<(), AdapterCall> {
-        let url = format!("{}{path}", self.url);
         let response = self
-            .client
-            .post(&url)
-            .json(&body)
-            .timeout(LOAD_TIMEOUT)
-            .send()
+            .side
+            .post_json(path, &body, LOAD_TIMEOUT)
             .await
             .map_err(|e| {
                 AdapterCall::Failed(RemoteError::Unreachable {
@@ -165,11 +161,15 @@ impl RemoteWorker {
                     timeout: e.is_timeout(),
                 })
             })?;
-        let status = response.status();
+        let status = response.status;
         if status.is_success() {
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
+        let text = response
+            .bytes(64 * 1024)
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
         if status == http::StatusCode::BAD_REQUEST && text.contains("already been loaded") {
             return Err(AdapterCall::AlreadyLoaded);
         }

@@ -16,6 +16,9 @@
 //! close the server sent meanwhile) and pruned after `pool_idle_timeout`. HTTP/2 is not here:
 //! its connections are shared by many requests, so they keep hyper's own client.
 //!
+//! An `https://` server's connections are the same over rustls: the handshake (SNI and the
+//! name checked against the certificate) is part of opening one, within the connect timeout.
+//!
 //! This module must not read or judge replies (the reader does), nor count failures for the
 //! server's health (the worker does).
 
@@ -32,9 +35,24 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Connection, SendRequest};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::client::TlsStream;
+use tokio_util::either::Either;
 
-type Driver = Connection<TokioIo<TcpStream>, Full<Bytes>>;
+/// A connection's socket: plain, or TLS over it.
+type Stream = Either<TcpStream, TlsStream<TcpStream>>;
+type Driver = Connection<TokioIo<Stream>, Full<Bytes>>;
+
+/// How an `https://` server's connections do their handshake.
+#[derive(Clone)]
+pub(super) struct Tls {
+    /// The client configuration (roots, client certificate, ALPN `http/1.1`).
+    pub(super) connector: TlsConnector,
+    /// The name sent as SNI and checked against the server's certificate.
+    pub(super) name: ServerName<'static>,
+}
 
 /// Why a request could not be sent or answered.
 #[derive(Debug, thiserror::Error)]
@@ -88,6 +106,7 @@ struct Idle {
 /// The HTTP/1.1 connections to one server.
 pub(super) struct Http1Pool {
     authority: String,
+    tls: Option<Tls>,
     host: HeaderValue,
     connect_timeout: Duration,
     max_idle: usize,
@@ -101,6 +120,7 @@ impl std::fmt::Debug for Http1Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Http1Pool")
             .field("authority", &self.authority)
+            .field("tls", &self.tls.is_some())
             .field("idle", &self.idle_count())
             .field("opened", &self.opened())
             .finish()
@@ -108,15 +128,17 @@ impl std::fmt::Debug for Http1Pool {
 }
 
 impl Http1Pool {
-    /// Connections to `authority` (`HOST:PORT`).
+    /// Connections to `authority` (`HOST:PORT`), over TLS when `tls` says how.
     pub(super) fn new(
         authority: &str,
+        tls: Option<Tls>,
         connect_timeout: Duration,
         max_idle: usize,
         idle_timeout: Duration,
     ) -> Arc<Self> {
         Arc::new(Self {
             authority: authority.to_owned(),
+            tls,
             host: HeaderValue::from_str(authority)
                 .unwrap_or_else(|_| HeaderValue::from_static("invalid.invalid")),
             connect_timeout,
@@ -195,20 +217,31 @@ impl Http1Pool {
             why,
             timeout,
         };
-        let stream = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect(self.authority.as_str()),
-        )
-        .await
-        .map_err(|_| {
-            failed(
-                format!("no connection within {:?}", self.connect_timeout),
-                true,
-            )
-        })?
-        .map_err(|e| failed(e.to_string(), false))?;
-        // Small writes (a request, a reply's chunks) go out at once.
-        let _ = stream.set_nodelay(true);
+        let open = async {
+            let tcp = TcpStream::connect(self.authority.as_str())
+                .await
+                .map_err(|e| e.to_string())?;
+            // Small writes (a request, a reply's chunks) go out at once.
+            let _ = tcp.set_nodelay(true);
+            match &self.tls {
+                None => Ok(Either::Left(tcp)),
+                Some(tls) => tls
+                    .connector
+                    .connect(tls.name.clone(), tcp)
+                    .await
+                    .map(Either::Right)
+                    .map_err(|e| format!("TLS handshake failed: {}", super::error_chain(&e))),
+            }
+        };
+        let stream = tokio::time::timeout(self.connect_timeout, open)
+            .await
+            .map_err(|_| {
+                failed(
+                    format!("no connection within {:?}", self.connect_timeout),
+                    true,
+                )
+            })?
+            .map_err(|why| failed(why, false))?;
         let (send, driver) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| failed(super::error_chain(&e), false))?;
@@ -404,6 +437,7 @@ mod tests {
         let (authority, accepted) = server(CHUNKED, None).await;
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             8,
             Duration::from_secs(60),
@@ -421,6 +455,7 @@ mod tests {
         let (authority, accepted) = server(CHUNKED, None).await;
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             8,
             Duration::from_secs(60),
@@ -437,6 +472,7 @@ mod tests {
         let (authority, accepted) = server(CHUNKED, Some(1)).await;
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             8,
             Duration::from_secs(60),
@@ -456,6 +492,7 @@ mod tests {
         let (authority, _) = server(CHUNKED, None).await;
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             8,
             Duration::from_millis(50),
@@ -474,6 +511,7 @@ mod tests {
         let (authority, _) = server(CHUNKED, None).await;
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             2,
             Duration::from_secs(60),
@@ -499,6 +537,7 @@ mod tests {
         drop(listener);
         let pool = Http1Pool::new(
             &authority,
+            None,
             Duration::from_secs(1),
             2,
             Duration::from_secs(60),

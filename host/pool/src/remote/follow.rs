@@ -5,12 +5,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError, Weak};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use http_body_util::BodyExt;
 use ringmaster_gpu_runtime::TokenizerSpec;
 use ringmaster_wire::models::ModelList;
 use ringmaster_wire::worker::{Load, TokenizerDescription};
 use tracing::{debug, info, warn};
 
+use super::side::{SideClient, SideError};
 use super::sse::SseDecoder;
 use super::{
     KV_FOLLOW_CHECK, KV_RECONNECT_MAX, KV_UNSUPPORTED_RETRY, LOAD_POLL_INTERVAL, RemoteWorker,
@@ -19,6 +20,9 @@ use crate::kv_view::ReportedCache;
 
 /// How long one load poll may take before the server counts as unreachable.
 const LOAD_POLL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Largest tokenizer description read (a BPE vocabulary and its merges).
+const TOKENIZER_LIMIT: usize = 64 * 1024 * 1024;
 
 /// Longest KV event line accepted (a snapshot of a large cache is one line).
 const KV_EVENT_LIMIT: usize = 256 * 1024 * 1024;
@@ -41,13 +45,13 @@ enum FollowEnd {
 pub(super) async fn follow_kv(worker: Weak<RemoteWorker>) {
     let mut backoff = Duration::from_millis(250);
     loop {
-        let Some((client, url, kv)) = worker
+        let Some((side, url, kv)) = worker
             .upgrade()
-            .map(|w| (w.client.clone(), w.url.clone(), w.kv.clone()))
+            .map(|w| (w.side.clone(), w.url.clone(), w.kv.clone()))
         else {
             return;
         };
-        let end = follow_once(&client, &url, &kv, &worker).await;
+        let end = follow_once(&side, &url, &kv, &worker).await;
         let was_synced = kv.is_synced();
         kv.mark_stale();
         let wait = match end {
@@ -74,23 +78,18 @@ pub(super) async fn follow_kv(worker: Weak<RemoteWorker>) {
 
 /// One connection: fetch the tokenizer, then apply events until the stream ends.
 async fn follow_once(
-    client: &reqwest::Client,
+    side: &SideClient,
     url: &str,
     kv: &Arc<ReportedCache>,
     worker: &Weak<RemoteWorker>,
 ) -> FollowEnd {
-    let lost = |e: reqwest::Error| FollowEnd::Lost(e.to_string());
-    let described = match client
-        .get(format!("{url}/tokenizer"))
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-    {
-        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+    let lost = |e: SideError| FollowEnd::Lost(e.to_string());
+    let described = match side.get("/tokenizer", Some(Duration::from_secs(30))).await {
+        Ok(r) if r.status == http::StatusCode::NOT_FOUND => {
             return FollowEnd::Unsupported("no /tokenizer".into());
         }
-        Ok(r) => match r.error_for_status() {
-            Ok(r) => r.bytes().await.map_err(lost),
+        Ok(r) => match r.success() {
+            Ok(r) => r.bytes(TOKENIZER_LIMIT).await.map_err(lost),
             Err(e) => Err(lost(e)),
         },
         Err(e) => Err(lost(e)),
@@ -118,22 +117,22 @@ async fn follow_once(
         Ok(Err(e)) => return FollowEnd::Unsupported(format!("its tokenizer: {e}")),
         Err(e) => return FollowEnd::Lost(e.to_string()),
     }
-    let response = match client.get(format!("{url}/kv/events")).send().await {
-        Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => {
+    let response = match side.get("/kv/events", None).await {
+        Ok(r) if r.status == http::StatusCode::NOT_FOUND => {
             return FollowEnd::Unsupported("no /kv/events".into());
         }
-        Ok(r) => match r.error_for_status() {
+        Ok(r) => match r.success() {
             Ok(r) => r,
             Err(e) => return lost(e),
         },
         Err(e) => return lost(e),
     };
-    let mut body = response.bytes_stream();
+    let mut body = response.into_body();
     let mut events = SseDecoder::new(KV_EVENT_LIMIT);
     let mut check = tokio::time::interval(KV_FOLLOW_CHECK);
     loop {
         let chunk = tokio::select! {
-            chunk = body.next() => chunk,
+            frame = body.frame() => frame,
             _ = check.tick() => {
                 if worker.strong_count() == 0 {
                     return FollowEnd::Removed;
@@ -142,8 +141,12 @@ async fn follow_once(
             }
         };
         let bytes = match chunk {
-            Some(Ok(bytes)) => bytes,
-            Some(Err(e)) => return lost(e),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(bytes) => bytes,
+                // Trailers: nothing to read.
+                Err(_) => continue,
+            },
+            Some(Err(e)) => return FollowEnd::Lost(super::error_chain(&e)),
             None => return FollowEnd::Lost("the event stream ended".into()),
         };
         events.push(&bytes);
@@ -242,44 +245,33 @@ enum Fetched {
     NoMetrics,
 }
 
-async fn fetch_load(worker: &RemoteWorker) -> reqwest::Result<Fetched> {
-    let response = worker
-        .client
-        .get(format!("{}/load", worker.url))
-        .timeout(LOAD_POLL_TIMEOUT)
-        .send()
-        .await?;
-    if response.status() == reqwest::StatusCode::NOT_FOUND {
+/// Largest `/load` answer read.
+const LOAD_LIMIT: usize = 64 * 1024;
+
+async fn fetch_load(worker: &RemoteWorker) -> Result<Fetched, SideError> {
+    let response = worker.side.get("/load", Some(LOAD_POLL_TIMEOUT)).await?;
+    if response.status == http::StatusCode::NOT_FOUND {
         return Ok(Fetched::NoLoadEndpoint);
     }
-    let load = response.error_for_status()?.json::<Load>().await?;
+    let body = response.success()?.bytes(LOAD_LIMIT).await?;
+    let load = serde_json::from_slice::<Load>(&body)
+        .map_err(|e| SideError::Failed(format!("its /load: {e}")))?;
     Ok(Fetched::Load(load, LoadSource::Worker))
 }
 
 /// Most bytes of a `/metrics` answer read (vLLM's is tens of kilobytes).
 const METRICS_LIMIT: usize = 4 * 1024 * 1024;
 
-async fn scrape_metrics(worker: &RemoteWorker) -> reqwest::Result<Fetched> {
-    let response = worker
-        .client
-        .get(format!("{}/metrics", worker.url))
-        .timeout(LOAD_POLL_TIMEOUT)
-        .send()
-        .await?;
-    if !response.status().is_success() {
+async fn scrape_metrics(worker: &RemoteWorker) -> Result<Fetched, SideError> {
+    let response = worker.side.get("/metrics", Some(LOAD_POLL_TIMEOUT)).await?;
+    if !response.status.is_success() {
         // The server answered: up, but with nothing to read.
         return Ok(Fetched::NoMetrics);
     }
-    if response
-        .content_length()
-        .is_some_and(|n| n > METRICS_LIMIT as u64)
-    {
-        return Ok(Fetched::NoMetrics);
-    }
-    let body = response.bytes().await?;
-    if body.len() > METRICS_LIMIT {
-        return Ok(Fetched::NoMetrics);
-    }
+    let body = match response.bytes(METRICS_LIMIT).await {
+        Err(SideError::TooLarge(_)) => return Ok(Fetched::NoMetrics),
+        read => read?,
+    };
     let Ok(text) = std::str::from_utf8(&body) else {
         return Ok(Fetched::NoMetrics);
     };
@@ -296,17 +288,16 @@ const MODELS_POLL_EVERY: u64 = 20;
 /// base model); `None` when it has no such endpoint.
 async fn fetch_models(
     worker: &RemoteWorker,
-) -> reqwest::Result<Option<Vec<(String, Option<String>)>>> {
+) -> Result<Option<Vec<(String, Option<String>)>>, SideError> {
     let response = worker
-        .client
-        .get(format!("{}/v1/models", worker.url))
-        .timeout(LOAD_POLL_TIMEOUT)
-        .send()
+        .side
+        .get("/v1/models", Some(LOAD_POLL_TIMEOUT))
         .await?;
-    if !response.status().is_success() {
+    if !response.status.is_success() {
         return Ok(None);
     }
-    let body = response.bytes().await?;
+    // A hosted provider lists hundreds of models: a few megabytes at most.
+    let body = response.bytes(8 * 1024 * 1024).await?;
     let Ok(listed) = serde_json::from_slice::<ModelList<'_>>(&body) else {
         return Ok(None);
     };

@@ -1,6 +1,6 @@
 //! Remote servers as pool servers: any OpenAI-compatible server (vLLM, SGLang, TGI, llama.cpp's
 //! server, Ollama), a `ringmaster worker`, or a server of Anthropic's Messages API or OpenAI's
-//! Responses API, reached over HTTP.
+//! Responses API, reached over HTTP or HTTPS ([`RemoteAccess`]: TLS files and credentials).
 //!
 //! A request goes to the endpoint of the server's API ([`request::Endpoint`]):
 //! `/v1/chat/completions` (or `/v1/completions` for a raw prompt), streamed, asking for usage
@@ -44,6 +44,7 @@ pub mod legs;
 mod reader;
 mod reply;
 mod request;
+mod side;
 mod sse;
 mod tally;
 
@@ -113,13 +114,16 @@ impl ReplyMode {
 #[derive(Debug)]
 pub struct RemoteWorker {
     url: String,
+    /// The server's credentials (API key, extra headers), sent with every request; marked
+    /// sensitive, so that no log or debug output shows them.
+    credentials: Vec<(http::HeaderName, http::HeaderValue)>,
     /// The endpoints, parsed once (origin-form for HTTP/1.1, absolute for HTTP/2).
     chat_url: http::Uri,
     completions_url: http::Uri,
     messages_url: http::Uri,
     responses_url: http::Uri,
-    /// For the health polls and the KV event stream.
-    client: reqwest::Client,
+    /// For the health polls, the models, the KV event stream and adapter loads.
+    side: side::SideClient,
     /// For requests.
     transport: Transport,
     settings: UpstreamSettings,
@@ -145,54 +149,83 @@ pub struct RemoteWorker {
 impl RemoteWorker {
     /// A client of the server at `url` (`http://HOST:PORT`) with `settings`, polling its load
     /// in the background while the client lives. Needs a tokio runtime.
-    pub fn start_with(url: &str, settings: UpstreamSettings) -> Arc<Self> {
-        Self::start_in_pool(url, settings, None, None)
+    pub fn start_with(
+        url: &str,
+        settings: UpstreamSettings,
+    ) -> Result<Arc<Self>, ringmaster_tls::TlsError> {
+        Self::start_in_pool(url, settings, &RemoteAccess::default(), None, None)
     }
 
-    /// A client of the server at `url` with `settings` that also follows the models it
-    /// serves (`/v1/models`), bumping `models_epoch` when they change.
+    /// A client of the server at `url` (`http://` or `https://`) with `settings`, reached as
+    /// `access` says, that also follows the models it serves (`/v1/models`), bumping
+    /// `models_epoch` when they change. `Err`: the TLS files could not be used.
     pub fn start_in_pool(
         url: &str,
         settings: UpstreamSettings,
+        access: &RemoteAccess,
         models_epoch: Option<Arc<AtomicU64>>,
         engine: Option<(
             ringmaster_config::KvEventsSpec,
             Option<ringmaster_config::TokenizerSource>,
         )>,
-    ) -> Arc<Self> {
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(settings.connect_timeout)
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(settings.pool_max_idle)
-            .pool_idle_timeout(settings.pool_idle_timeout);
-        if settings.http2_prior_knowledge {
-            builder = builder.http2_prior_knowledge();
-        }
-        let client = builder.build().unwrap_or_default();
+    ) -> Result<Arc<Self>, ringmaster_tls::TlsError> {
         let url = url.trim_end_matches('/').to_owned();
-        // The config checked the address (http://HOST:PORT); one that still fails to parse
-        // gets a placeholder, and every request to it fails as unreachable.
+        let tls = url.starts_with("https://");
+        let credentials = access.headers();
+        let h2 = settings.http2_prior_knowledge;
+        let alpn: &[u8] = if h2 { b"h2" } else { b"http/1.1" };
+        let tls_config = if tls {
+            ringmaster_tls::client_config(&access.tls, &[alpn])?
+        } else {
+            ringmaster_tls::untrusting_client_config()?
+        };
+        let side = side::SideClient::new(
+            side::connector(tls_config.clone(), settings.connect_timeout, h2),
+            &url,
+            credentials.clone(),
+            &settings,
+        );
+        // The config checked the address; one that still fails to parse gets a placeholder,
+        // and every request to it fails as unreachable.
         let parsed = url
             .parse::<http::Uri>()
             .ok()
             .filter(|uri| uri.authority().is_some())
             .unwrap_or_else(|| http::Uri::from_static("http://invalid.invalid"));
         let authority = parsed.authority().map_or("invalid.invalid", |a| a.as_str());
+        let host = parsed.host().unwrap_or("invalid.invalid");
+        let scheme = if tls { "https" } else { "http" };
         let base_path = parsed.path().trim_end_matches('/').to_owned();
-        let transport = if settings.http2_prior_knowledge {
-            let mut connector = hyper_util::client::legacy::connect::HttpConnector::new();
-            connector.set_connect_timeout(Some(settings.connect_timeout));
-            connector.set_nodelay(true);
+        let transport = if h2 {
             Transport::Http2(Box::new(
                 hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                     .pool_idle_timeout(settings.pool_idle_timeout)
                     .pool_max_idle_per_host(settings.pool_max_idle)
                     .http2_only(true)
-                    .build(connector),
+                    .build(side::connector(tls_config, settings.connect_timeout, true)),
             ))
         } else {
+            let tls = if tls {
+                // IPv6 literals come bracketed in a URI; SNI and the check want them bare.
+                let name = rustls::pki_types::ServerName::try_from(
+                    host.trim_start_matches('[')
+                        .trim_end_matches(']')
+                        .to_owned(),
+                )
+                .map_err(|e| ringmaster_tls::TlsError::ServerName {
+                    name: host.to_owned(),
+                    why: e.to_string(),
+                })?;
+                Some(conn::Tls {
+                    connector: tokio_rustls::TlsConnector::from(Arc::new(tls_config)),
+                    name,
+                })
+            } else {
+                None
+            };
             Transport::Http1(Http1Pool::new(
                 authority,
+                tls,
                 settings.connect_timeout,
                 settings.pool_max_idle,
                 settings.pool_idle_timeout,
@@ -201,18 +234,19 @@ impl RemoteWorker {
         let endpoint = |path: &str| {
             let text = match transport {
                 Transport::Http1(_) => format!("{base_path}{path}"),
-                Transport::Http2(_) => format!("http://{authority}{base_path}{path}"),
+                Transport::Http2(_) => format!("{scheme}://{authority}{base_path}{path}"),
             };
             text.parse::<http::Uri>()
                 .unwrap_or_else(|_| http::Uri::from_static("/invalid"))
         };
         let worker = Arc::new(Self {
+            credentials,
             chat_url: endpoint("/v1/chat/completions"),
             completions_url: endpoint("/v1/completions"),
             messages_url: endpoint("/v1/messages"),
             responses_url: endpoint("/v1/responses"),
             url,
-            client,
+            side,
             transport,
             settings,
             load: Mutex::new(LoadReport::default()),
@@ -243,7 +277,7 @@ impl RemoteWorker {
                 tokio::spawn(follow::follow_kv(Arc::downgrade(&worker)));
             }
         }
-        worker
+        Ok(worker)
     }
 
     /// The engine's KV event feed, when the server has one configured.
@@ -429,7 +463,14 @@ impl RemoteWorker {
                 url: self.url.clone(),
                 why: format!("could not build the request: {e}"),
             })?;
-        for (name, value) in request.trace_context.iter().chain(&request.headers) {
+        // The server's own credentials last: a client's header of the same name never
+        // replaces them.
+        for (name, value) in request
+            .trace_context
+            .iter()
+            .chain(&request.headers)
+            .chain(&self.credentials)
+        {
             http_request
                 .headers_mut()
                 .insert(name.clone(), value.clone());
@@ -653,11 +694,69 @@ enum Transport {
     Http2(Box<RequestClient>),
 }
 
+/// How a remote server is reached beyond its URL: an `https://` server's TLS files, and the
+/// credentials sent with every request.
+#[derive(Clone, Debug, Default)]
+pub struct RemoteAccess {
+    /// The CA to trust (default: the system's roots) and a client certificate.
+    pub tls: ringmaster_tls::ClientTlsFiles,
+    /// The API key: `x-api-key` for a Messages server, `Authorization: Bearer` otherwise.
+    pub api_key: Option<ringmaster_config::Secret>,
+    /// Whether the server speaks Anthropic's Messages (which takes its key as `x-api-key`).
+    pub messages_api: bool,
+    /// Extra headers (lower-case names).
+    pub headers: Vec<(String, ringmaster_config::Secret)>,
+}
+
+impl RemoteAccess {
+    /// How the configured server `spec` is reached.
+    pub fn of(spec: &ringmaster_config::ServerSpec) -> Self {
+        let access = &spec.access;
+        Self {
+            tls: ringmaster_tls::ClientTlsFiles {
+                ca_file: access.ca_file.clone(),
+                client_cert: access.client_cert.clone(),
+            },
+            api_key: access.api_key.as_ref().map(|(_, key)| key.clone()),
+            messages_api: spec.protocol.api == ringmaster_config::ServerApi::Messages,
+            headers: access.headers.clone(),
+        }
+    }
+
+    /// The credential headers, each marked sensitive (the config checked every name and
+    /// value; one that still does not convert is left out).
+    fn headers(&self) -> Vec<(http::HeaderName, http::HeaderValue)> {
+        let secret = |text: &str| {
+            http::HeaderValue::from_str(text).ok().map(|mut value| {
+                value.set_sensitive(true);
+                value
+            })
+        };
+        let key = self.api_key.as_ref().and_then(|key| {
+            if self.messages_api {
+                Some((
+                    http::HeaderName::from_static("x-api-key"),
+                    secret(key.expose())?,
+                ))
+            } else {
+                let bearer = format!("Bearer {}", key.expose());
+                Some((http::header::AUTHORIZATION, secret(&bearer)?))
+            }
+        });
+        key.into_iter()
+            .chain(self.headers.iter().filter_map(|(name, value)| {
+                Some((
+                    http::HeaderName::from_bytes(name.as_bytes()).ok()?,
+                    secret(value.expose())?,
+                ))
+            }))
+            .collect()
+    }
+}
+
 /// The pooled client HTTP/2 requests go through.
-type RequestClient = hyper_util::client::legacy::Client<
-    hyper_util::client::legacy::connect::HttpConnector,
-    http_body_util::Full<bytes::Bytes>,
->;
+type RequestClient =
+    hyper_util::client::legacy::Client<side::Connector, http_body_util::Full<bytes::Bytes>>;
 
 /// An error with its sources, which is where the client says what actually failed.
 pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
@@ -832,7 +931,7 @@ mod tests {
             first_byte_timeout: Duration::from_millis(300),
             ..UpstreamSettings::default()
         };
-        let worker = RemoteWorker::start_with(&url, settings);
+        let worker = RemoteWorker::start_with(&url, settings).unwrap();
         let request = UpstreamRequest::encode(&raw_prompt_request(), "m", ReplyMode::Stream);
         let err = worker.submit(&request).await.unwrap_err();
         assert!(matches!(err, RemoteError::Unreachable { .. }), "{err}");
