@@ -10,6 +10,7 @@ mod disconnect;
 mod engine_events;
 mod errors;
 mod examples;
+mod fallback;
 mod fleet;
 mod fleet_support;
 mod front_door;

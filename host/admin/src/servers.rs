@@ -81,6 +81,8 @@ fn server_json(server: &Server) -> serde_json::Value {
         },
         // How it is reached: paths and names only, never a key or a header's value.
         "access": access_json(server.address(), server.access()),
+        // The spill-over pool it belongs to (`[[fallback]]`), if any.
+        "pool": server.spill_pool(),
         // Its part in a disaggregated fleet.
         "role": server.role().role.as_str(),
         "disaggregation": server.role().connector.map(|c| c.as_str()),

@@ -48,6 +48,8 @@ pub struct Tenant {
     pub limits: RateLimits,
     /// The models its keys may use (`None`: all).
     pub models: Option<Vec<String>>,
+    /// Whether its requests may spill to a `[[fallback]]` pool.
+    pub fallback: bool,
 }
 
 /// Validates a key's or tenant's three limits (`at` names the entry in messages).
@@ -113,6 +115,7 @@ pub(crate) fn keys_and_tenants(
                 ],
             )?,
             models: allowed_models(&at, raw.models)?,
+            fallback: raw.fallback.unwrap_or(true),
             name: raw.name,
         });
     }

@@ -23,6 +23,7 @@ pub mod autoscale;
 pub mod cluster;
 pub mod disaggregation;
 mod error;
+pub mod fallback;
 pub mod keys;
 pub mod limits;
 pub mod lora;
@@ -47,6 +48,7 @@ pub use disaggregation::{
     Connector, DisaggregationSettings, PrefillFailure, Role, ServerRole, WhenPrefillBusy,
 };
 pub use error::ConfigError;
+pub use fallback::{FallbackRule, SpillReason};
 pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
 pub use lora::{AdapterSource, LoraSettings};
 pub use model::{KERNEL_NAMES, ModelSettings, SimulatorSettings};
@@ -56,8 +58,8 @@ pub use policies::{
 };
 pub use raw::{
     RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawDisaggregation,
-    RawLimits, RawModel, RawPolicies, RawRecord, RawResponses, RawRouterVariant, RawRouting,
-    RawSafety, RawServer, RawSimulator, RawTenant,
+    RawFallback, RawLimits, RawModel, RawPolicies, RawRecord, RawResponses, RawRouterVariant,
+    RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
 };
 pub use routing::{PrefixHashing, RingSettings};
 pub use servers::{
@@ -210,6 +212,8 @@ pub struct Config {
     pub disaggregation: DisaggregationSettings,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
+    /// `[[fallback]]`: the spill-over rules, the first that covers a request used.
+    pub fallback: Vec<FallbackRule>,
     /// Overrides of the simulated servers' defaults.
     pub simulator: SimulatorSettings,
     /// How routing learns what this process's engines hold (`[simulator] cache_view`).
@@ -407,6 +411,7 @@ impl RawConfig {
             aliases,
             api_keys,
             tenants,
+            fallback: fallback::fallback(self.fallback.unwrap_or_default())?,
             autoscale,
             cluster,
             lora,

@@ -34,6 +34,8 @@ pub struct RawConfig {
     pub routing: Option<RawRouting>,
     /// `[[servers]]`.
     pub servers: Option<Vec<RawServer>>,
+    /// `[[fallback]]`: where a model's requests spill when its own servers cannot take them.
+    pub fallback: Option<Vec<RawFallback>>,
     /// `[simulator]`.
     pub simulator: Option<RawSimulator>,
     /// `[record]`: the gateway's own traffic as a trace.
@@ -258,6 +260,25 @@ pub struct RawTenant {
     pub input_tokens_per_minute: Option<u32>,
     /// Output tokens per minute for all the tenant's keys together.
     pub output_tokens_per_minute: Option<u32>,
+    /// Whether the tenant's requests may spill to a `[[fallback]]` pool (default true; false
+    /// for data that must stay on the fleet's own servers).
+    pub fallback: Option<bool>,
+}
+
+/// One `[[fallback]]` rule.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawFallback {
+    /// The spill-over pool: the servers whose `pool` names it.
+    pub pool: String,
+    /// The models whose requests spill there; default: every model.
+    pub models: Option<Vec<String>>,
+    /// The name the pool's servers serve those models under (a hosted provider's model);
+    /// default: the request's own.
+    pub model: Option<String>,
+    /// When: `no_server` (no server of the model can be reached), `overloaded` (every one's
+    /// queue is full), `policy` (the router policy declined the request); default all three.
+    pub when: Option<Vec<String>>,
 }
 
 /// `[limits]`.
@@ -399,6 +420,9 @@ pub struct RawServer {
     pub bootstrap_port: Option<u16>,
     /// The engine's data-parallel rank this entry stands for.
     pub dp_rank: Option<u32>,
+    /// A spill-over pool this server belongs to (a `[[fallback]]` rule's `pool`): it then
+    /// takes only requests that spill there, never a model's own.
+    pub pool: Option<String>,
     /// An `https://` server's CA certificates (PEM); default: the system's roots.
     pub ca_file: Option<String>,
     /// A client certificate (PEM) for an `https://` server that asks for one; with

@@ -310,6 +310,8 @@ pub struct ServerSpec {
     pub role: crate::ServerRole,
     /// TLS and credentials (a remote server's only).
     pub access: ServerAccess,
+    /// The spill-over pool it belongs to (`None`: the fleet's own, routed by model).
+    pub pool: Option<String>,
 }
 
 /// A value that must never be shown: its `Debug` says `<redacted>`.
@@ -458,6 +460,7 @@ impl ServerSpec {
             protocol: ServerProtocol::default(),
             role: crate::ServerRole::default(),
             access: ServerAccess::default(),
+            pool: None,
         })
     }
 
@@ -627,7 +630,23 @@ pub fn server_spec_with_env(
         raw.bootstrap_port,
         raw.dp_rank,
     )?
-    .with_access(raw, env)
+    .with_access(raw, env)?
+    .in_pool(raw.pool.as_deref())
+}
+
+impl ServerSpec {
+    /// Puts the server in a spill-over pool (`[[fallback]]`), out of the model pools.
+    pub fn in_pool(mut self, pool: Option<&str>) -> Result<Self, String> {
+        self.pool = pool
+            .map(|name| crate::fallback::pool_name("pool", name))
+            .transpose()?;
+        if self.pool.is_some() && self.role != crate::ServerRole::default() {
+            return Err(
+                "pool: a spill-over pool's servers take whole requests (role \"both\")".into(),
+            );
+        }
+        Ok(self)
+    }
 }
 
 impl ServerSpec {

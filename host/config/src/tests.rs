@@ -306,6 +306,19 @@ fn errors_name_the_key() {
             "[[servers]]\naddress = \"sim://a\"\napi_key_env = \"K\"",
             "describe a remote server",
         ),
+        ("[[fallback]]\npool = \"a b\"", "fallback[0]"),
+        (
+            "[[fallback]]\npool = \"hosted\"\nwhen = [\"sometimes\"]",
+            "fallback[0].when",
+        ),
+        (
+            "[[fallback]]\npool = \"hosted\"\nmodels = []",
+            "fallback[0].models",
+        ),
+        (
+            "[[servers]]\naddress = \"http://10.0.0.1:80\"\npool = \"hosted\"\nrole = \"prefill\"\ndisaggregation = \"vllm-nixl\"",
+            "spill-over pool",
+        ),
         (
             "[[servers]]\naddress = \"sim://a\"\n[[servers]]\naddress = \"sim://a\"",
             "duplicate id",

@@ -178,6 +178,7 @@ mod tests {
                 ..RateLimits::default()
             },
             models: None,
+            fallback: true,
         };
         let auth = Authenticator::new(&[key], &[tenant]);
         let with = |name: &str, value: &str| {

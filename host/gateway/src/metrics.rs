@@ -42,6 +42,15 @@ pub struct ResponseLabels {
     pub status: u16,
 }
 
+/// Label set of requests spilled to a `[[fallback]]` pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FallbackLabels {
+    /// The spill-over pool.
+    pub pool: String,
+    /// `no_server`, `overloaded` or `policy`.
+    pub reason: &'static str,
+}
+
 /// Label set of routing decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
@@ -154,6 +163,8 @@ pub struct Metrics {
     pub routing_seconds: HistogramFamily<VariantLabel>,
     /// Routing decisions by variant and reason.
     pub routing_decisions: Family<DecisionLabels, Counter>,
+    /// Requests spilled to a `[[fallback]]` pool, by pool and reason.
+    pub fallback_requests: Family<FallbackLabels, Counter>,
     /// Policy faults by slot, variant and kind.
     pub policy_faults: Family<FaultLabels, Counter>,
     /// Router variants the guardrails stopped (weight set to 0), by variant.
@@ -252,6 +263,12 @@ impl Metrics {
             "routing_decisions",
             "Routing decisions by variant and reason",
             routing_decisions.clone(),
+        );
+        let fallback_requests = Family::<FallbackLabels, Counter>::default();
+        registry.register(
+            "fallback_requests",
+            "Requests spilled to a [[fallback]] pool, by pool and reason",
+            fallback_requests.clone(),
         );
         let policy_faults = Family::<FaultLabels, Counter>::default();
         registry.register(
@@ -444,6 +461,7 @@ impl Metrics {
             admission_queue_timeouts,
             safety_verdicts,
             cold_start_seconds,
+            fallback_requests,
         }
     }
 

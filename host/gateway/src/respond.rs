@@ -33,6 +33,8 @@ pub(crate) mod header_names {
     pub(crate) static STREAM_ID: HeaderName = HeaderName::from_static("x-ringmaster-stream-id");
     /// Anthropic's hint to its SDKs.
     pub(crate) static SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+    /// The `[[fallback]]` pool a request spilled to.
+    pub(crate) static FALLBACK: HeaderName = HeaderName::from_static("x-ringmaster-fallback");
     /// The fields of the request its server never saw.
     pub(crate) static DROPPED: HeaderName = HeaderName::from_static("x-ringmaster-dropped");
 }

@@ -217,6 +217,7 @@ impl Pool {
                 aliases: current.aliases.clone(),
                 accepted: current.accepted.clone(),
                 adapters: current.adapters.clone(),
+                spill_pools: current.spill_pools.clone(),
                 models_epoch: current.models_epoch,
             }));
         }
@@ -248,6 +249,7 @@ mod tests {
                 protocol: Default::default(),
                 role: Default::default(),
                 access: Default::default(),
+                pool: None,
             })
             .collect()
     }

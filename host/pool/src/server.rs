@@ -135,6 +135,8 @@ pub struct Server {
     pub(crate) protocol: ringmaster_config::ServerProtocol,
     /// Its TLS files and credentials (values redacted in any `Debug`).
     access: ringmaster_config::ServerAccess,
+    /// The spill-over pool it belongs to (`None`: routed by model).
+    spill_pool: Option<String>,
     /// Its part in a disaggregated fleet.
     pub(crate) role: ringmaster_config::ServerRole,
 }
@@ -153,6 +155,11 @@ impl Server {
     /// The API it speaks, whether it reasons, whether it wants volatile lines back.
     pub fn protocol(&self) -> ringmaster_config::ServerProtocol {
         self.protocol
+    }
+
+    /// The spill-over pool (`[[fallback]]`) it belongs to; `None` for the fleet's own servers.
+    pub fn spill_pool(&self) -> Option<&str> {
+        self.spill_pool.as_deref()
     }
 
     /// Its TLS files and credentials; only [`ringmaster_config::Secret::expose`] shows a value.
@@ -636,6 +643,7 @@ pub(crate) fn start_server(
         configured_models: spec.models.clone(),
         protocol: spec.protocol,
         access: spec.access.clone(),
+        spill_pool: spec.pool.clone(),
         role: spec.role,
     }))
 }

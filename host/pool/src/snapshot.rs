@@ -34,6 +34,9 @@ pub struct PoolSnapshot {
     pub accepted: Vec<String>,
     /// The LoRA adapters some server lists, each with its base model.
     pub adapters: BTreeMap<String, String>,
+    /// The spill-over pools (`[[servers]] pool`): their servers and a ring over them. Their
+    /// servers are in no model's pool. Empty inside a model's pool.
+    pub spill_pools: BTreeMap<String, Arc<PoolSnapshot>>,
     /// The servers' model sets this was built from (see [`Pool::snapshot`]).
     pub(crate) models_epoch: u64,
 }
@@ -63,24 +66,58 @@ pub(crate) fn build_snapshot(
     catalogue: &ModelCatalogue,
 ) -> Result<PoolSnapshot, RingError> {
     let models_epoch = catalogue.epoch.load(Ordering::Acquire);
+    // A spill-over pool's servers take only what spills to it: in no model's pool.
+    let (spill_members, own): (Vec<Arc<Server>>, Vec<Arc<Server>>) = servers
+        .iter()
+        .cloned()
+        .partition(|s| s.spill_pool().is_some());
+    let mut spill_pools: BTreeMap<String, Vec<Arc<Server>>> = BTreeMap::new();
+    for server in spill_members {
+        if let Some(pool) = server.spill_pool() {
+            spill_pools
+                .entry(pool.to_owned())
+                .or_default()
+                .push(server.clone());
+        }
+    }
+    let spill_pools = spill_pools
+        .into_iter()
+        .map(|(name, members)| {
+            Ok((
+                name,
+                Arc::new(PoolSnapshot {
+                    ring: build_ring(&members, ring_config)?,
+                    servers: members,
+                    prefill: Vec::new(),
+                    draining: Vec::new(),
+                    version,
+                    models: BTreeMap::new(),
+                    aliases: catalogue.aliases.clone(),
+                    accepted: Vec::new(),
+                    adapters: BTreeMap::new(),
+                    spill_pools: BTreeMap::new(),
+                    models_epoch,
+                }),
+            ))
+        })
+        .collect::<Result<BTreeMap<_, _>, RingError>>()?;
     // An engine in this process with no models of its own serves the defaults, never
     // whatever is asked: a real server added for another model must get that model's
     // requests, not share them with the simulated servers.
-    let served: Vec<Option<Vec<String>>> = servers
+    let served: Vec<Option<Vec<String>>> = own
         .iter()
         .map(|s| {
             s.served_models()
                 .or_else(|| s.is_local().then(|| catalogue.defaults.clone()))
         })
         .collect();
-    let mut adapters: BTreeMap<String, String> =
-        servers.iter().flat_map(|s| s.adapters()).collect();
+    let mut adapters: BTreeMap<String, String> = own.iter().flat_map(|s| s.adapters()).collect();
     let mut names: BTreeSet<String> = catalogue.defaults.iter().cloned().collect();
     names.extend(served.iter().flatten().flatten().cloned());
     names.extend(catalogue.aliases.values().cloned());
     let mut models = BTreeMap::new();
     for name in &names {
-        let (members, prefill): (Vec<Arc<Server>>, Vec<Arc<Server>>) = servers
+        let (members, prefill): (Vec<Arc<Server>>, Vec<Arc<Server>>) = own
             .iter()
             .zip(&served)
             .filter(|(_, models)| models.as_ref().is_none_or(|m| m.contains(name)))
@@ -99,6 +136,7 @@ pub(crate) fn build_snapshot(
                 aliases: catalogue.aliases.clone(),
                 accepted: Vec::new(),
                 adapters: BTreeMap::new(),
+                spill_pools: BTreeMap::new(),
                 models_epoch,
             }),
         );
@@ -107,7 +145,7 @@ pub(crate) fn build_snapshot(
     // it is asked); with no server at all the fleet is down, not the model unserved. A name
     // no server takes (the default model in front of remote servers that list others) is
     // neither listed nor accepted: asking for it is a 404, not a 503 for ever.
-    let servable = |name: &str| servers.is_empty() || !models[name].servers.is_empty();
+    let servable = |name: &str| own.is_empty() || !models[name].servers.is_empty();
     let mut accepted: Vec<String> = names.iter().filter(|n| servable(n)).cloned().collect();
     accepted.extend(
         catalogue
@@ -135,6 +173,7 @@ pub(crate) fn build_snapshot(
         aliases: catalogue.aliases.clone(),
         accepted,
         adapters,
+        spill_pools,
         models_epoch,
     })
 }

@@ -136,6 +136,7 @@ mod tests {
                 ..RateLimits::default()
             },
             models: Some(vec!["m1".into()]),
+            fallback: true,
         };
         let mut a = key("sk-acme-one", "gold", RateLimits::default());
         a.tenant = Some("acme".into());

@@ -23,6 +23,7 @@ mod legs;
 mod local_pair;
 pub(crate) mod prepare;
 mod route;
+mod spill;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -113,6 +114,8 @@ pub struct Call {
     pub body: Option<Bytes>,
     /// The client's headers that go with a relayed body.
     pub relay_headers: Vec<(HeaderName, HeaderValue)>,
+    /// The `[[fallback]]` pool it spilled to, if it did.
+    pub spilled: Option<String>,
 }
 
 impl Call {
@@ -182,6 +185,10 @@ impl Call {
             None => self.admit().await?,
         }
         let (routed, mut tracker) = self.route()?;
+        let spilled = self
+            .spilled
+            .as_deref()
+            .and_then(|pool| HeaderValue::from_str(pool).ok());
         let mut started = match self.attempt(routed).await {
             Ok(started) => started,
             Err(e) => {
@@ -221,6 +228,9 @@ impl Call {
         }
         if let Some(value) = version {
             headers.insert(&header_names::POLICY_VERSION, value);
+        }
+        if let Some(value) = spilled {
+            headers.insert(&header_names::FALLBACK, value);
         }
         crate::auth::rate_limit_headers(&caller, headers, door);
         if !dropped.is_empty() {

@@ -1,5 +1,6 @@
 //! Phase 1, prepare: from the body to a [`Call`] decided on one pool snapshot. The body is
-//! parsed by its door (once), the model's pool resolved, what this pool cannot serve refused,
+//! parsed by its door (once), the model's pool resolved (or a `[[fallback]]` pool when its own
+//! servers cannot take the request: [`super::spill`]), what this pool cannot serve refused,
 //! the safety filter's input check run, the prompt hashed (once) into the routing key and
 //! prefix hashes, and the request as policies see it built. `POST /admin/route/explain` runs
 //! this same phase, so it explains the decisions the path makes.
@@ -8,9 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ringmaster_api::{ApiError, ErrorKind, Request};
+use ringmaster_config::SpillReason;
 use ringmaster_policy_engine::PolicyRequest;
 use ringmaster_pool::PoolSnapshot;
 
+use super::spill::spill;
 use super::{AdapterUse, Call, CallInput};
 use crate::state::Gateway;
 use ringmaster_slots::routing::routing_input;
@@ -44,7 +47,30 @@ impl Call {
             items: &p.items,
         });
         let mut request = door.parse_continuing(&body, gateway.limits(&fleet), prior)?;
-        let (served_model, pool, adapter) = model_pool(gateway, &fleet, &request.model)?;
+        // A request its model's own servers cannot take now spills to a `[[fallback]]` pool
+        // when a rule covers it, else is refused.
+        let own = model_pool(gateway, &fleet, &request.model)
+            // No own server serves the model at all: only a rule that names it.
+            .map_err(|e| ((SpillReason::NoServer, request.model.clone(), true), e))
+            .and_then(
+                |found| match serving_now(gateway, &fleet, &found.1, &found.0) {
+                    Ok(()) => Ok(found),
+                    Err((reason, e)) => Err(((reason, found.0, false), e)),
+                },
+            );
+        let mut spilled = None;
+        let (served_model, pool, adapter) = match own {
+            Ok(found) => found,
+            Err(((reason, model, named_only), refusal)) => {
+                match spill(gateway, &fleet, &caller.tenant, &model, reason, named_only) {
+                    Some(to) => {
+                        spilled = Some(to.name);
+                        (to.served_model, to.pool, AdapterUse::None)
+                    }
+                    None => return Err(refusal),
+                }
+            }
+        };
         // The body is kept only for a server that would take it as it came.
         let relays = pool.servers.iter().any(|s| {
             matches!(s.engine(), ringmaster_pool::Backend::Remote(_)) && s.api() == door.api()
@@ -71,7 +97,6 @@ impl Call {
                 .safety
                 .check_input(&gateway.metrics, &request.prompt_text())?;
         }
-        serving_now(gateway, &fleet, &pool, &served_model)?;
         let input = routing_input(&request, session.as_deref(), gateway.config.prefix_hashing);
         let policy = PolicyRequest {
             id: request_id.to_owned(),
@@ -112,31 +137,38 @@ impl Call {
             trace_context,
             body,
             relay_headers,
+            spilled,
         })
     }
 }
 
 /// Refuses a request its model's pool cannot take now: no server serves the model, none can
-/// be reached, or every one's queue is full (each with a `retry-after`).
+/// be reached, or every one's queue is full (each with a `retry-after`, and the reason a
+/// `[[fallback]]` rule would spill it for).
 fn serving_now(
     gateway: &Gateway,
     fleet: &PoolSnapshot,
     pool: &PoolSnapshot,
     served_model: &str,
-) -> Result<(), ApiError> {
+) -> Result<(), (SpillReason, ApiError)> {
+    let no_server = |e| Err((SpillReason::NoServer, e));
     if pool.servers.is_empty() && !fleet.servers.is_empty() {
-        return Err(ApiError::new(
-            ErrorKind::Unavailable,
-            format!("no GPU server serves the model {served_model:?} now; retry shortly"),
-        )
-        .with_retry_after(Duration::from_secs(1)));
+        return no_server(
+            ApiError::new(
+                ErrorKind::Unavailable,
+                format!("no GPU server serves the model {served_model:?} now; retry shortly"),
+            )
+            .with_retry_after(Duration::from_secs(1)),
+        );
     }
     if !pool.servers.is_empty() && pool.servers.iter().all(|s| !s.engine().is_reachable()) {
-        return Err(ApiError::new(
-            ErrorKind::Unavailable,
-            "no GPU server can be reached (every worker is down); retry shortly",
-        )
-        .with_retry_after(Duration::from_secs(1)));
+        return no_server(
+            ApiError::new(
+                ErrorKind::Unavailable,
+                "no GPU server can be reached (every worker is down); retry shortly",
+            )
+            .with_retry_after(Duration::from_secs(1)),
+        );
     }
     if !pool.servers.is_empty()
         && pool
@@ -144,11 +176,14 @@ fn serving_now(
             .iter()
             .all(|s| s.engine().load().waiting >= gateway.config.max_waiting_per_server)
     {
-        return Err(ApiError::new(
-            ErrorKind::Overloaded,
-            "every GPU server's queue is full; retry shortly",
-        )
-        .with_retry_after(Duration::from_secs(1)));
+        return Err((
+            SpillReason::Overloaded,
+            ApiError::new(
+                ErrorKind::Overloaded,
+                "every GPU server's queue is full; retry shortly",
+            )
+            .with_retry_after(Duration::from_secs(1)),
+        ));
     }
     Ok(())
 }

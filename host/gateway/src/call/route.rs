@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ringmaster_api::{ApiError, ErrorKind};
+use ringmaster_config::SpillReason;
 use ringmaster_policy_engine::PolicyFault;
 use ringmaster_pool::{Decision, DecisionReason};
 use tracing::debug;
@@ -20,7 +21,7 @@ use ringmaster_slots::router::{RouteOutcome, Routed};
 
 impl Call {
     /// Phase 3: see the module's documentation.
-    pub(crate) fn route(&self) -> Result<(Routed, Tracker), ApiError> {
+    pub(crate) fn route(&mut self) -> Result<(Routed, Tracker), ApiError> {
         let gateway = &self.gateway;
         let span = self
             .trace
@@ -37,14 +38,20 @@ impl Call {
             RouteOutcome::Routed(routed) => *routed,
             RouteOutcome::Rejected { variant, reason } => {
                 variant.stats.errors.fetch_add(1, Ordering::Relaxed);
-                return Err(ApiError::new(
-                    ErrorKind::Overloaded,
-                    format!("the router policy declined the request: {reason}"),
-                )
-                .with_retry_after(Duration::from_secs(1)));
+                drop(_entered);
+                return self.spill_or(
+                    SpillReason::Policy,
+                    ApiError::new(
+                        ErrorKind::Overloaded,
+                        format!("the router policy declined the request: {reason}"),
+                    )
+                    .with_retry_after(Duration::from_secs(1)),
+                );
             }
             RouteOutcome::NoServers => {
-                return Err(
+                drop(_entered);
+                return self.spill_or(
+                    SpillReason::NoServer,
                     ApiError::new(ErrorKind::Overloaded, "no GPU servers in the pool")
                         .with_retry_after(Duration::from_secs(5)),
                 );
@@ -96,6 +103,36 @@ impl Call {
             "request.routed"
         );
         Ok((routed, tracker))
+    }
+
+    /// Routes again in the `[[fallback]]` pool a rule names for `reason`, once; `refusal`
+    /// when none takes the request (or it already spilled).
+    fn spill_or(
+        &mut self,
+        reason: SpillReason,
+        refusal: ApiError,
+    ) -> Result<(Routed, Tracker), ApiError> {
+        if self.spilled.is_some() {
+            return Err(refusal);
+        }
+        let fleet = self.gateway.pool.snapshot();
+        match super::spill::spill(
+            &self.gateway,
+            &fleet,
+            &self.caller.tenant,
+            &self.served_model,
+            reason,
+            false,
+        ) {
+            Some(to) => {
+                self.spilled = Some(to.name);
+                self.pool = to.pool;
+                self.served_model = to.served_model;
+                self.adapter = super::AdapterUse::None;
+                self.route()
+            }
+            None => Err(refusal),
+        }
     }
 
     /// The bookkeeping of a request routed as `routed` says.
