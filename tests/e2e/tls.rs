@@ -633,3 +633,103 @@ async fn an_https_server_with_its_own_ca_a_client_certificate_and_credentials() 
     assert!(!text.contains("sk-upstream-secret"), "{text}");
     assert!(upstream.unauthorized.load(Ordering::Relaxed) > 0);
 }
+
+/// A `redis-server` serving TLS only on a free loopback port with `ca`'s certificate for
+/// localhost, demanding a client certificate of `clients`; killed on drop.
+struct TlsRedis {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl TlsRedis {
+    async fn start(dir: &Path, ca: &Ca, clients: &Ca) -> Self {
+        let (cert, key, _) = ca.write(dir, "redis");
+        let clients_ca = clients.write_ca(dir, "redis-clients-ca.pem");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("redis-server")
+            .args([
+                "--port",
+                "0",
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--tls-port", &port.to_string()])
+            .arg("--tls-cert-file")
+            .arg(&cert)
+            .arg("--tls-key-file")
+            .arg(&key)
+            .arg("--tls-ca-cert-file")
+            .arg(&clients_ca)
+            .args(["--tls-auth-clients", "yes"])
+            .arg("--dir")
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect(
+                "redis-server is not installed: `apt-get install redis-server` (tests/run does it)",
+            );
+        let up = crate::support::eventually(Duration::from_secs(10), async || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        })
+        .await;
+        assert!(up, "redis-server did not start TLS on {port}");
+        Self { child, port }
+    }
+}
+
+impl Drop for TlsRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_reach_redis_over_tls_with_a_client_certificate() {
+    use ringmaster_cluster::{Cluster, ClusterSpec, ClusterTls};
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("redis CA");
+    let clients = Ca::new("replicas CA");
+    let other = Ca::new("another CA");
+    let redis = TlsRedis::start(dir.path(), &ca, &clients).await;
+    let (client_cert, client_key, _) = clients.write(dir.path(), "replica");
+    let ca_file = ca.write_ca(dir.path(), "redis-ca.pem");
+    let other_ca_file = other.write_ca(dir.path(), "other-ca.pem");
+    let spec = |ca: &Path, client: bool| {
+        let mut spec = ClusterSpec::new(format!("rediss://localhost:{}/0", redis.port), "r1");
+        spec.tls = ClusterTls {
+            ca_file: Some(ca.to_owned()),
+            client_cert: client.then(|| (client_cert.clone(), client_key.clone())),
+        };
+        spec
+    };
+    // Two replicas over TLS share the log: what one appends, the other reads.
+    let one = Cluster::connect(spec(&ca_file, true), Duration::from_secs(5))
+        .await
+        .expect("connects over TLS with a client certificate");
+    let two = Cluster::connect(spec(&ca_file, true), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(one.head().await.unwrap(), 0);
+    one.append(0, &serde_json::json!({"op": "noop"}))
+        .await
+        .unwrap();
+    assert_eq!(two.head().await.unwrap(), 1);
+    // Without the client certificate Redis demands, or trusting another CA: no connection.
+    for (ca, client) in [(&ca_file, false), (&other_ca_file, true)] {
+        let refused = Cluster::connect(spec(ca, client), Duration::from_millis(300)).await;
+        assert!(
+            refused.is_err(),
+            "connected with ca {ca:?}, client {client}"
+        );
+    }
+}

@@ -45,7 +45,7 @@ use tracing::{info, warn};
 /// How to join a cluster.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClusterSpec {
-    /// `redis://HOST:PORT/DB` or `redis+unix:///path/to/socket`.
+    /// `redis://HOST:PORT/DB`, `rediss://HOST:PORT/DB` (TLS) or `redis+unix:///path/to/socket`.
     pub url: String,
     /// This replica's name in leases and logs (defaults to the gateway's host:port).
     pub replica: String,
@@ -58,6 +58,18 @@ pub struct ClusterSpec {
     pub fail_open: bool,
     /// How long a lease lives unless renewed; replicas renew it three times as often.
     pub lease_ttl: Duration,
+    /// For a `rediss://` url: the CA file (`None`: the system's roots) and a client
+    /// certificate with its key.
+    pub tls: ClusterTls,
+}
+
+/// The TLS files of a `rediss://` Redis.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterTls {
+    /// The CA certificates (PEM) Redis's certificate must chain to.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key (PEM), for `tls-auth-clients yes`.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl ClusterSpec {
@@ -70,6 +82,7 @@ impl ClusterSpec {
             deadline: Duration::from_millis(5),
             fail_open: true,
             lease_ttl: Duration::from_secs(3),
+            tls: ClusterTls::default(),
         }
     }
 }
@@ -77,6 +90,16 @@ impl ClusterSpec {
 /// Why a cluster call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
+    /// A TLS file could not be read.
+    #[error("cluster {what} {path}: {source}")]
+    TlsFile {
+        /// `ca_file`, `client_cert` or `client_key`.
+        what: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// The URL is not one Redis understands.
     #[error("cluster url {url:?}: {source}")]
     Url {
@@ -132,6 +155,49 @@ pub struct Cluster {
     live: std::sync::Mutex<Vec<String>>,
 }
 
+/// The Redis client for `spec`: over TLS (rustls, the name checked against the certificate)
+/// for a `rediss://` url, with its CA and client certificate when given.
+fn open_client(spec: &ClusterSpec) -> Result<redis::Client, ClusterError> {
+    let refused = |source| ClusterError::Url {
+        url: spec.url.clone(),
+        source,
+    };
+    if !spec.url.starts_with("rediss://") {
+        return redis::Client::open(spec.url.as_str()).map_err(refused);
+    }
+    // The redis crate builds its TLS configuration on the process's default provider: ring,
+    // as everywhere in Ringmaster (an error only says one is installed already).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let read = |what: &'static str, path: &std::path::Path| {
+        std::fs::read(path).map_err(|source| ClusterError::TlsFile {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let root_cert = spec
+        .tls
+        .ca_file
+        .as_deref()
+        .map(|path| read("ca_file", path))
+        .transpose()?;
+    let client_tls = match &spec.tls.client_cert {
+        None => None,
+        Some((cert, key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("client_cert", cert)?,
+            client_key: read("client_key", key)?,
+        }),
+    };
+    redis::Client::build_with_tls(
+        spec.url.as_str(),
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(refused)
+}
+
 impl Cluster {
     /// Connects (a bounded number of tries over about `connect_for`), so that a replica whose
     /// Redis is not there yet says so at start rather than serving alone.
@@ -139,11 +205,7 @@ impl Cluster {
         spec: ClusterSpec,
         connect_for: Duration,
     ) -> Result<Arc<Self>, ClusterError> {
-        let client =
-            redis::Client::open(spec.url.as_str()).map_err(|source| ClusterError::Url {
-                url: spec.url.clone(),
-                source,
-            })?;
+        let client = open_client(&spec)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
             .set_response_timeout(Some(Duration::from_secs(2)))

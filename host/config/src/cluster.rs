@@ -19,6 +19,10 @@ pub struct ClusterSettings {
     pub deadline: Duration,
     /// Admit on local buckets while Redis is away (`true`), or refuse (`false`).
     pub fail_open: bool,
+    /// A `rediss://` Redis's CA file (`None`: the system's roots).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// A client certificate and its key, for a Redis that asks for one.
+    pub client_cert: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// Validates `[cluster]`.
@@ -45,6 +49,31 @@ pub(crate) fn cluster_settings(raw: RawCluster) -> Result<ClusterSettings, Confi
             "must be non-empty, without spaces or '*'",
         ));
     }
+    let tls = url.starts_with("rediss://");
+    let path = |field: &str, value: Option<String>| match value {
+        Some(_) if !tls => Err(invalid(
+            format!("cluster.{field}"),
+            "TLS files need a rediss:// url",
+        )),
+        Some(p) if p.trim().is_empty() => {
+            Err(invalid(format!("cluster.{field}"), "must not be empty"))
+        }
+        other => Ok(other.map(std::path::PathBuf::from)),
+    };
+    let ca_file = path("ca_file", raw.ca_file)?;
+    let client_cert = match (
+        path("client_cert", raw.client_cert)?,
+        path("client_key", raw.client_key)?,
+    ) {
+        (None, None) => None,
+        (Some(cert), Some(key)) => Some((cert, key)),
+        _ => {
+            return Err(invalid(
+                "cluster.client_cert",
+                "client_cert and client_key go together",
+            ));
+        }
+    };
     let deadline_ms = raw.deadline_ms.unwrap_or(5);
     if deadline_ms == 0 || deadline_ms > 10_000 {
         return Err(invalid(
@@ -58,6 +87,8 @@ pub(crate) fn cluster_settings(raw: RawCluster) -> Result<ClusterSettings, Confi
         namespace,
         deadline: Duration::from_millis(deadline_ms),
         fail_open: raw.fail_open.unwrap_or(true),
+        ca_file,
+        client_cert,
     })
 }
 

@@ -98,6 +98,12 @@ pub struct RawCluster {
     pub deadline_ms: Option<u64>,
     /// Admit on local buckets while Redis is away.
     pub fail_open: Option<bool>,
+    /// A `rediss://` Redis's CA certificates (PEM); default: the system's roots.
+    pub ca_file: Option<String>,
+    /// A client certificate (PEM) for a Redis that asks for one (`tls-auth-clients yes`).
+    pub client_cert: Option<String>,
+    /// Its private key (PEM).
+    pub client_key: Option<String>,
 }
 
 /// `[autoscale]`.

@@ -308,6 +308,14 @@ fn errors_name_the_key() {
         ),
         ("[[fallback]]\npool = \"a b\"", "fallback[0]"),
         (
+            "[cluster]\nurl = \"redis://10.0.0.1:6379/0\"\nca_file = \"ca.pem\"",
+            "need a rediss:// url",
+        ),
+        (
+            "[cluster]\nurl = \"rediss://10.0.0.1:6379/0\"\nclient_key = \"k.pem\"",
+            "go together",
+        ),
+        (
             "[[fallback]]\npool = \"hosted\"\nwhen = [\"sometimes\"]",
             "fallback[0].when",
         ),

@@ -485,6 +485,10 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
                 spec.namespace = settings.namespace.clone();
                 spec.deadline = settings.deadline;
                 spec.fail_open = settings.fail_open;
+                spec.tls = ringmaster_cluster::ClusterTls {
+                    ca_file: settings.ca_file.clone(),
+                    client_cert: settings.client_cert.clone(),
+                };
                 Some(
                     ringmaster_cluster::Cluster::connect(spec, std::time::Duration::from_secs(10))
                         .await
