@@ -532,3 +532,121 @@ fn every_route_is_documented() {
         .collect();
     assert!(missing.is_empty(), "docs/api.md does not name {missing:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_tenants_change_without_a_restart_under_the_operate_scope() {
+    let gw = TestGateway::start(
+        "[[api_keys]]\nkey = \"sk-config-key-01\"\n\
+         [[admin.tokens]]\nname = \"viewer\"\ntoken = \"viewer-token-0123456789\"\nscopes = [\"read\"]\n\
+         [simulator]\ntime_scale = 0.01\n[[servers]]\naddress = \"sim://gpu-0\"\n",
+    )
+    .await;
+    let post = async |path: &str, body: Value| {
+        gw.admin(Method::POST, path)
+            .await
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    };
+    let ask = async |key: &str| {
+        gw.client
+            .post(gw.url("/v1/messages"))
+            .header("x-api-key", key)
+            .json(&hello(2))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    // A viewer may list but not change.
+    let refused = gw
+        .client
+        .post(gw.url("/admin/keys"))
+        .bearer_auth("viewer-token-0123456789")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 403);
+    assert!(refused.text().await.unwrap().contains("operate"));
+    // A key for a tenant that does not exist is refused; a key given in the clear too.
+    assert_eq!(
+        post("/admin/keys", json!({"tenant": "acme"}))
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        post("/admin/keys", json!({"key": "sk-chosen-by-me"}))
+            .await
+            .status(),
+        400
+    );
+    assert_eq!(
+        post(
+            "/admin/tenants",
+            json!({"name": "acme", "requests_per_minute": 2})
+        )
+        .await
+        .status(),
+        201
+    );
+    let added: Value = post("/admin/keys", json!({"tenant": "acme", "tier": "gold"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let key = added["key"].as_str().unwrap().to_owned();
+    let id = added["id"].as_str().unwrap().to_owned();
+    // The tenant's limit holds for the new key at once, and a raised limit at once too.
+    assert_eq!(ask(&key).await, 200);
+    assert_eq!(ask(&key).await, 200);
+    assert_eq!(ask(&key).await, 429);
+    assert_eq!(
+        post(
+            "/admin/tenants",
+            json!({"name": "acme", "requests_per_minute": 1000})
+        )
+        .await
+        .status(),
+        201
+    );
+    assert_eq!(ask(&key).await, 200);
+    let tenants = gw.admin_json(Method::GET, "/admin/tenants").await;
+    assert_eq!(tenants["tenants"][0]["requests_per_minute"], 1000);
+    // Removed: refused at once; the configured key still admits.
+    assert_eq!(
+        gw.admin_call(Method::DELETE, &format!("/admin/keys/{id}"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(ask(&key).await, 401);
+    assert_eq!(ask("sk-config-key-01").await, 200);
+    assert_eq!(
+        gw.admin_call(Method::DELETE, "/admin/keys/0000000000000000")
+            .await
+            .status(),
+        404
+    );
+    assert_eq!(
+        gw.admin_call(Method::DELETE, "/admin/tenants/acme")
+            .await
+            .status(),
+        200
+    );
+    // Each change is in the audit trail, with the token's name.
+    let audit = gw.admin_json(Method::GET, "/admin/audit").await;
+    let paths: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&"/admin/tenants") && paths.contains(&"/admin/keys"),
+        "{audit}"
+    );
+}

@@ -524,3 +524,85 @@ async fn a_killed_replica_leaves_the_cluster_and_its_load_drops_out() {
         job.abort();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_added_on_one_replica_admits_on_all_within_a_second_and_its_removal_too() {
+    let redis = TestRedis::start("keys").await;
+    let config = fleet_config("keys", 1, 0.0, "[[api_keys]]\nkey = \"sk-fleet-base-01\"\n");
+    let replicas = three(&redis, &config).await;
+    let chat = async |replica: &Replica, key: Option<&str>| {
+        let mut request = replica
+            .client
+            .post(format!("{}/v1/messages", replica.base))
+            .json(&body("Which key?", 2));
+        if let Some(key) = key {
+            request = request.header("x-api-key", key);
+        }
+        request.send().await.unwrap().status().as_u16()
+    };
+    let tenant = replicas[0]
+        .admin(Method::POST, "/admin/tenants")
+        .json(&json!({"name": "acme", "requests_per_minute": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(tenant.status(), 201);
+    let added = replicas[1]
+        .admin(Method::POST, "/admin/keys")
+        .json(&json!({"tenant": "acme", "tier": "gold"}))
+        .send()
+        .await
+        .unwrap();
+    let asked = Instant::now();
+    assert_eq!(added.status(), 201);
+    let added: Value = added.json().await.unwrap();
+    let key = added["key"].as_str().unwrap().to_owned();
+    let id = added["id"].as_str().unwrap().to_owned();
+    assert!(key.starts_with("sk-rm-") && key.len() == 70, "{added}");
+    for replica in &replicas {
+        let admitted = eventually(Duration::from_secs(1), async || {
+            chat(replica, Some(&key)).await == 200
+        })
+        .await;
+        assert!(
+            admitted,
+            "replica {} never admitted the new key",
+            replica.name
+        );
+        assert_eq!(chat(replica, None).await, 401);
+    }
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    // Listed by id and tenant on every replica; the key itself is never shown again.
+    let listed = replicas[2].admin_json(Method::GET, "/admin/keys").await;
+    assert_eq!(listed["keys"][1]["id"], id.as_str());
+    assert_eq!(listed["keys"][1]["tenant"], "acme");
+    assert!(!listed.to_string().contains(&key));
+    // A tenant with keys stays; the key's removal holds everywhere.
+    let in_use = replicas[2]
+        .admin(Method::DELETE, "/admin/tenants/acme")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(in_use.status(), 409);
+    let removed = replicas[2]
+        .admin(Method::DELETE, &format!("/admin/keys/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    for replica in &replicas {
+        let refused = eventually(Duration::from_secs(1), async || {
+            chat(replica, Some(&key)).await == 401
+        })
+        .await;
+        assert!(
+            refused,
+            "replica {} still admits the removed key",
+            replica.name
+        );
+    }
+}

@@ -32,6 +32,27 @@ pub enum Change {
         /// The body.
         server: serde_json::Value,
     },
+    /// `POST /admin/keys`: a key (its digest, never the key) with its tier, tenant, models
+    /// and limits, added or replacing the key of the same digest.
+    PutKey {
+        /// The key's fields as `[[api_keys]]` has them, with `key_sha256`.
+        key: serde_json::Value,
+    },
+    /// `DELETE /admin/keys/{id}`.
+    RemoveKey {
+        /// The key's id (the first 8 bytes of its digest, hex).
+        id: String,
+    },
+    /// `POST /admin/tenants`: a tenant added or its limits replaced.
+    PutTenant {
+        /// The tenant as `[[tenants]]` has it.
+        tenant: serde_json::Value,
+    },
+    /// `DELETE /admin/tenants/{name}`.
+    RemoveTenant {
+        /// The tenant.
+        name: String,
+    },
     /// `DELETE /admin/servers/{id}`: drain and remove.
     RemoveServer {
         /// The server.
@@ -161,6 +182,10 @@ pub async fn carry_out(
             tracing::info!(server = server.id(), address = %server.address(), weight = server.weight(), "pool.server_added");
             Ok(true)
         }
+        Change::PutKey { .. }
+        | Change::RemoveKey { .. }
+        | Change::PutTenant { .. }
+        | Change::RemoveTenant { .. } => crate::keys::carry_out(gateway, change),
         Change::RemoveServer { id } => {
             let server = gateway.pool().remove(&id).map_err(pool_error)?;
             tracing::info!(

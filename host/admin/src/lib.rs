@@ -31,6 +31,7 @@ pub mod cluster;
 pub mod experiments;
 pub mod explain;
 mod guardrails;
+mod keys;
 pub mod policies;
 pub mod rollout;
 pub mod servers;
@@ -216,6 +217,21 @@ async fn route(
             Ok(json_response(StatusCode::OK, &servers_json(gateway)))
         }
         (Method::POST, "/admin/servers") => add_server(gateway, applier, req).await,
+        (Method::GET, "/admin/keys") => Ok(keys::list_keys(gateway)),
+        (Method::POST, "/admin/keys") => {
+            let everywhere = query_param(&req, "wait").is_some_and(|w| w == "true" || w == "1");
+            keys::add_key(gateway, applier, req, everywhere).await
+        }
+        (Method::DELETE, p) if p.starts_with("/admin/keys/") => {
+            let id = p["/admin/keys/".len()..].to_owned();
+            keys::remove_key(gateway, applier, id).await
+        }
+        (Method::GET, "/admin/tenants") => Ok(keys::list_tenants(gateway)),
+        (Method::POST, "/admin/tenants") => keys::put_tenant(gateway, applier, req).await,
+        (Method::DELETE, p) if p.starts_with("/admin/tenants/") => {
+            let name = p["/admin/tenants/".len()..].to_owned();
+            keys::remove_tenant(gateway, applier, name).await
+        }
         (Method::DELETE, p) if p.starts_with("/admin/servers/") => {
             let id = p["/admin/servers/".len()..].to_owned();
             remove_server(gateway, applier, id, wait).await

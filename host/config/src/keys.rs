@@ -96,87 +96,107 @@ pub(crate) fn keys_and_tenants(
     let mut tenants: Vec<Tenant> = Vec::new();
     for (i, raw) in raw_tenants.into_iter().enumerate() {
         let at = format!("tenants[{i}]");
-        if raw.name.trim().is_empty() || raw.name.len() > 64 {
-            return Err(invalid(format!("{at}.name"), "must be 1 to 64 characters"));
-        }
-        if tenants.iter().any(|t| t.name == raw.name) {
+        let tenant = tenant(&at, raw)?;
+        if tenants.iter().any(|t| t.name == tenant.name) {
             return Err(invalid(
                 format!("{at}.name"),
-                format!("duplicate tenant {:?}", raw.name),
+                format!("duplicate tenant {:?}", tenant.name),
             ));
         }
-        tenants.push(Tenant {
-            limits: rate_limits(
-                &at,
-                [
-                    raw.requests_per_minute,
-                    raw.input_tokens_per_minute,
-                    raw.output_tokens_per_minute,
-                ],
-            )?,
-            models: allowed_models(&at, raw.models)?,
-            fallback: raw.fallback.unwrap_or(true),
-            name: raw.name,
-        });
+        tenants.push(tenant);
     }
     let mut api_keys: Vec<ApiKey> = Vec::new();
     for (i, raw) in raw_keys.into_iter().enumerate() {
         let at = format!("api_keys[{i}]");
-        let digest = match (raw.key, raw.key_sha256) {
-            (Some(key), None) => {
-                if key.len() < 8 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(invalid(
-                        format!("{at}.key"),
-                        "must be at least 8 characters with no whitespace",
-                    ));
-                }
-                key_digest(&key)
-            }
-            (None, Some(hex_digest)) => {
-                let mut digest = [0u8; 32];
-                hex::decode_to_slice(hex_digest.trim(), &mut digest).map_err(|_| {
-                    invalid(
-                        format!("{at}.key_sha256"),
-                        "must be 64 hexadecimal digits (a SHA-256)",
-                    )
-                })?;
-                digest
-            }
-            (Some(_), Some(_)) => {
-                return Err(invalid(at, "give key or key_sha256, not both"));
-            }
-            (None, None) => {
-                return Err(invalid(
-                    format!("{at}.key"),
-                    "field required (or key_sha256)",
-                ));
-            }
-        };
-        if api_keys.iter().any(|k| k.digest == digest) {
+        let key = api_key(&at, raw, &tenants)?;
+        if api_keys.iter().any(|k| k.digest == key.digest) {
             return Err(invalid(at, "duplicate key"));
         }
-        if let Some(tenant) = &raw.tenant
-            && !tenants.iter().any(|t| &t.name == tenant)
-        {
-            return Err(invalid(
-                format!("{at}.tenant"),
-                format!("no [[tenants]] entry is named {tenant:?}"),
-            ));
-        }
-        api_keys.push(ApiKey {
-            digest,
-            tier: raw.tier.unwrap_or_else(|| "default".to_owned()),
-            limits: rate_limits(
-                &at,
-                [
-                    raw.requests_per_minute,
-                    raw.input_tokens_per_minute,
-                    raw.output_tokens_per_minute,
-                ],
-            )?,
-            models: allowed_models(&at, raw.models)?,
-            tenant: raw.tenant,
-        });
+        api_keys.push(key);
     }
     Ok((api_keys, tenants))
+}
+
+/// Validates one tenant (`at` names it in messages): a `[[tenants]]` entry, or one
+/// `POST /admin/tenants` adds.
+pub fn tenant(at: &str, raw: RawTenant) -> Result<Tenant, ConfigError> {
+    if raw.name.trim().is_empty() || raw.name.len() > 64 {
+        return Err(invalid(format!("{at}.name"), "must be 1 to 64 characters"));
+    }
+    Ok(Tenant {
+        limits: rate_limits(
+            at,
+            [
+                raw.requests_per_minute,
+                raw.input_tokens_per_minute,
+                raw.output_tokens_per_minute,
+            ],
+        )?,
+        models: allowed_models(at, raw.models)?,
+        fallback: raw.fallback.unwrap_or(true),
+        name: raw.name,
+    })
+}
+
+/// Validates one key against the `tenants` it may name: an `[[api_keys]]` entry, or one
+/// `POST /admin/keys` adds.
+pub fn api_key(at: &str, raw: RawApiKey, tenants: &[Tenant]) -> Result<ApiKey, ConfigError> {
+    let digest = match (raw.key, raw.key_sha256) {
+        (Some(key), None) => {
+            if key.len() < 8 || key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(invalid(
+                    format!("{at}.key"),
+                    "must be at least 8 characters with no whitespace",
+                ));
+            }
+            key_digest(&key)
+        }
+        (None, Some(hex_digest)) => {
+            let mut digest = [0u8; 32];
+            hex::decode_to_slice(hex_digest.trim(), &mut digest).map_err(|_| {
+                invalid(
+                    format!("{at}.key_sha256"),
+                    "must be 64 hexadecimal digits (a SHA-256)",
+                )
+            })?;
+            digest
+        }
+        (Some(_), Some(_)) => {
+            return Err(invalid(at, "give key or key_sha256, not both"));
+        }
+        (None, None) => {
+            return Err(invalid(
+                format!("{at}.key"),
+                "field required (or key_sha256)",
+            ));
+        }
+    };
+    if let Some(tenant) = &raw.tenant
+        && !tenants.iter().any(|t| &t.name == tenant)
+    {
+        return Err(invalid(
+            format!("{at}.tenant"),
+            format!("no [[tenants]] entry is named {tenant:?}"),
+        ));
+    }
+    Ok(ApiKey {
+        digest,
+        tier: raw.tier.unwrap_or_else(|| "default".to_owned()),
+        limits: rate_limits(
+            at,
+            [
+                raw.requests_per_minute,
+                raw.input_tokens_per_minute,
+                raw.output_tokens_per_minute,
+            ],
+        )?,
+        models: allowed_models(at, raw.models)?,
+        tenant: raw.tenant,
+    })
+}
+
+/// A key's id, as the admin API names it: the first 8 bytes of its digest in hex (not
+/// enough to find the key, enough to tell keys apart).
+pub fn key_id(digest: &[u8; 32]) -> String {
+    hex::encode(&digest[..8])
 }

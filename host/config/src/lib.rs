@@ -49,7 +49,7 @@ pub use disaggregation::{
 };
 pub use error::ConfigError;
 pub use fallback::{FallbackRule, SpillReason};
-pub use keys::{ApiKey, RateLimits, Tenant, key_digest};
+pub use keys::{ApiKey, RateLimits, Tenant, key_digest, key_id};
 pub use lora::{AdapterSource, LoraSettings};
 pub use model::{KERNEL_NAMES, ModelSettings, SimulatorSettings};
 pub use policies::{

@@ -30,8 +30,12 @@ pub(crate) async fn answer(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller =
-        crate::auth::authenticate_at(&gateway.auth, &gateway.metrics, req.headers(), door)?;
+    let caller = crate::auth::authenticate_at(
+        &gateway.keys.current(),
+        &gateway.metrics,
+        req.headers(),
+        door,
+    )?;
     let session = session_header(req.headers(), &gateway.config.session_headers)?;
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
     let queue_timeout = queue_timeout_header(req.headers())?;
@@ -92,7 +96,8 @@ pub(crate) async fn count_tokens(
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller =
-        crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers()).await?;
+        crate::auth::authenticate_request(&gateway.keys.current(), &gateway.metrics, req.headers())
+            .await?;
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = ringmaster_api::messages::parse_count_tokens(&body, gateway.limits(&fleet))?;
@@ -138,7 +143,8 @@ pub(crate) fn resume_stream(
     req: &Request<Incoming>,
     id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate(&gateway.auth, &gateway.metrics, req.headers())?;
+    let caller =
+        crate::auth::authenticate(&gateway.keys.current(), &gateway.metrics, req.headers())?;
     if !gateway.streams.enabled() {
         return Err(ApiError::not_found(
             "streams are not resumable on this gateway ([limits] resume_window_ms is 0)",
@@ -179,7 +185,8 @@ pub(crate) async fn stored_response(
     rest: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller =
-        crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers()).await?;
+        crate::auth::authenticate_request(&gateway.keys.current(), &gateway.metrics, req.headers())
+            .await?;
     let owner: &str = &caller.key_label;
     let (id, action) = match rest.split_once('/') {
         Some((id, action)) => (id, Some(action)),

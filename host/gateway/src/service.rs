@@ -302,14 +302,22 @@ async fn dispatch(
         }
         "/v1/models" => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers())
-                .await?;
+            crate::auth::authenticate_request(
+                &gateway.keys.current(),
+                &gateway.metrics,
+                req.headers(),
+            )
+            .await?;
             Ok(crate::call::json_body(models_json(gateway)))
         }
         p if p.starts_with("/v1/models/") => {
             allow(&[Method::GET])?;
-            crate::auth::authenticate_request(&gateway.auth, &gateway.metrics, req.headers())
-                .await?;
+            crate::auth::authenticate_request(
+                &gateway.keys.current(),
+                &gateway.metrics,
+                req.headers(),
+            )
+            .await?;
             let id = &p["/v1/models/".len()..];
             let snapshot = gateway.pool.snapshot();
             if snapshot.accepted.iter().any(|m| m == id) {

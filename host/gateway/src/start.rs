@@ -238,7 +238,11 @@ impl Gateway {
             recorder,
             streams: crate::resume::Streams::new(config.resume_window),
             admin: std::sync::OnceLock::new(),
-            auth: Authenticator::with_shared(&config.api_keys, &config.tenants, shared),
+            keys: ringmaster_tenancy::KeyBook::new(Authenticator::with_shared(
+                &config.api_keys,
+                &config.tenants,
+                shared,
+            )),
             metrics,
             pool,
             router,

@@ -13,7 +13,6 @@ use ringmaster_slots::router::RouterSlot;
 use ringmaster_telemetry::{recent, record};
 
 use crate::admission::AdmissionGate;
-use crate::auth::Authenticator;
 use crate::body::ResponseBody;
 use crate::collectors;
 use crate::metrics::Metrics;
@@ -27,7 +26,8 @@ pub struct Gateway {
     pub(crate) router: Arc<RouterSlot>,
     pub(crate) admission: Arc<AdmissionGate>,
     pub(crate) safety: Arc<SafetyGate>,
-    pub(crate) auth: Authenticator,
+    /// The API keys and tenants now (they change live: `/admin/keys`, `/admin/tenants`).
+    pub(crate) keys: ringmaster_tenancy::KeyBook,
     pub(crate) metrics: Metrics,
     pub(crate) recorder: Option<record::TraceRecorder>,
     pub(crate) streams: Arc<crate::resume::Streams>,
@@ -119,6 +119,11 @@ impl Gateway {
     /// The validated configuration.
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// The API keys and tenants now.
+    pub fn keys(&self) -> &ringmaster_tenancy::KeyBook {
+        &self.keys
     }
 
     /// The server pool.

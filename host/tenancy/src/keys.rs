@@ -19,6 +19,19 @@ pub struct Authenticator {
     keys: HashMap<u64, Vec<(Arc<Account>, Caller)>>,
     /// Every caller when no key is configured (cloned per request: no allocation).
     anonymous: Caller,
+    /// The keys and tenants it was built from, each with what was built for it, so that a
+    /// rebuild keeps the buckets (and labels) of whatever did not change.
+    built: Built,
+}
+
+/// What an [`Authenticator`] was built from.
+#[derive(Debug, Default)]
+struct Built {
+    keys: Vec<(ApiKey, Arc<Account>, Caller)>,
+    tenants: Vec<(Tenant, Arc<TenantEntry>)>,
+    shared: Option<Arc<dyn SharedBuckets>>,
+    /// The next key label's number.
+    next_label: usize,
 }
 
 impl Authenticator {
@@ -34,58 +47,147 @@ impl Authenticator {
         tenants: &[Tenant],
         shared: Option<Arc<dyn SharedBuckets>>,
     ) -> Self {
-        let tenant_entries: HashMap<&str, Arc<TenantEntry>> = tenants
+        Self::build(
+            keys,
+            tenants,
+            &Built {
+                shared,
+                ..Built::default()
+            },
+        )
+    }
+
+    /// The table for `keys` and `tenants` (whose every named tenant exists), keeping the
+    /// buckets and label of each key and tenant that is the same in `self`: a change to one
+    /// key's limits refills that key's buckets only.
+    pub fn rebuilt(&self, keys: &[ApiKey], tenants: &[Tenant]) -> Self {
+        Self::build(keys, tenants, &self.built)
+    }
+
+    /// The keys it holds.
+    pub fn configured_keys(&self) -> Vec<ApiKey> {
+        self.built.keys.iter().map(|(k, _, _)| k.clone()).collect()
+    }
+
+    /// The tenants it holds.
+    pub fn configured_tenants(&self) -> Vec<Tenant> {
+        self.built.tenants.iter().map(|(t, _)| t.clone()).collect()
+    }
+
+    /// The tenant named `name`, as configured.
+    pub fn tenant(&self, name: &str) -> Option<&Tenant> {
+        self.built
+            .tenants
+            .iter()
+            .map(|(t, _)| t)
+            .find(|t| t.name == name)
+    }
+
+    /// Each key's label (`key#N`, as in logs) by its digest.
+    pub fn label_of(&self, digest: &[u8; 32]) -> Option<Arc<str>> {
+        self.built
+            .keys
+            .iter()
+            .find(|(k, _, _)| &k.digest == digest)
+            .map(|(_, _, caller)| caller.key_label.clone())
+    }
+
+    fn build(keys: &[ApiKey], tenants: &[Tenant], before: &Built) -> Self {
+        let shared = before.shared.clone();
+        let built_tenants: Vec<(Tenant, Arc<TenantEntry>)> = tenants
             .iter()
             .map(|t| {
-                (
-                    t.name.as_str(),
+                let kept = before
+                    .tenants
+                    .iter()
+                    .find(|(old, _)| old == t)
+                    .map(|(_, entry)| entry.clone());
+                let entry = kept.unwrap_or_else(|| {
                     Arc::new(TenantEntry {
                         name: t.name.clone(),
                         buckets: Buckets::new(format!("tenant:{}", t.name), &t.limits),
                         models: t.models.clone(),
-                    }),
-                )
+                    })
+                });
+                (t.clone(), entry)
             })
             .collect();
+        let tenant_entries: HashMap<&str, Arc<TenantEntry>> = built_tenants
+            .iter()
+            .map(|(t, entry)| (t.name.as_str(), entry.clone()))
+            .collect();
+        let mut next_label = before.next_label;
         let mut table: HashMap<u64, Vec<(Arc<Account>, Caller)>> = HashMap::new();
-        for (i, key) in keys.iter().enumerate() {
-            let label = format!("key#{i}");
+        let mut built_keys = Vec::with_capacity(keys.len());
+        for key in keys {
             let tenant = key
                 .tenant
                 .as_deref()
-                .and_then(|t| tenant_entries.get(t).cloned())
-                .unwrap_or_else(|| {
-                    // A key without a tenant is its own.
-                    Arc::new(TenantEntry {
-                        name: label.clone(),
-                        buckets: Buckets {
-                            id: format!("tenant:{label}"),
-                            ..Buckets::default()
-                        },
-                        models: None,
-                    })
-                });
-            let account = Arc::new(Account {
-                digest: key.digest,
-                buckets: Buckets::new(format!("key:{}", hex8(&key.digest)), &key.limits),
-                tenant: tenant.clone(),
-                models: key.models.clone(),
-                shared: shared.clone(),
+                .and_then(|t| tenant_entries.get(t).cloned());
+            // Kept when the key and the tenant entry it draws on are both unchanged.
+            let kept = before.keys.iter().find(|(old, account, _)| {
+                old == key
+                    && match &tenant {
+                        Some(entry) => Arc::ptr_eq(entry, &account.tenant),
+                        None => old.tenant.is_none(),
+                    }
             });
-            let caller = Caller {
-                tier: key.tier.as_str().into(),
-                key_label: label.into(),
-                tenant: tenant.name.as_str().into(),
-                account: Some(account.clone()),
+            let (account, caller) = match kept {
+                Some((_, account, caller)) => (account.clone(), caller.clone()),
+                None => {
+                    let label = before
+                        .keys
+                        .iter()
+                        .find(|(old, _, _)| old.digest == key.digest)
+                        .map_or_else(
+                            || {
+                                next_label += 1;
+                                format!("key#{}", next_label - 1)
+                            },
+                            |(_, _, caller)| caller.key_label.to_string(),
+                        );
+                    let tenant = tenant.unwrap_or_else(|| {
+                        // A key without a tenant is its own.
+                        Arc::new(TenantEntry {
+                            name: label.clone(),
+                            buckets: Buckets {
+                                id: format!("tenant:{label}"),
+                                ..Buckets::default()
+                            },
+                            models: None,
+                        })
+                    });
+                    let account = Arc::new(Account {
+                        digest: key.digest,
+                        buckets: Buckets::new(format!("key:{}", hex8(&key.digest)), &key.limits),
+                        tenant: tenant.clone(),
+                        models: key.models.clone(),
+                        shared: shared.clone(),
+                    });
+                    let caller = Caller {
+                        tier: key.tier.as_str().into(),
+                        key_label: label.into(),
+                        tenant: tenant.name.as_str().into(),
+                        account: Some(account.clone()),
+                    };
+                    (account, caller)
+                }
             };
             table
                 .entry(prefix(&key.digest))
                 .or_default()
-                .push((account, caller));
+                .push((account.clone(), caller.clone()));
+            built_keys.push((key.clone(), account, caller));
         }
         Self {
             keys: table,
             anonymous: Caller::unlimited("anonymous", "anonymous"),
+            built: Built {
+                keys: built_keys,
+                tenants: built_tenants,
+                shared,
+                next_label,
+            },
         }
     }
 

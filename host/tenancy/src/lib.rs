@@ -14,6 +14,7 @@
 
 #![deny(missing_docs)]
 
+mod book;
 mod bucket;
 mod caller;
 mod keys;
@@ -21,6 +22,7 @@ pub mod shared;
 
 use std::time::Duration;
 
+pub use book::{BookError, KeyBook};
 pub use bucket::Bucket;
 pub use caller::{Caller, LimitKind, RateLimitReport};
 pub use keys::Authenticator;

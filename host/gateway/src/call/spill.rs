@@ -37,10 +37,11 @@ pub(crate) fn spill(
 ) -> Option<Spill> {
     let config = &gateway.config;
     if config.fallback.is_empty()
-        || config
-            .tenants
-            .iter()
-            .any(|t| &*t.name == tenant && !t.fallback)
+        || gateway
+            .keys
+            .current()
+            .tenant(tenant)
+            .is_some_and(|t| !t.fallback)
     {
         return None;
     }
