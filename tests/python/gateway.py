@@ -71,23 +71,29 @@ def free_port():
 
 
 @contextlib.contextmanager
-def running(config, args=()):
+def running(config, args=(), ca_file=None):
     """A gateway serving `config` (TOML without `listen`), with the extra command-line `args`
     (`--cluster URL`); yields its base URL once it answers /healthz, and fails the test with
-    its log if it does not within 30 s."""
+    its log if it does not within 30 s. With `ca_file` the config serves HTTPS (`[tls]`) and
+    the URL is `https://localhost:PORT`, checked against that CA."""
     port = free_port()
+    context = None
+    if ca_file:
+        import ssl
+
+        context = ssl.create_default_context(cafile=ca_file)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ringmaster.toml")
         with open(path, "w") as f:
             f.write(f'listen = "127.0.0.1:{port}"\n{config}')
         log = open(os.path.join(tmp, "gateway.log"), "w+")
         proc = subprocess.Popen([binary(), "serve", "--config", path, *args], stdout=log, stderr=log)
-        url = f"http://127.0.0.1:{port}"
+        url = f"https://localhost:{port}" if ca_file else f"http://127.0.0.1:{port}"
         try:
             deadline = time.time() + 30
             while True:
                 try:
-                    with urllib.request.urlopen(url + "/healthz", timeout=1) as r:
+                    with urllib.request.urlopen(url + "/healthz", timeout=1, context=context) as r:
                         if r.status == 200:
                             break
                 except OSError:
