@@ -104,3 +104,38 @@ address = "http://127.0.0.1:19001"
 address = "http://127.0.0.1:19002"
 TOML
 }
+
+# bench_build: the release gateway and fake upstream, as $ringmaster and $fake.
+bench_build() {
+  step "build: ringmaster and fake-upstream (release)"
+  cargo build --release --locked -p ringmaster -p ringmaster-tests --bin ringmaster --bin fake-upstream >&2
+  ringmaster=$target_dir/release/ringmaster
+  fake=$target_dir/release/fake-upstream
+}
+
+# haproxy_config BIND: HAProxy (one thread) in front of the two upstreams on :19001 and
+# :19002, hashing the session header on a consistent ring with bounded loads (the ring
+# Ringmaster's is compared with), on the `bind` line BIND.
+haproxy_config() {
+  cat <<CFG
+global
+  maxconn 4096
+  nbthread 1
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 60s
+  timeout server 60s
+  option http-keep-alive
+frontend fe
+  bind $1
+  default_backend be
+backend be
+  balance hdr(x-session-id)
+  hash-type consistent
+  hash-balance-factor 125
+  http-reuse always
+  server a 127.0.0.1:19001
+  server b 127.0.0.1:19002
+CFG
+}

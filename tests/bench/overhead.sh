@@ -40,10 +40,7 @@ for peer in sglang:sglang-router==0.3.2 vllm:vllm-router==0.1.17; do
   fi
 done
 
-step "build: ringmaster and fake-upstream (release)"
-cargo build --release --locked -p ringmaster -p ringmaster-tests --bin ringmaster --bin fake-upstream
-ringmaster=$target_dir/release/ringmaster
-fake=$target_dir/release/fake-upstream
+bench_build
 
 work=$(mktemp -d)
 pids=()
@@ -64,27 +61,7 @@ two_server_config 127.0.0.1:18080 > "$work/ringmaster.toml"
 # The same gateway with the ring component as its router (the default until prefix-affinity).
 { cat "$work/ringmaster.toml"; printf '[[policies.router]]\nname = "ring"\nsource = "builtin:consistent-hash"\n'; } \
   > "$work/ringmaster-ring.toml"
-cat > "$work/haproxy.cfg" <<EOF
-global
-  maxconn 4096
-  nbthread 1
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:18081
-  default_backend be
-backend be
-  balance hdr(x-session-id)
-  hash-type consistent
-  hash-balance-factor 125
-  http-reuse always
-  server a 127.0.0.1:19001
-  server b 127.0.0.1:19002
-EOF
+haproxy_config 127.0.0.1:18081 > "$work/haproxy.cfg"
 
 start_target() { # name -> prints pid and port
   case $1 in

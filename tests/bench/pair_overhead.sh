@@ -28,10 +28,7 @@ source "$root/tests/bench/lib.sh"
 bench_setup "$@"
 
 oha=$(bench_oha)
-step "build: ringmaster and fake-upstream (release)"
-cargo build --release --locked -p ringmaster -p ringmaster-tests --bin ringmaster --bin fake-upstream
-ringmaster=$target_dir/release/ringmaster
-fake=$target_dir/release/fake-upstream
+bench_build
 
 work=$(mktemp -d)
 pids=()

@@ -22,10 +22,7 @@ bench_setup "$@"
 command -v haproxy >/dev/null || { apt-get update -qq && apt-get install -y -qq haproxy; }
 command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl; }
 oha=$(bench_oha)
-step "build: ringmaster and fake-upstream (release)"
-cargo build --release --locked -p ringmaster -p ringmaster-tests --bin ringmaster --bin fake-upstream
-ringmaster=$target_dir/release/ringmaster
-fake=$target_dir/release/fake-upstream
+bench_build
 
 work=$(mktemp -d)
 pids=()
@@ -40,27 +37,7 @@ cat "$work/tls.crt" "$work/tls.key" > "$work/haproxy.pem"
   two_server_config 127.0.0.1:18443
   printf '[tls]\ncert = "%s"\nkey = "%s"\n' "$work/tls.crt" "$work/tls.key"
 } > "$work/ringmaster.toml"
-cat > "$work/haproxy.cfg" <<CFG
-global
-  maxconn 4096
-  nbthread 1
-defaults
-  mode http
-  timeout connect 2s
-  timeout client 60s
-  timeout server 60s
-  option http-keep-alive
-frontend fe
-  bind 127.0.0.1:18444 ssl crt $work/haproxy.pem alpn http/1.1
-  default_backend be
-backend be
-  balance hdr(x-session-id)
-  hash-type consistent
-  hash-balance-factor 125
-  http-reuse always
-  server a 127.0.0.1:19001
-  server b 127.0.0.1:19002
-CFG
+haproxy_config "127.0.0.1:18444 ssl crt $work/haproxy.pem alpn http/1.1" > "$work/haproxy.cfg"
 start_upstreams 19001:8 19002:8
 
 tree_cpu() { # CPU seconds (user + system) of one process

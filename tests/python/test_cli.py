@@ -35,6 +35,17 @@ def test_check_config_names_the_router_and_what_is_deprecated():
         assert "router     default = builtin:prefix-affinity" in plain.stdout, plain.stdout
 
 
+def test_check_config_into_a_pipe_closed_early_is_no_panic():
+    # `ringmaster check-config … | head -1`: the reader is gone before the report is written.
+    proc = subprocess.Popen(
+        [binary(), "check-config", os.devnull], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0, err
+    assert "panicked" not in err, err
+
+
 DIST = os.path.join(os.path.dirname(__file__), "..", "..", "policies", "dist")
 
 

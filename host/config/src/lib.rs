@@ -158,8 +158,6 @@ pub struct Config {
     pub admin_tokens: Vec<AdminToken>,
     /// Models accepted.
     pub models: Vec<String>,
-    /// Admin token; `None` turns the admin API off.
-    pub admin_token: Option<String>,
     /// One INFO line per request (`access_log = true`); off, they are DEBUG lines.
     pub access_log: bool,
     /// Public model names and the served names they stand for.
@@ -406,7 +404,6 @@ impl RawConfig {
             admin_listener,
             admin_tokens,
             models,
-            admin_token,
             access_log: self.access_log.unwrap_or(false),
             aliases,
             api_keys,

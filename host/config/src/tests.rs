@@ -43,7 +43,7 @@ fn embedded_default_is_four_simulated_servers_on_loopback() {
     assert_eq!(config.servers.len(), 4);
     assert!(config.listen.ip().is_loopback());
     assert_eq!(config.listen.port(), 8080);
-    assert!(config.admin_token.is_none());
+    assert!(config.admin_tokens.is_empty());
     assert_eq!(config.policies.router.len(), 1);
     assert_eq!(
         config.policies.router[0].source,
@@ -259,7 +259,11 @@ fn admin_token_comes_from_env_when_file_has_none() {
     let config = RawConfig::default()
         .validate_with_env(|n| (n == ADMIN_TOKEN_ENV).then(|| "a".repeat(20)))
         .unwrap();
-    assert_eq!(config.admin_token.as_deref(), Some("a".repeat(20).as_str()));
+    // Kept as the digest of the token named "admin", with every scope; never in the clear.
+    assert_eq!(config.admin_tokens.len(), 1);
+    assert_eq!(config.admin_tokens[0].name, "admin");
+    assert_eq!(config.admin_tokens[0].digest, key_digest(&"a".repeat(20)));
+    assert!(!format!("{config:?}").contains(&"a".repeat(20)));
     let err = RawConfig::default()
         .validate_with_env(|_| Some("short".into()))
         .unwrap_err();

@@ -80,24 +80,28 @@ impl PolicyEngine {
         wt.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         wt.memory_init_cow(true);
 
-        let cache = match &config.cache_dir {
-            None => None,
-            Some(dir) => {
-                let dir = std::path::absolute(dir).map_err(|e| {
-                    PolicyError::Engine(format!("policy cache directory {}: {e}", dir.display()))
-                })?;
-                let mut cache_config = CacheConfig::new();
-                cache_config.with_directory(&dir);
-                let cache = Cache::new(cache_config).map_err(|e| {
-                    PolicyError::Engine(format!(
-                        "cannot use {} as the policy cache directory: {e:#}",
-                        dir.display()
-                    ))
-                })?;
-                wt.cache(Some(cache.clone()));
-                Some(cache)
+        // The cache only saves compile time: a directory that cannot be used (a read-only
+        // root file system without a writable home) is said once, and the engine compiles
+        // without it.
+        let cache = config.cache_dir.as_ref().and_then(|dir| {
+            let dir = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            let mut cache_config = CacheConfig::new();
+            cache_config.with_directory(&dir);
+            match Cache::new(cache_config) {
+                Ok(cache) => {
+                    wt.cache(Some(cache.clone()));
+                    Some(cache)
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        dir = %dir.display(),
+                        error = %format!("{e:#}"),
+                        "policy.cache_unavailable"
+                    );
+                    None
+                }
             }
-        };
+        });
 
         let engine = Engine::new(&wt).map_err(|e| {
             PolicyError::Engine(format!(

@@ -83,22 +83,14 @@ pub(crate) fn build_snapshot(
     let spill_pools = spill_pools
         .into_iter()
         .map(|(name, members)| {
-            Ok((
-                name,
-                Arc::new(PoolSnapshot {
-                    ring: build_ring(&members, ring_config)?,
-                    servers: members,
-                    prefill: Vec::new(),
-                    draining: Vec::new(),
-                    version,
-                    models: BTreeMap::new(),
-                    aliases: catalogue.aliases.clone(),
-                    accepted: Vec::new(),
-                    adapters: BTreeMap::new(),
-                    spill_pools: BTreeMap::new(),
-                    models_epoch,
-                }),
-            ))
+            let pool = inner_pool(
+                members,
+                Vec::new(),
+                (version, models_epoch),
+                ring_config,
+                catalogue,
+            )?;
+            Ok((name, Arc::new(pool)))
         })
         .collect::<Result<BTreeMap<_, _>, RingError>>()?;
     // An engine in this process with no models of its own serves the defaults, never
@@ -123,23 +115,14 @@ pub(crate) fn build_snapshot(
             .filter(|(_, models)| models.as_ref().is_none_or(|m| m.contains(name)))
             .map(|(s, _)| s.clone())
             .partition(|s| s.role().decodes());
-        let ring = build_ring(&members, ring_config)?;
-        models.insert(
-            name.clone(),
-            Arc::new(PoolSnapshot {
-                ring,
-                servers: members,
-                prefill,
-                draining: Vec::new(),
-                version,
-                models: BTreeMap::new(),
-                aliases: catalogue.aliases.clone(),
-                accepted: Vec::new(),
-                adapters: BTreeMap::new(),
-                spill_pools: BTreeMap::new(),
-                models_epoch,
-            }),
-        );
+        let pool = inner_pool(
+            members,
+            prefill,
+            (version, models_epoch),
+            ring_config,
+            catalogue,
+        )?;
+        models.insert(name.clone(), Arc::new(pool));
     }
     // A name is accepted when a server can take it (it serves the model, or serves whatever
     // it is asked); with no server at all the fleet is down, not the model unserved. A name
@@ -174,6 +157,30 @@ pub(crate) fn build_snapshot(
         accepted,
         adapters,
         spill_pools,
+        models_epoch,
+    })
+}
+
+/// A pool inside the snapshot (a model's, or a spill-over pool): `members` on a ring of their
+/// own, with the prefill servers beside it.
+fn inner_pool(
+    members: Vec<Arc<Server>>,
+    prefill: Vec<Arc<Server>>,
+    (version, models_epoch): (u64, u64),
+    ring_config: &RingConfig,
+    catalogue: &ModelCatalogue,
+) -> Result<PoolSnapshot, RingError> {
+    Ok(PoolSnapshot {
+        ring: build_ring(&members, ring_config)?,
+        servers: members,
+        prefill,
+        draining: Vec::new(),
+        version,
+        models: BTreeMap::new(),
+        aliases: catalogue.aliases.clone(),
+        accepted: Vec::new(),
+        adapters: BTreeMap::new(),
+        spill_pools: BTreeMap::new(),
         models_epoch,
     })
 }

@@ -195,24 +195,29 @@ fn main() -> anyhow::Result<()> {
             // load each one now, as `serve` would, and say what it is.
             let components = policy_cmd::check_config_components(&resolved.policies)?;
             Gateway::check_tls(&resolved)?;
-            #[allow(clippy::print_stdout)]
+            // Written at once, and a reader that stops early (`| head`) is no error.
+            let mut out = String::new();
             {
-                println!("{} is valid:", config.display());
-                println!(
+                use std::fmt::Write as _;
+                let _ = writeln!(out, "{} is valid:", config.display());
+                let _ = writeln!(
+                    out,
                     "  listen     {}{}",
                     resolved.listen,
                     tls_line(resolved.tls.as_ref())
                 );
                 if let Some(admin) = &resolved.admin_listener {
-                    println!(
+                    let _ = writeln!(
+                        out,
                         "  admin at   {}{}",
                         admin.listen,
                         tls_line(admin.tls.as_ref())
                     );
                 }
-                println!("  models     {}", models_line(&resolved));
+                let _ = writeln!(out, "  models     {}", models_line(&resolved));
                 for variant in &resolved.policies.router {
-                    println!(
+                    let _ = writeln!(
+                        out,
                         "  router     {} = {}{}{}",
                         variant.name,
                         variant.source,
@@ -228,7 +233,8 @@ fn main() -> anyhow::Result<()> {
                     ("safety", &resolved.policies.safety),
                 ] {
                     if let Some(spec) = spec {
-                        println!(
+                        let _ = writeln!(
+                            out,
                             "  {slot:<10} {} = {}{}",
                             spec.name,
                             spec.source,
@@ -240,9 +246,10 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
                 for warning in &resolved.warnings {
-                    println!("  warning    {warning}");
+                    let _ = writeln!(out, "  warning    {warning}");
                 }
-                println!(
+                let _ = writeln!(
+                    out,
                     "  servers    {}",
                     resolved
                         .servers
@@ -251,12 +258,13 @@ fn main() -> anyhow::Result<()> {
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
-                println!("  api keys   {}", resolved.api_keys.len());
-                println!("  tenants    {}", resolved.tenants.len());
+                let _ = writeln!(out, "  api keys   {}", resolved.api_keys.len());
+                let _ = writeln!(out, "  tenants    {}", resolved.tenants.len());
                 if resolved.admin_tokens.is_empty() {
-                    println!("  admin API  off");
+                    let _ = writeln!(out, "  admin API  off");
                 } else {
-                    println!(
+                    let _ = writeln!(
+                        out,
                         "  admin API  on: {}",
                         resolved
                             .admin_tokens
@@ -275,6 +283,7 @@ fn main() -> anyhow::Result<()> {
                     );
                 }
             }
+            print_all(&out)?;
             Ok(())
         }
         Command::Worker(args) => worker(args),
@@ -297,6 +306,16 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// Writes `text` to standard output; a reader that closed it early (`| head`) is not an
+/// error, and nothing panics on it.
+fn print_all(text: &str) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
     }
 }
 

@@ -28,7 +28,7 @@ impl Call {
         } = started;
         let door = call.request.door;
         let relay = generation.relay_state();
-        let id = match relay.as_ref().and_then(|r| r.reply_id.clone()) {
+        let reply_id = || match relay.as_ref().and_then(|r| r.reply_id.clone()) {
             // A relayed reply keeps the server's id, which its relayed chunks carry.
             Some(id) if door.relays_chat_chunks() => id,
             _ => door.reply_id(
@@ -39,20 +39,30 @@ impl Call {
         };
         // A Responses reply is stored at its end (unless `store: false`) and can be cancelled
         // while it runs.
-        let saver = call.request.responses.as_deref().map(|context| {
-            Saver::new(
-                call.gateway.responses(),
-                &id,
-                &call.caller.key_label,
-                context,
-            )
-        });
+        let saver = |id: &str| {
+            call.request.responses.as_deref().map(|context| {
+                Saver::new(
+                    call.gateway.responses(),
+                    id,
+                    &call.caller.key_label,
+                    context,
+                )
+            })
+        };
         if !call.request.stream {
             let mut in_flight = in_flight;
             // A server's answer kept for a relay goes out as it came; its events still run
             // through the machine for the accounting.
             let mut generation = generation;
             let relayed = generation.take_answer();
+            // An answer relayed as the server sent it carries the server's own id (a Responses
+            // reply is never relayed whole: the gateway stores it under its own): none is drawn.
+            let id = if relayed.is_some() && call.request.responses.is_none() {
+                String::new()
+            } else {
+                reply_id()
+            };
+            let saver = saver(&id);
             let collected = crate::reply::collect::collect(&tracker, generation, &mut in_flight);
             let whole = match &saver {
                 Some(saver) => tokio::select! {
@@ -74,6 +84,8 @@ impl Call {
             }
             return Ok(json_body(body));
         }
+        let id = reply_id();
+        let saver = saver(&id);
         let writer = door.stream_writer(id, &call.request);
         let response = crate::reply::stream::response(
             tracker,

@@ -1342,3 +1342,16 @@ fn fixture_pair_routers_split_long_prompts_and_keep_cached_ones_whole() {
         RouteDecision::Pair { prefill: None, decode, .. } if decode == "d1"
     ));
 }
+
+#[test]
+fn a_cache_directory_that_cannot_be_made_leaves_the_engine_without_a_cache() {
+    // Under a file: no directory can be made there (a read-only root without a writable home
+    // fails the same way).
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let engine = PolicyEngine::new(EngineConfig {
+        cache_dir: Some(file.path().join("cache")),
+        ..config()
+    })
+    .expect("the engine starts without its cache");
+    assert_engine_works(&engine);
+}
