@@ -195,3 +195,51 @@ async fn a_full_queue_spills_only_for_a_rule_that_names_overload() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_router_policy_declines_spills_for_a_rule_that_names_policy() {
+    // The hostile fixture routes like the ring, and declines a request that asks it to
+    // (`x-attack: huge-reject`, with a 4 MiB reason): the rule for `policy` takes that one.
+    let own = FakeUpstream::start(Behavior::OpenAi, 3).await;
+    let reserve = FakeUpstream::start(Behavior::OpenAi, 3).await;
+    let hostile = format!(
+        "{}/../policies/dist/fixtures/hostile.wasm",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let gw = TestGateway::start(&format!(
+        "models = [\"llama\"]\n[policies]\npass_headers = [\"x-attack\"]\n\
+         [[policies.router]]\nname = \"hostile\"\nsource = \"{hostile}\"\n\
+         [[servers]]\nid = \"own\"\naddress = \"{}\"\nmodels = [\"llama\"]\n\
+         [[servers]]\nid = \"reserve\"\naddress = \"{}\"\npool = \"reserve\"\nmodels = [\"llama\"]\n\
+         [[fallback]]\npool = \"reserve\"\nwhen = [\"policy\"]\n",
+        own.url(),
+        reserve.url()
+    ))
+    .await;
+    let ask = async |attack: Option<&str>| {
+        let mut request = gw
+            .client
+            .post(gw.url("/v1/chat/completions"))
+            .json(&json!({"model": "llama", "max_tokens": 3,
+                "messages": [{"role": "user", "content": "Where to?"}]}));
+        if let Some(attack) = attack {
+            request = request.header("x-attack", attack);
+        }
+        request.send().await.unwrap()
+    };
+    let routed = ask(None).await;
+    assert_eq!(routed.status(), 200);
+    assert_eq!(routed.headers()["x-ringmaster-server"], "own");
+    let spilled = ask(Some("huge-reject")).await;
+    assert_eq!(spilled.status(), 200, "{}", spilled.text().await.unwrap());
+    assert_eq!(spilled.headers()["x-ringmaster-server"], "reserve");
+    assert_eq!(spilled.headers()["x-ringmaster-fallback"], "reserve");
+    assert_eq!(
+        metric_sum(
+            &gw.metrics().await,
+            "ringmaster_fallback_requests_total",
+            "pool=\"reserve\",reason=\"policy\""
+        ),
+        1.0
+    );
+}

@@ -29,12 +29,24 @@ impl Call {
             .map(|parent| tracing::info_span!(parent: parent, "route", otel.kind = "internal"));
         let _entered = span.as_ref().map(tracing::Span::enter);
         let routing_started = Instant::now();
-        let routed = match gateway.router.route(
-            &gateway.pool,
-            &self.pool,
-            (&self.input, self.chat()),
-            &self.policy,
-        ) {
+        // A spill-over pool is routed on its own ring: the router's policies choose among the
+        // model's own servers (and may have declined there).
+        let outcome = if self.spilled.is_some() {
+            gateway.router.route_natively(
+                &gateway.pool,
+                &self.pool,
+                (&self.input, self.chat()),
+                &self.policy,
+            )
+        } else {
+            gateway.router.route(
+                &gateway.pool,
+                &self.pool,
+                (&self.input, self.chat()),
+                &self.policy,
+            )
+        };
+        let routed = match outcome {
             RouteOutcome::Routed(routed) => *routed,
             RouteOutcome::Rejected { variant, reason } => {
                 variant.stats.errors.fetch_add(1, Ordering::Relaxed);

@@ -2,8 +2,10 @@
 //! reachable, every queue full, the router policy declined), the first rule that covers the
 //! model and the reason sends it to its spill-over pool instead, under the name that pool
 //! serves it as, unless the caller's tenant is kept off fallbacks or no server of the pool
-//! can take it either. Counted in `ringmaster_fallback_requests_total{pool,reason}`; the rest
-//! of the request (attempts, tokens, usage, limits) goes as for any other pool.
+//! can take it either. The spill-over pool is routed on its own ring, not by the router's
+//! policies (they choose among the model's own servers, and may be what declined). Counted in
+//! `ringmaster_fallback_requests_total{pool,reason}`; the rest of the request (attempts,
+//! tokens, usage, limits) goes as for any other pool.
 
 use std::sync::Arc;
 

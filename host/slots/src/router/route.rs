@@ -28,11 +28,40 @@ impl RouterSlot {
         request: &PolicyRequest,
     ) -> RouteOutcome {
         let set = self.set.load();
+        let variant = set.pick(input.key).cloned();
+        self.route_by(
+            (pool, snapshot),
+            (input, chat),
+            request,
+            (variant, set.shadow.as_ref()),
+        )
+    }
+
+    /// Routes one request on the native ring alone, with no policy and no shadow: a request
+    /// in a spill-over pool (`[[fallback]]`), whose servers the router's policies do not
+    /// choose among (they decided, or declined, on the model's own).
+    pub fn route_natively(
+        &self,
+        pool: &Pool,
+        snapshot: &PoolSnapshot,
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
+        request: &PolicyRequest,
+    ) -> RouteOutcome {
+        self.route_by((pool, snapshot), (input, chat), request, (None, None))
+    }
+
+    /// [`Self::route`] by `variant` (`None`: the ring), with `shadow` deciding alongside.
+    fn route_by(
+        &self,
+        (pool, snapshot): (&Pool, &PoolSnapshot),
+        (input, chat): (&RoutingInput, ChatPrompt<'_>),
+        request: &PolicyRequest,
+        (variant, shadow): (Option<Arc<Variant>>, Option<&Arc<Variant>>),
+    ) -> RouteOutcome {
         if snapshot.servers.is_empty() {
             return RouteOutcome::NoServers;
         }
         let view = PoolView::new(snapshot, pool, input, chat);
-        let variant = set.pick(input.key).cloned();
         let mut fault = None;
         let mut policy_time = None;
         // A 0.3.0 router's own pair: its prefill server (none: whole) and why.
@@ -88,7 +117,7 @@ impl RouterSlot {
         if let Some(variant) = &variant {
             variant.stats.requests.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(shadow) = &set.shadow {
+        if let Some(shadow) = shadow {
             self.run_shadow(shadow, &view, request, decision.server.id());
         }
         RouteOutcome::Routed(Box::new(Routed {
