@@ -18,6 +18,12 @@
 # missing curl, which tests/run installs since 25cfee0. A run at 7e0dd44 was cut off by the
 # session's end and left its root behind: the disk filled and the CI run beside it failed
 # linking; the root is now removed on any exit and a run refuses to start without the room.
+# At 26fcb94 (2026-12-07, issue 41 whole: TLS to servers, fallback pools, rediss://, live keys)
+# the build took 17 min and every step up to the container image passed, in 1,710 s (28.5
+# min); podman cannot build an image inside the chroot (unpacking a layer remounts a root the
+# chroot does not own), which failed the run there; tests/deploy/image.sh now probes for that
+# and says so. The steps after it (agents, status page, dashboards, fuzzing, soak) took about
+# 6 min warm, so a whole cold run is about 35 min.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
