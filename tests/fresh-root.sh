@@ -22,8 +22,9 @@
 # the build took 17 min and every step up to the container image passed, in 1,710 s (28.5
 # min); podman cannot build an image inside the chroot (unpacking a layer remounts a root the
 # chroot does not own), which failed the run there; tests/deploy/image.sh now probes for that
-# and says so. The steps after it (agents, status page, dashboards, fuzzing, soak) took about
-# 6 min warm, so a whole cold run is about 35 min.
+# and says so. The steps after it (agents, status page, dashboards, fuzzing, soak) took 4 min
+# in a warm .ci/run here, a few more cold (npm, Chromium, Prometheus): about 35 min in all, not
+# measured whole.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
