@@ -45,7 +45,6 @@ pub mod metrics;
 mod reload;
 mod reply;
 pub mod respond;
-mod resume;
 pub mod safety;
 mod service;
 mod start;

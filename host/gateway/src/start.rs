@@ -236,7 +236,7 @@ impl Gateway {
             stopping: tokio_util::sync::CancellationToken::new(),
             cluster: cluster.clone(),
             recorder,
-            streams: crate::resume::Streams::new(config.resume_window),
+            streams: ringmaster_serve::resume::Streams::new(config.resume_window),
             admin: std::sync::OnceLock::new(),
             keys: ringmaster_tenancy::KeyBook::new(Authenticator::with_shared(
                 &config.api_keys,

@@ -30,7 +30,7 @@ pub struct Gateway {
     pub(crate) keys: ringmaster_tenancy::KeyBook,
     pub(crate) metrics: Metrics,
     pub(crate) recorder: Option<record::TraceRecorder>,
-    pub(crate) streams: Arc<crate::resume::Streams>,
+    pub(crate) streams: Arc<ringmaster_serve::resume::Streams>,
     /// The `/admin/` routes, once mounted ([`Gateway::mount_admin`]).
     pub(crate) admin: std::sync::OnceLock<Arc<dyn AdminRoutes>>,
     /// The fleet this gateway is a replica of (`None`: a process alone).

@@ -2,7 +2,8 @@
 //! worker`), and what protects the gateway's front: connection limits and timeouts
 //! ([`conn`]), the client send timeout ([`send_timeout`]), one connection served under them,
 //! after its TLS handshake when the listener has TLS ([`http`]), load shedding under overload
-//! ([`overload`]).
+//! ([`overload`]), and resumable streams, a reply's events logged for a client that reconnects
+//! ([`resume`]).
 //!
 //! [`accept_until`] takes connections until shutdown, backing off on accept errors (out of
 //! descriptors) instead of spinning; [`drain`] then gives the connections still open their
@@ -14,6 +15,7 @@
 pub mod conn;
 pub mod http;
 pub mod overload;
+pub mod resume;
 pub mod send_timeout;
 
 use std::future::Future;

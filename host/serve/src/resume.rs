@@ -6,7 +6,7 @@
 //! Once no client has read a stream for the window, its generation is cancelled (the window
 //! bounds the GPU time a departed client costs); a finished stream's log is kept for the window,
 //! then dropped. Without the window, streams are not logged: the client's connection drives
-//! the generation directly and a disconnect cancels it at once (`crate::reply`).
+//! the generation directly and a disconnect cancels it at once (the gateway's reply machine).
 //!
 //! The log holds one reply's events, so it is bounded by `max_tokens`; a reader sends all that
 //! is pending in one write. This module does not know the events' API: it splits frames at SSE
@@ -24,11 +24,12 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{Instrument, debug};
 
-use crate::body::ResponseBody;
+/// A reply body, as the gateway answers with (`ringmaster_gateway::ResponseBody`).
+type ResponseBody = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
 /// One stream's events and who reads them.
 #[derive(Debug)]
-pub(crate) struct StreamLog {
+pub struct StreamLog {
     state: Mutex<LogState>,
     changed: Notify,
     /// The key that started the stream (only it may resume it).
@@ -158,14 +159,14 @@ impl Drop for Reader {
 
 /// The resumable streams of one gateway.
 #[derive(Debug)]
-pub(crate) struct Streams {
+pub struct Streams {
     logs: Mutex<HashMap<String, Arc<StreamLog>>>,
     window: Option<Duration>,
 }
 
 impl Streams {
     /// `window`: how long a stream outlives its last reader (`None`: streams are not logged).
-    pub(crate) fn new(window: Option<Duration>) -> Arc<Self> {
+    pub fn new(window: Option<Duration>) -> Arc<Self> {
         Arc::new(Self {
             logs: Mutex::new(HashMap::new()),
             window,
@@ -173,18 +174,13 @@ impl Streams {
     }
 
     /// Whether streams are resumable.
-    pub(crate) fn enabled(&self) -> bool {
+    pub fn enabled(&self) -> bool {
         self.window.is_some()
     }
 
     /// Takes over a streamed reply's body: a task drives it into the log under `id`, and the
     /// body returned reads the log from the start.
-    pub(crate) fn adopt(
-        self: &Arc<Self>,
-        id: &str,
-        owner: &str,
-        mut reply: ResponseBody,
-    ) -> ResponseBody {
+    pub fn adopt(self: &Arc<Self>, id: &str, owner: &str, mut reply: ResponseBody) -> ResponseBody {
         let window = self.window.unwrap_or_default();
         let log = Arc::new(StreamLog {
             state: Mutex::new(LogState::default()),
@@ -234,7 +230,7 @@ impl Streams {
 
     /// A reader of stream `id` from after SSE id `last` on, if the stream is known and `owner`
     /// started it.
-    pub(crate) fn resume(&self, id: &str, owner: &str, last: u64) -> Option<ResponseBody> {
+    pub fn resume(&self, id: &str, owner: &str, last: u64) -> Option<ResponseBody> {
         let log = self
             .logs
             .lock()
