@@ -424,6 +424,10 @@ struct Counters {
     prefill_tokens_total: u64,
     decode_tokens_total: u64,
     busy_seconds_total: f64,
+    loaded_steps: u64,
+    loaded_step_tokens_total: u64,
+    loaded_step_capacity_tokens_total: u64,
+    decode_ready_total: u64,
 }
 
 #[derive(Debug)]
@@ -687,6 +691,17 @@ impl Engine {
     }
 
     fn note_schedule(&mut self, schedule: &Schedule) {
+        if !schedule.plan.is_empty() {
+            let c = &mut self.counters;
+            c.decode_ready_total += schedule.decode_ready as u64;
+            // Requests still waiting after admission: the step ran under load, and any room
+            // it left was room the scheduler could not use.
+            if self.scheduler.num_waiting() > 0 {
+                c.loaded_steps += 1;
+                c.loaded_step_tokens_total += schedule.plan.num_tokens() as u64;
+                c.loaded_step_capacity_tokens_total += schedule.capacity_tokens as u64;
+            }
+        }
         for a in &schedule.admitted {
             if let Some(r) = self.requests.get_mut(&a.seq_id) {
                 r.cached_tokens = a.cached_tokens;
@@ -832,6 +847,10 @@ impl Engine {
             prefill_tokens_total: self.counters.prefill_tokens_total,
             decode_tokens_total: self.counters.decode_tokens_total,
             busy_seconds_total: self.counters.busy_seconds_total,
+            loaded_steps: self.counters.loaded_steps,
+            loaded_step_tokens_total: self.counters.loaded_step_tokens_total,
+            loaded_step_capacity_tokens_total: self.counters.loaded_step_capacity_tokens_total,
+            decode_ready_total: self.counters.decode_ready_total,
         };
         *self
             .shared

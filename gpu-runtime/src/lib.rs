@@ -56,6 +56,7 @@ mod error;
 pub mod executor;
 mod generation;
 pub mod handoff;
+pub mod measure;
 pub mod model;
 /// The CUDA back end's kernels and device memory (feature `cuda`).
 #[cfg(feature = "cuda")]

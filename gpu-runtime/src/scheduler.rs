@@ -94,6 +94,11 @@ pub struct Schedule {
     pub admitted: Vec<Admission>,
     /// Sequences preempted in this step (back in the waiting queue).
     pub preempted: Vec<SeqId>,
+    /// Tokens this step could hold: the step budget, or with decodes in it the decodes plus
+    /// the prefill allowed beside them.
+    pub capacity_tokens: usize,
+    /// Running sequences ready to decode when the step was scheduled.
+    pub decode_ready: usize,
 }
 
 /// Cumulative scheduler counters.
@@ -257,6 +262,11 @@ impl Scheduler {
         let mut budget = self.config.step_token_budget as usize;
         let mut planned = Vec::new();
         let mut preempted = Vec::new();
+        let decode_ready = self
+            .running
+            .iter()
+            .filter(|id| self.seqs[id].is_decode())
+            .count();
 
         // (2) Decodes, oldest first; preempt the lowest priority (newest among equals) when out
         // of blocks.
@@ -300,6 +310,7 @@ impl Scheduler {
         if !planned.is_empty() {
             budget = budget.min(self.config.prefill_tokens_while_decoding as usize);
         }
+        let capacity_tokens = planned.len() + budget;
 
         // (3) Prefills in progress, oldest first.
         for &id in &self.running {
@@ -373,6 +384,8 @@ impl Scheduler {
             plan,
             admitted,
             preempted,
+            capacity_tokens,
+            decode_ready,
         }
     }
 
@@ -579,12 +592,16 @@ mod tests {
                 .sum();
             assert!(step.plan.seqs.iter().any(|p| p.seq_id == SeqId(0)));
             assert_eq!(prefill, 32);
+            // One decode plus the 32 prompt tokens allowed beside it: a full step.
+            assert_eq!((step.capacity_tokens, step.decode_ready), (33, 1));
             let out = ex.execute(&step.plan);
             s.apply(&step.plan, &out);
         }
         // Once nothing decodes, prefill takes the whole budget again.
         s.finish(SeqId(0));
-        assert_eq!(s.schedule().plan.num_tokens(), 512);
+        let alone = s.schedule();
+        assert_eq!(alone.plan.num_tokens(), 512);
+        assert_eq!((alone.capacity_tokens, alone.decode_ready), (512, 0));
     }
 
     #[test]

@@ -220,6 +220,20 @@ async fn models_health_ready_and_metrics() {
     );
     assert!(metric_sum(&metrics, "ringmaster_server_step_budget_tokens_total", "") >= steps);
     assert!(metric_sum(&metrics, "ringmaster_server_busy_seconds_total", "") >= 0.0);
+    // One request alone never waits: no step ran under load, and it decoded in every step
+    // it was ready to.
+    assert_eq!(
+        metric_sum(
+            &metrics,
+            "ringmaster_server_loaded_step_capacity_tokens_total",
+            ""
+        ),
+        0.0
+    );
+    assert_eq!(
+        metric_sum(&metrics, "ringmaster_server_decode_ready_total", ""),
+        3.0
+    );
     for family in [
         "ringmaster_server_batch_size",
         "ringmaster_server_model_load_seconds",

@@ -710,3 +710,36 @@ async fn a_cancelled_prefill_hands_nothing_over() {
     drop(stream);
     assert!(handoff.await.is_err());
 }
+
+#[tokio::test]
+async fn a_burst_fills_its_steps_and_every_ready_sequence_decodes() {
+    // Two running at a time, eight submitted: six wait, so the first steps run under load.
+    let engine = EngineHandle::spawn(EngineConfig {
+        max_running: 2,
+        step_token_budget: 64,
+        prefill_tokens_while_decoding: 16,
+        ..fast("burst")
+    })
+    .unwrap();
+    let mut streams = Vec::new();
+    for i in 0..8 {
+        let mut req = request(None, vec![user(&long_system(40 + i))], 12);
+        req.sampling.ignore_eos = true;
+        streams.push(engine.submit(req).unwrap());
+    }
+    for stream in streams {
+        collect(stream).await;
+    }
+    let load = wait_for(&engine, |l| l.requests_finished == 8).await;
+    assert!(load.loaded_steps > 0, "{load:?}");
+    assert!(load.loaded_steps < load.steps);
+    assert!(load.loaded_step_tokens_total <= load.loaded_step_capacity_tokens_total);
+    // Admission is bounded by max_running, not by tokens: a loaded step holding two decodes
+    // has room for 16 prompt tokens only while another prompt still prefills.
+    let fill = load.loaded_step_tokens_total as f64 / load.loaded_step_capacity_tokens_total as f64;
+    assert!(fill > 0.0 && fill <= 1.0, "{fill}");
+    // Nothing was preempted, so every sequence ready to decode decoded in every step.
+    assert_eq!(load.preemptions, 0);
+    assert_eq!(load.decode_tokens_total, load.decode_ready_total);
+    assert!(load.decode_ready_total > 0);
+}

@@ -253,6 +253,34 @@ fn smollm_engine(path: &std::path::Path, name: &str) -> crate::EngineHandle {
     crate::EngineHandle::spawn_with_executor(config, executor).unwrap()
 }
 
+/// The device bench's harness on the CPU executor: the dry run of every figure the GPU run
+/// prints (`benches/streams.rs`), with the GPU profile's step sizing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_harness_measures_smollm_on_the_cpu() {
+    let Some(path) = model_path() else { return };
+    let executor = ModelExecutor::load(&path, &options(128)).unwrap();
+    let mut config = crate::EngineConfig {
+        max_running: 2,
+        ..crate::EngineConfig::simulated("harness")
+    }
+    .sized_for_gpu();
+    config.kv_blocks = 128;
+    let engine = crate::EngineHandle::spawn_with_executor(config, executor).unwrap();
+    let run = crate::measure::StreamsRun {
+        streams: 3,
+        max_tokens: 4,
+        temperature: 1.0,
+        salt: 0,
+    };
+    let f = crate::measure::run_streams(&engine, &run).await.unwrap();
+    assert_eq!(f.tokens, 12, "{f:?}");
+    assert!(f.per_stream_tok_s_min > 0.0 && f.ttft_p99_ms > 0.0, "{f:?}");
+    // Three prompts and two places: the first step left one waiting and was filled.
+    assert!(f.fill_under_load.is_some_and(|v| v > 0.0), "{f:?}");
+    assert_eq!(f.decode_occupancy, Some(1.0));
+    assert!(f.busy_fraction > 0.0 && f.mean_step_ms > 0.0, "{f:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smollm_decodes_from_the_kv_blocks_another_engine_prefilled_as_it_would_whole() {
     let Some(path) = model_path() else { return };

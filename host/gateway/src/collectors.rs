@@ -321,7 +321,7 @@ impl Collector for ServerCollector {
             }
         }
         type Count = fn(&ringmaster_pool::Server, &ringmaster_gpu_runtime::LoadReport) -> u64;
-        let counters: [(&str, &str, Count); 15] = [
+        let counters: [(&str, &str, Count); 18] = [
             (
                 "server_ejections",
                 "Times the server was taken off the ring after consecutive failed requests",
@@ -361,6 +361,21 @@ impl Collector for ServerCollector {
             ("server_decode_tokens", "Decode tokens computed", |_, l| {
                 l.decode_tokens_total
             }),
+            (
+                "server_loaded_step_tokens",
+                "Tokens computed in steps that left requests waiting (over server_loaded_step_capacity_tokens: the fill under load)",
+                |_, l| l.loaded_step_tokens_total,
+            ),
+            (
+                "server_loaded_step_capacity_tokens",
+                "Tokens the steps that left requests waiting could have held",
+                |_, l| l.loaded_step_capacity_tokens_total,
+            ),
+            (
+                "server_decode_ready",
+                "Sequences ready to decode when each step was scheduled, summed over steps (server_decode_tokens over this: decode occupancy)",
+                |_, l| l.decode_ready_total,
+            ),
             (
                 "server_requests",
                 "Requests routed to the server",

@@ -664,6 +664,7 @@ fn start_gpu_model(
                 id: spec.id.clone(),
                 source,
             })?;
+    config = config.sized_for_gpu();
     config.kv_blocks = executor.kv_blocks();
     tracing::info!(
         server = %spec.id,

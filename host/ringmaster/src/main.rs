@@ -121,9 +121,10 @@ struct WorkerArgs {
     /// Most sequences running at once.
     #[arg(long, default_value_t = 16)]
     max_running: u32,
-    /// Most tokens computed per engine step.
-    #[arg(long, default_value_t = 512)]
-    step_token_budget: u32,
+    /// Most tokens computed per engine step [default: 512 on the CPU; on a GPU 2,048, with
+    /// prefill allowed all the decodes leave].
+    #[arg(long)]
+    step_token_budget: Option<u32>,
     /// Serve the simulated engine (the cost model of one H100 serving a Llama-3-8B-class
     /// model; no weights, no model file) under `--name` (default `sim`): a fleet of workers
     /// that gateway replicas share, with its KV events, for tests and benchmarks.
@@ -586,7 +587,7 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         let name = args.name.clone().unwrap_or_else(|| "sim".to_owned());
         let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
         config.max_running = args.max_running;
-        config.step_token_budget = args.step_token_budget;
+        config.step_token_budget = args.step_token_budget.unwrap_or(CPU_STEP_TOKEN_BUDGET);
         config.time_scale = args.time_scale;
         if let Some(blocks) = args.kv_blocks {
             config.kv_blocks = blocks;
@@ -606,7 +607,7 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     };
     let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
     config.max_running = args.max_running;
-    config.step_token_budget = args.step_token_budget;
+    config.step_token_budget = args.step_token_budget.unwrap_or(CPU_STEP_TOKEN_BUDGET);
     config.time_scale = 1.0;
     let device = parse_device(&args.device)?;
     let executor: EngineStarter = match device {
@@ -646,6 +647,13 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         Some(ordinal) => {
             let executor = load_gpu(&path, ordinal, args.kv_blocks)?;
+            config = config.sized_for_gpu();
+            if let Some(budget) = args.step_token_budget {
+                config.step_token_budget = budget;
+                config.prefill_tokens_while_decoding = config
+                    .prefill_tokens_while_decoding
+                    .min(budget.saturating_sub(config.max_running).max(1));
+            }
             config.kv_blocks = executor.0;
             executor.1
         }
@@ -701,6 +709,9 @@ fn parse_device(device: &str) -> anyhow::Result<Option<usize>> {
             .ok_or_else(|| anyhow::anyhow!("--device {other:?} is not cpu, cuda or cuda:N")),
     }
 }
+
+/// A CPU worker's step budget when `--step-token-budget` is not given.
+const CPU_STEP_TOKEN_BUDGET: u32 = 512;
 
 /// An engine starter for the model on GPU `ordinal`, and the KV blocks its pool holds.
 type EngineStarter = Box<

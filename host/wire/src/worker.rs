@@ -54,6 +54,18 @@ pub struct Load {
     pub decode_tokens_total: u64,
     /// Time the executor spent computing steps (cumulative); tokens over it are tokens/s.
     pub busy_seconds_total: f64,
+    /// Steps that left requests waiting for admission (cumulative): the steps that ran
+    /// under load, where every token of room should have been used.
+    pub loaded_steps: u64,
+    /// Tokens computed in those steps (cumulative).
+    pub loaded_step_tokens_total: u64,
+    /// Tokens those steps could have held (cumulative): the budget, or with decodes in the
+    /// step the decodes plus the prefill allowed beside them. The fill under load is
+    /// `loaded_step_tokens_total` over this.
+    pub loaded_step_capacity_tokens_total: u64,
+    /// Sequences ready to decode when each step was scheduled, summed over steps
+    /// (cumulative); `decode_tokens_total` over this is the decode occupancy.
+    pub decode_ready_total: u64,
 }
 
 /// A block's chained hash: 16 lower-case hex digits on the wire.
