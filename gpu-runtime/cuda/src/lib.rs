@@ -22,8 +22,10 @@
 
 use std::sync::Arc;
 
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig, sys::cublasOperation_t};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DriverError, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError,
+    LaunchConfig, PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 
@@ -36,7 +38,9 @@ pub const QK: usize = 32;
 /// Largest head dimension the attention kernel supports.
 pub const MAX_HEAD_DIM: usize = 128;
 
-const KERNEL_NAMES: [&str; 9] = [
+const KERNEL_NAMES: [&str; 11] = [
+    "paged_attention_v2",
+    "sample_rows",
     "matmul_q8",
     "rms_norm",
     "paged_attention",
@@ -92,6 +96,67 @@ pub enum CudaError {
     /// Arguments whose shapes disagree (a caller's bug).
     #[error("bad shapes: {0}")]
     Shape(String),
+    /// cuBLAS could not be loaded or refused a call.
+    #[error("cuBLAS: {0}")]
+    Blas(String),
+}
+
+/// Which implementation of the step runs: the first (`v1`: the int8 GEMV kernel, attention
+/// with a stack accumulator, the legacy stream, logits to the host) kept selectable so a lent
+/// GPU re-measures the baseline in the same call, or the second (`v2`, the default: cuBLAS
+/// GEMMs on weights dequantised once at load, register-only attention, sampling on the device
+/// with only token ids coming back, the engine's own stream without cudarc's event tracking).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StepPath {
+    /// The first step.
+    V1,
+    /// The second step.
+    #[default]
+    V2,
+}
+
+impl StepPath {
+    /// `RINGMASTER_GPU_PATH` (`v1` or `v2`; anything else or unset: `v2`).
+    pub fn from_env() -> Self {
+        match std::env::var("RINGMASTER_GPU_PATH").as_deref() {
+            Ok("v1") => Self::V1,
+            _ => Self::V2,
+        }
+    }
+
+    /// `v1` or `v2`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+        }
+    }
+}
+
+/// The cuBLAS call for `out = x · Wᵀ` with row-major `W` (`rows × cols`), `x` (`m × cols`) and
+/// `out` (`m × rows`). cuBLAS is column-major: row-major `W` is a column-major `cols × rows`
+/// matrix, so the product is `out_cm (rows × m) = op(W_cm) · x_cm` with `op` a transpose.
+pub fn gemm_config(rows: usize, cols: usize, m: usize) -> Result<GemmConfig<f32>, CudaError> {
+    Ok(GemmConfig {
+        transa: cublasOperation_t::CUBLAS_OP_T,
+        transb: cublasOperation_t::CUBLAS_OP_N,
+        m: dim(rows)?,
+        n: dim(m)?,
+        k: dim(cols)?,
+        alpha: 1.0,
+        lda: dim(cols)?,
+        ldb: dim(cols)?,
+        beta: 0.0,
+        ldc: dim(rows)?,
+    })
+}
+
+/// A dense f32 weight matrix in device memory, row-major `rows × cols`.
+#[derive(Debug)]
+pub struct DeviceDense {
+    values: CudaSlice<f32>,
+    rows: usize,
+    cols: usize,
 }
 
 /// Whether the CUDA driver library can be loaded here.
@@ -112,12 +177,162 @@ pub fn nvrtc_present() -> bool {
     }
 }
 
-/// Compiles [`KERNELS`] to PTX. Needs NVRTC's library, not a GPU.
+/// What the kernels are compiled for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// The model's head dimension (a multiple of 4, at most [`MAX_HEAD_DIM`]): the step-2
+    /// attention's accumulator is sized by it at compile time, so it stays in registers.
+    pub head_dim: usize,
+    /// The virtual architecture (`compute_90` for an H100 or H200); `None`: NVRTC's default.
+    pub arch: Option<&'static str>,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        Self {
+            head_dim: 64,
+            arch: None,
+        }
+    }
+}
+
+impl KernelOptions {
+    fn check(&self) -> Result<(), CudaError> {
+        if self.head_dim == 0 || self.head_dim > MAX_HEAD_DIM || !self.head_dim.is_multiple_of(4) {
+            return Err(CudaError::Shape(format!(
+                "head dimension {} (the kernels take a multiple of 4 up to {MAX_HEAD_DIM})",
+                self.head_dim
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The virtual architecture NVRTC should compile for on a device of compute capability
+/// `(major, minor)`; `None` where no table entry (NVRTC's default then, which every device
+/// since Maxwell loads).
+pub fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (7, 0) => "compute_70",
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        _ => return None,
+    })
+}
+
+/// Compiles [`KERNELS`] to PTX with NVRTC's defaults (head dimension 64). Needs NVRTC's
+/// library, not a GPU.
 pub fn compile_kernels() -> Result<Ptx, CudaError> {
+    compile_kernels_with(KernelOptions::default())
+}
+
+/// Compiles [`KERNELS`] to PTX for `options`.
+pub fn compile_kernels_with(options: KernelOptions) -> Result<Ptx, CudaError> {
+    options.check()?;
     if !nvrtc_present() {
         return Err(CudaError::NoNvrtc);
     }
-    cudarc::nvrtc::compile_ptx(KERNELS).map_err(|e| CudaError::Compile(e.to_string()))
+    let opts = cudarc::nvrtc::CompileOptions {
+        options: vec![format!("-DHEAD_DIM={}", options.head_dim)],
+        arch: options.arch,
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
+        .map_err(|e| CudaError::Compile(e.to_string()))
+}
+
+/// One kernel's resources as ptxas reports them for a real architecture.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelResources {
+    /// The kernel's name.
+    pub name: String,
+    /// Bytes of stack frame (local memory a thread addresses: arrays indexed at run time).
+    pub stack_bytes: u32,
+    /// Bytes spilled to local memory (stores plus loads).
+    pub spill_bytes: u32,
+    /// Registers per thread.
+    pub registers: u32,
+}
+
+/// Compiles [`KERNELS`] for the real architecture `sm` (e.g. `sm_90`) with `ptxas -v` and
+/// returns what it reports for every kernel: the check that no hot kernel keeps an array in
+/// local memory or spills, run without a GPU.
+pub fn ptxas_report(head_dim: usize, sm: &str) -> Result<Vec<KernelResources>, CudaError> {
+    KernelOptions {
+        head_dim,
+        arch: None,
+    }
+    .check()?;
+    if !nvrtc_present() {
+        return Err(CudaError::NoNvrtc);
+    }
+    let source = std::ffi::CString::new(KERNELS).map_err(|e| CudaError::Compile(e.to_string()))?;
+    let program = cudarc::nvrtc::result::create_program(&source, None)
+        .map_err(|e| CudaError::Compile(e.to_string()))?;
+    let options = [
+        format!("-arch={sm}"),
+        "--ptxas-options=-v".to_owned(),
+        format!("-DHEAD_DIM={head_dim}"),
+    ];
+    // SAFETY: `program` was just created from a valid source and is destroyed once, below,
+    // after its log was read.
+    #[allow(unsafe_code)]
+    let (compiled, log) = unsafe {
+        let compiled = cudarc::nvrtc::result::compile_program(program, &options);
+        let log = cudarc::nvrtc::result::get_program_log(program);
+        let _ = cudarc::nvrtc::result::destroy_program(program);
+        (compiled, log)
+    };
+    let log: Vec<u8> = log
+        .map_err(|e| CudaError::Compile(e.to_string()))?
+        .into_iter()
+        .map(|c| c as u8)
+        .take_while(|c| *c != 0)
+        .collect();
+    let log = String::from_utf8_lossy(&log).into_owned();
+    compiled.map_err(|e| CudaError::Compile(format!("{e}: {log}")))?;
+    Ok(parse_ptxas_log(&log))
+}
+
+/// Reads ptxas's `-v` lines: "Compiling entry function 'NAME'", then "N bytes stack frame,
+/// N bytes spill stores, N bytes spill loads" and "Used N registers".
+fn parse_ptxas_log(log: &str) -> Vec<KernelResources> {
+    let number_before = |line: &str, unit: &str| -> u32 {
+        line.find(unit)
+            .and_then(|at| line[..at].split_whitespace().last())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let mut kernels: Vec<KernelResources> = Vec::new();
+    for line in log.lines() {
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            kernels.push(KernelResources {
+                name: rest.split('\'').next().unwrap_or_default().to_owned(),
+                stack_bytes: 0,
+                spill_bytes: 0,
+                registers: 0,
+            });
+        } else if let Some(kernel) = kernels.last_mut() {
+            if line.contains("bytes stack frame") {
+                kernel.stack_bytes = number_before(line, "bytes stack frame");
+                kernel.spill_bytes = number_before(line, "bytes spill stores")
+                    + number_before(line, "bytes spill loads");
+            } else if line.contains("Used") && line.contains("registers") {
+                kernel.registers = line
+                    .split("Used ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    kernels
 }
 
 /// An int8 weight matrix in device memory.
@@ -154,11 +369,14 @@ pub struct AttentionShape {
     pub block_size: usize,
 }
 
-/// One GPU: a context, its default stream and the compiled kernels.
+/// One GPU: a context, its stream, the compiled kernels and (on the second step) a cuBLAS
+/// handle on that stream.
 pub struct Device {
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
+    blas: Option<CudaBlas>,
+    path: StepPath,
 }
 
 impl std::fmt::Debug for Device {
@@ -170,24 +388,113 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Opens GPU `ordinal` and compiles the kernels for it.
+    /// Opens GPU `ordinal` for the first step with the kernels compiled for a head dimension
+    /// of 64 (the kernel tests).
     pub fn open(ordinal: usize) -> Result<Self, CudaError> {
+        Self::open_for(ordinal, 64, StepPath::V1)
+    }
+
+    /// Opens GPU `ordinal` for a model with heads of `head_dim` values, on `path`: the
+    /// kernels are compiled for the device's architecture; the second step gets its own
+    /// stream (the legacy one cannot be captured into a graph), no cudarc event tracking (one
+    /// stream: the tracking's per-buffer events only cost driver calls) and cuBLAS.
+    pub fn open_for(ordinal: usize, head_dim: usize, path: StepPath) -> Result<Self, CudaError> {
         // cudarc panics when it cannot load the driver library: check first.
         if !driver_present() {
             return Err(CudaError::NoDriver);
         }
-        let ptx = compile_kernels()?;
         let context = CudaContext::new(ordinal)?;
+        let (major, minor) = context.compute_capability()?;
+        let ptx = compile_kernels_with(KernelOptions {
+            head_dim,
+            arch: arch_for(major, minor),
+        })?;
+        let stream = match path {
+            StepPath::V1 => context.default_stream(),
+            StepPath::V2 => {
+                // SAFETY: called before any allocation on this new context, and everything
+                // the second step does is on the one stream made here, so no buffer is ever
+                // shared between streams (what the event tracking guards).
+                #[allow(unsafe_code)]
+                unsafe {
+                    context.disable_event_tracking()
+                };
+                context.new_stream()?
+            }
+        };
         let module = context.load_module(ptx)?;
         let functions = KERNEL_NAMES
             .iter()
             .map(|name| module.load_function(name))
             .collect::<Result<Vec<_>, _>>()?;
+        let blas = match path {
+            StepPath::V1 => None,
+            StepPath::V2 => {
+                Some(CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(e.to_string()))?)
+            }
+        };
         Ok(Self {
-            stream: context.default_stream(),
+            stream,
             context,
             functions,
+            blas,
+            path,
         })
+    }
+
+    /// The step this device was opened for.
+    pub fn path(&self) -> StepPath {
+        self.path
+    }
+
+    /// Uploads a dense row-major `rows × cols` matrix.
+    pub fn upload_dense(
+        &self,
+        values: &[f32],
+        rows: usize,
+        cols: usize,
+    ) -> Result<DeviceDense, CudaError> {
+        if values.len() != rows * cols {
+            return Err(CudaError::Shape(format!(
+                "{} values for a {rows}×{cols} matrix",
+                values.len()
+            )));
+        }
+        Ok(DeviceDense {
+            values: self.upload(values)?,
+            rows,
+            cols,
+        })
+    }
+
+    /// `out[i × rows + r] = Σ_k w[r, k] · x[i, k]` for the `m` rows of `x`, by cuBLAS SGEMM.
+    pub fn gemm(
+        &self,
+        w: &DeviceDense,
+        x: &CudaView<'_, f32>,
+        m: usize,
+        out: &mut CudaViewMut<'_, f32>,
+    ) -> Result<(), CudaError> {
+        let Some(blas) = &self.blas else {
+            return Err(CudaError::Blas(
+                "this device was opened for the first step, which has no cuBLAS".into(),
+            ));
+        };
+        if x.len() < m * w.cols || out.len() < m * w.rows {
+            return Err(CudaError::Shape(format!(
+                "GEMM of a {}×{} matrix with {} inputs into {} outputs for {m} rows",
+                w.rows,
+                w.cols,
+                x.len(),
+                out.len()
+            )));
+        }
+        let config = gemm_config(w.rows, w.cols, m)?;
+        // SAFETY: the configuration reads `m × cols` inputs and `rows × cols` weights and
+        // writes `m × rows` outputs, all checked above; the buffers outlive the call on this
+        // stream (the step synchronises before returning).
+        #[allow(unsafe_code)]
+        unsafe { blas.gemm(config, &w.values, x, out) }.map_err(|e| CudaError::Blas(e.to_string()))
     }
 
     /// The GPU's name.
@@ -402,6 +709,127 @@ mod tests {
         for name in KERNEL_NAMES {
             assert!(text.contains(name), "{name} missing from the PTX");
         }
+    }
+
+    /// The kernels the step-2 path runs every step, which must keep everything in registers
+    /// and shared memory.
+    const HOT_KERNELS: [&str; 9] = [
+        "paged_attention_v2",
+        "sample_rows",
+        "rms_norm",
+        "rope_qk",
+        "kv_store",
+        "silu_mul",
+        "add",
+        "embed_q8",
+        "gather_rows",
+    ];
+
+    #[test]
+    fn the_hot_kernels_keep_nothing_in_local_memory() {
+        if !nvrtc_present() {
+            assert!(
+                std::env::var_os("RINGMASTER_REQUIRE_NVRTC").is_none(),
+                "RINGMASTER_REQUIRE_NVRTC is set but {}",
+                CudaError::NoNvrtc
+            );
+            eprintln!("skipping: {}", CudaError::NoNvrtc);
+            return;
+        }
+        for head_dim in [64, 128] {
+            let report = ptxas_report(head_dim, "sm_90").unwrap();
+            for name in HOT_KERNELS {
+                let kernel = report
+                    .iter()
+                    .find(|k| k.name == name)
+                    .unwrap_or_else(|| panic!("{name} missing from ptxas's report: {report:?}"));
+                assert_eq!(
+                    (kernel.stack_bytes, kernel.spill_bytes),
+                    (0, 0),
+                    "head_dim {head_dim}: {kernel:?}"
+                );
+                assert!(kernel.registers > 0, "{kernel:?}");
+            }
+            // The check can fail: step 1's attention keeps its accumulator on the stack.
+            let v1 = report.iter().find(|k| k.name == "paged_attention").unwrap();
+            assert!(v1.stack_bytes > 0, "{v1:?}");
+        }
+    }
+
+    /// cuBLAS's SGEMM as its documentation defines it (column-major; `op` per `transa` and
+    /// `transb`; `C = α·op(A)·op(B) + β·C`), to check the parameters the step passes.
+    fn sgemm_reference(c: &GemmConfig<f32>, a: &[f32], b: &[f32], out: &mut [f32]) {
+        let (m, n, k) = (c.m as usize, c.n as usize, c.k as usize);
+        let at = |t: cublasOperation_t, ld: i32, row: usize, col: usize| match t {
+            cublasOperation_t::CUBLAS_OP_N => row + col * ld as usize,
+            _ => col + row * ld as usize,
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f32 = (0..k)
+                    .map(|p| a[at(c.transa, c.lda, i, p)] * b[at(c.transb, c.ldb, p, j)])
+                    .sum();
+                let o = i + j * c.ldc as usize;
+                out[o] = c.alpha * sum + c.beta * out[o];
+            }
+        }
+    }
+
+    #[test]
+    fn the_gemm_parameters_compute_x_times_w_transposed_in_row_major() {
+        let (rows, cols, m) = (7, 12, 3);
+        let w = values(8, rows * cols);
+        let x = values(9, m * cols);
+        let mut out = vec![0.0; m * rows];
+        sgemm_reference(&gemm_config(rows, cols, m).unwrap(), &w, &x, &mut out);
+        for i in 0..m {
+            for r in 0..rows {
+                let want: f32 = (0..cols).map(|k| w[r * cols + k] * x[i * cols + k]).sum();
+                assert!((out[i * rows + r] - want).abs() < 1e-4, "({i}, {r})");
+            }
+        }
+    }
+
+    #[test]
+    fn ptxas_lines_are_read_per_kernel() {
+        let log = "ptxas info    : Compiling entry function 'a' for 'sm_90'\n\
+                   ptxas info    : Function properties for a\n\
+                   \x20   512 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n\
+                   ptxas info    : Used 40 registers, used 0 barriers, 416 bytes cmem[0]\n\
+                   ptxas info    : Compiling entry function 'b' for 'sm_90'\n\
+                   \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+                   ptxas info    : Used 12 registers\n";
+        let kernels = parse_ptxas_log(log);
+        assert_eq!(
+            kernels,
+            vec![
+                KernelResources {
+                    name: "a".into(),
+                    stack_bytes: 512,
+                    spill_bytes: 12,
+                    registers: 40
+                },
+                KernelResources {
+                    name: "b".into(),
+                    stack_bytes: 0,
+                    spill_bytes: 0,
+                    registers: 12
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn kernel_options_refuse_head_dimensions_the_kernels_cannot_take() {
+        for head_dim in [0, 62, 132] {
+            let options = KernelOptions {
+                head_dim,
+                arch: None,
+            };
+            assert!(matches!(options.check(), Err(CudaError::Shape(_))));
+        }
+        assert_eq!(arch_for(9, 0), Some("compute_90"));
+        assert_eq!(arch_for(1, 0), None);
     }
 
     #[test]
