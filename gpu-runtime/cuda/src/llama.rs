@@ -15,7 +15,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use crate::{CudaError, Device, DeviceQ8, QK, dim};
+use crate::{CudaError, Device, DeviceDense, DeviceQ8, QK, StepPath, dim};
 
 /// A llama model's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -111,6 +111,19 @@ pub struct GpuSeq<'a> {
     pub logits: bool,
 }
 
+/// How one sampled row draws its token on the device (the host sampler's `Draw`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowSampling {
+    /// Temperature; 0 or less is greedy.
+    pub temperature: f32,
+    /// Top-k (0: no cut).
+    pub top_k: u32,
+    /// Top-p (1 or more: no cut).
+    pub top_p: f32,
+    /// The uniform draw in [0, 1).
+    pub uniform: f32,
+}
+
 #[derive(Debug)]
 struct DeviceLayer {
     attn_norm: CudaSlice<f32>,
@@ -119,6 +132,50 @@ struct DeviceLayer {
     ffn_norm: CudaSlice<f32>,
     gate_up: DeviceQ8,
     down: DeviceQ8,
+    /// The second step's weights: the int8 values dequantised once at load.
+    dense: Option<DenseLayer>,
+}
+
+#[derive(Debug)]
+struct DenseLayer {
+    qkv: DeviceDense,
+    wo: DeviceDense,
+    gate_up: DeviceDense,
+    down: DeviceDense,
+}
+
+/// A step's host-side metadata, packed once (the per-token loop both steps share).
+#[derive(Debug, Default, PartialEq)]
+struct Packed {
+    tokens: Vec<i32>,
+    positions: Vec<i32>,
+    slots: Vec<i32>,
+    tables: Vec<i32>,
+    table_offsets: Vec<i32>,
+    /// (sequence index, row of its last token) for every sequence that wants logits.
+    wanted: Vec<(usize, i32)>,
+}
+
+/// The second step's buffers, allocated for `capacity` tokens and `rows` sampled rows and
+/// reused by every step that fits (a larger step reallocates them once).
+#[derive(Debug)]
+struct Workspace {
+    capacity: usize,
+    rows: usize,
+    meta: CudaSlice<i32>,
+    x: CudaSlice<f32>,
+    h: CudaSlice<f32>,
+    qkv: CudaSlice<f32>,
+    attended: CudaSlice<f32>,
+    projected: CudaSlice<f32>,
+    gate_up: CudaSlice<f32>,
+    act: CudaSlice<f32>,
+    last: CudaSlice<f32>,
+    normed: CudaSlice<f32>,
+    logits: CudaSlice<f32>,
+    sampling: CudaSlice<f32>,
+    top_k: CudaSlice<i32>,
+    sampled: CudaSlice<i32>,
 }
 
 /// A llama model and its KV pool on one GPU.
@@ -136,6 +193,17 @@ pub struct GpuLlama {
     v: Vec<CudaSlice<f32>>,
     blocks: usize,
     weight_bytes: usize,
+    /// The LM head dequantised (second step); `None` on the first.
+    dense_head: Option<DeviceDense>,
+    workspace: Option<Workspace>,
+}
+
+/// The dense f32 values of an int8 matrix, exactly as the int8 kernels see them.
+fn dequantize(qs: &[i8], scales: &[f32]) -> Vec<f32> {
+    qs.iter()
+        .enumerate()
+        .map(|(i, q)| f32::from(*q) * scales[i / QK])
+        .collect()
 }
 
 /// Quantizes `values` (a multiple of 32 long) to int8 blocks of 32 with one scale each
@@ -172,25 +240,52 @@ impl GpuLlama {
         {
             return Err(CudaError::Shape(format!("unsupported model shape {s:?}")));
         }
+        let dense = device.path() == StepPath::V2;
+        if dense && !s.head_dim.is_multiple_of(4) {
+            return Err(CudaError::Shape(format!("unsupported model shape {s:?}")));
+        }
         let mut weight_bytes = 0;
-        let mut matrix = |m: &HostMatrix| -> Result<DeviceQ8, CudaError> {
+        let mut matrix = |m: &HostMatrix| -> Result<(DeviceQ8, Option<DeviceDense>), CudaError> {
             let (qs, scales) = quantize_q8(&m.values);
             weight_bytes += qs.len() + 4 * scales.len();
-            device.upload_q8(&qs, &scales, m.rows, m.cols)
+            let dense = if dense {
+                weight_bytes += 4 * qs.len();
+                Some(device.upload_dense(&dequantize(&qs, &scales), m.rows, m.cols)?)
+            } else {
+                None
+            };
+            Ok((device.upload_q8(&qs, &scales, m.rows, m.cols)?, dense))
         };
-        let embed = matrix(&host.embed)?;
+        let (embed, embed_dense) = matrix(&host.embed)?;
         let mut layers = Vec::with_capacity(host.layers.len());
         for layer in &host.layers {
+            let (qkv, qkv_dense) = matrix(&layer.qkv)?;
+            let (wo, wo_dense) = matrix(&layer.wo)?;
+            let (gate_up, gate_up_dense) = matrix(&layer.gate_up)?;
+            let (down, down_dense) = matrix(&layer.down)?;
+            let dense = match (qkv_dense, wo_dense, gate_up_dense, down_dense) {
+                (Some(qkv), Some(wo), Some(gate_up), Some(down)) => Some(DenseLayer {
+                    qkv,
+                    wo,
+                    gate_up,
+                    down,
+                }),
+                _ => None,
+            };
             layers.push(DeviceLayer {
                 attn_norm: device.upload(&layer.attn_norm)?,
-                qkv: matrix(&layer.qkv)?,
-                wo: matrix(&layer.wo)?,
+                qkv,
+                wo,
                 ffn_norm: device.upload(&layer.ffn_norm)?,
-                gate_up: matrix(&layer.gate_up)?,
-                down: matrix(&layer.down)?,
+                gate_up,
+                down,
+                dense,
             });
         }
-        let output = host.output.as_ref().map(&mut matrix).transpose()?;
+        let (output, dense_head) = match host.output.as_ref().map(&mut matrix).transpose()? {
+            Some((q8, dense)) => (Some(q8), dense),
+            None => (None, embed_dense),
+        };
         let kv_dim = s.kv_heads * s.head_dim;
         let block_bytes = 2 * layers.len() * s.block_size * kv_dim * 4;
         let blocks = match budget {
@@ -220,7 +315,14 @@ impl GpuLlama {
             v,
             blocks,
             weight_bytes,
+            dense_head,
+            workspace: None,
         })
+    }
+
+    /// The step this model runs.
+    pub fn path(&self) -> StepPath {
+        self.device.path()
     }
 
     /// KV blocks in the pool.
@@ -238,17 +340,12 @@ impl GpuLlama {
         &self.device
     }
 
-    /// Computes every sequence's new tokens, writing their K/V into the pool; returns, per
-    /// sequence, its last token's logits when it asked for them.
-    pub fn forward(&mut self, seqs: &[GpuSeq<'_>]) -> Result<Vec<Option<Vec<f32>>>, CudaError> {
+    /// The step's metadata: per token its id, position, pool slot and the offset of its
+    /// sequence's block table; every table; the rows whose logits are wanted.
+    fn pack(&self, seqs: &[GpuSeq<'_>]) -> Result<Packed, CudaError> {
         let s = self.shape;
-        let (d, ffn, bs) = (s.hidden, s.ffn, s.block_size);
-        let q_dim = s.heads * s.head_dim;
-        let kv_dim = s.kv_heads * s.head_dim;
-        let qkv_dim = q_dim + 2 * kv_dim;
-        let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
-        let (mut tables, mut table_offsets) = (Vec::new(), Vec::new());
-        let mut wanted = Vec::new();
+        let bs = s.block_size;
+        let mut packed = Packed::default();
         for (i, seq) in seqs.iter().enumerate() {
             let end = seq.start + seq.tokens.len();
             if end > s.context || end > seq.table.len() * bs {
@@ -269,26 +366,299 @@ impl GpuLlama {
                     "token {bad} is outside the vocabulary"
                 )));
             }
-            let table_at = dim(tables.len())?;
-            tables.extend(seq.table.iter().map(|b| *b as i32));
+            let table_at = dim(packed.tables.len())?;
+            packed.tables.extend(seq.table.iter().map(|b| *b as i32));
             for (j, token) in seq.tokens.iter().enumerate() {
                 let p = seq.start + j;
-                tokens.push(*token as i32);
-                positions.push(dim(p)?);
-                slots.push(dim(seq.table[p / bs] as usize * bs + p % bs)?);
-                table_offsets.push(table_at);
+                packed.tokens.push(*token as i32);
+                packed.positions.push(dim(p)?);
+                packed
+                    .slots
+                    .push(dim(seq.table[p / bs] as usize * bs + p % bs)?);
+                packed.table_offsets.push(table_at);
             }
             if seq.logits && !seq.tokens.is_empty() {
-                wanted.push((i, dim(tokens.len() - 1)?));
+                packed.wanted.push((i, dim(packed.tokens.len() - 1)?));
             }
         }
+        if packed.tables.is_empty() {
+            packed.tables.push(0);
+        }
+        Ok(packed)
+    }
+
+    /// Computes every sequence's new tokens, writing their K/V into the pool; returns, per
+    /// sequence, its last token's logits when it asked for them (either step; the second
+    /// copies back only the wanted rows).
+    pub fn forward(&mut self, seqs: &[GpuSeq<'_>]) -> Result<Vec<Option<Vec<f32>>>, CudaError> {
+        if self.path() == StepPath::V2 {
+            let packed = self.pack(seqs)?;
+            let mut result = vec![None; seqs.len()];
+            if packed.tokens.is_empty() || packed.wanted.is_empty() {
+                if !packed.tokens.is_empty() {
+                    self.enqueue_v2(&packed, &[])?;
+                }
+                self.device.stream.synchronize()?;
+                return Ok(result);
+            }
+            self.enqueue_v2(&packed, &[])?;
+            let w = packed.wanted.len();
+            let vocab = self.shape.vocab;
+            let ws = self.workspace.as_ref().expect("enqueue_v2 made it");
+            let mut host = vec![0.0f32; w * vocab];
+            self.device
+                .stream
+                .memcpy_dtoh(&ws.logits.slice(..w * vocab), &mut host)?;
+            self.device.stream.synchronize()?;
+            for (row, (seq, _)) in packed.wanted.iter().enumerate() {
+                result[*seq] = Some(host[row * vocab..(row + 1) * vocab].to_vec());
+            }
+            return Ok(result);
+        }
+        self.forward_v1(seqs)
+    }
+
+    /// The second step whole: the forward pass, then each wanted row's token drawn on the
+    /// device by `sampling` (one entry per sequence that asked for logits, in order); only the
+    /// token ids come back, in the step's one synchronisation. `None` for the others.
+    pub fn sample_step(
+        &mut self,
+        seqs: &[GpuSeq<'_>],
+        sampling: &[RowSampling],
+    ) -> Result<Vec<Option<u32>>, CudaError> {
+        if self.path() != StepPath::V2 {
+            return Err(CudaError::Shape(
+                "device sampling runs on the second step only (RINGMASTER_GPU_PATH=v2)".into(),
+            ));
+        }
+        let packed = self.pack(seqs)?;
+        if sampling.len() != packed.wanted.len() {
+            return Err(CudaError::Shape(format!(
+                "{} sampling rows for {} sequences that want a token",
+                sampling.len(),
+                packed.wanted.len()
+            )));
+        }
+        let mut result = vec![None; seqs.len()];
+        if packed.tokens.is_empty() {
+            return Ok(result);
+        }
+        self.enqueue_v2(&packed, sampling)?;
+        let w = packed.wanted.len();
+        let mut tokens = vec![0i32; w];
+        if w > 0 {
+            let ws = self.workspace.as_ref().expect("enqueue_v2 made it");
+            self.device
+                .stream
+                .memcpy_dtoh(&ws.sampled.slice(..w), &mut tokens)?;
+        }
+        self.device.stream.synchronize()?;
+        for ((seq, _), token) in packed.wanted.iter().zip(tokens) {
+            result[*seq] = Some(u32::try_from(token).unwrap_or(0));
+        }
+        Ok(result)
+    }
+
+    /// A workspace for `n` tokens and `w` sampled rows, reusing the current one if it fits.
+    fn ensure_workspace(&mut self, n: usize, w: usize, meta: usize) -> Result<(), CudaError> {
+        if let Some(ws) = &self.workspace
+            && ws.capacity >= n
+            && ws.rows >= w
+            && ws.meta.len() >= meta
+        {
+            return Ok(());
+        }
+        let s = self.shape;
+        // Round up so that a growing batch reallocates rarely.
+        let capacity = n.next_power_of_two().max(64);
+        let rows = w.next_power_of_two().max(8);
+        let q_dim = s.heads * s.head_dim;
+        let qkv_dim = q_dim + 2 * s.kv_heads * s.head_dim;
+        let stream = &self.device.stream;
+        let floats = |len: usize| stream.alloc_zeros::<f32>(len.max(1));
+        self.workspace = None;
+        self.workspace = Some(Workspace {
+            capacity,
+            rows,
+            meta: stream.alloc_zeros::<i32>(meta.next_power_of_two().max(1024))?,
+            x: floats(capacity * s.hidden)?,
+            h: floats(capacity * s.hidden)?,
+            qkv: floats(capacity * qkv_dim)?,
+            attended: floats(capacity * q_dim)?,
+            projected: floats(capacity * s.hidden)?,
+            gate_up: floats(capacity * 2 * s.ffn)?,
+            act: floats(capacity * s.ffn)?,
+            last: floats(rows * s.hidden)?,
+            normed: floats(rows * s.hidden)?,
+            logits: floats(rows * s.vocab)?,
+            sampling: floats(3 * rows)?,
+            top_k: stream.alloc_zeros::<i32>(rows)?,
+            sampled: stream.alloc_zeros::<i32>(rows)?,
+        });
+        Ok(())
+    }
+
+    /// Queues the second step: one upload of the metadata, the layers with cuBLAS GEMMs and
+    /// the register-only attention, the wanted rows' logits, and (with `sampling`) the
+    /// sampling kernel. Nothing waits here.
+    fn enqueue_v2(&mut self, packed: &Packed, sampling: &[RowSampling]) -> Result<(), CudaError> {
+        let s = self.shape;
+        let n = packed.tokens.len();
+        let w = packed.wanted.len();
+        let (d, ffn, bs) = (s.hidden, s.ffn, s.block_size);
+        let q_dim = s.heads * s.head_dim;
+        let kv_dim = s.kv_heads * s.head_dim;
+        let qkv_dim = q_dim + 2 * kv_dim;
+        // One buffer: tokens | positions | slots | table offsets | wanted rows | tables.
+        let mut meta = Vec::with_capacity(5 * n + w + packed.tables.len());
+        meta.extend_from_slice(&packed.tokens);
+        meta.extend_from_slice(&packed.positions);
+        meta.extend_from_slice(&packed.slots);
+        meta.extend_from_slice(&packed.table_offsets);
+        meta.extend(packed.wanted.iter().map(|(_, row)| *row));
+        meta.extend_from_slice(&packed.tables);
+        self.ensure_workspace(n, w, meta.len())?;
+        let dev = &self.device;
+        let ws = self.workspace.as_mut().expect("just made");
+        dev.stream
+            .memcpy_htod(&meta, &mut ws.meta.slice_mut(..meta.len()))?;
+        if !sampling.is_empty() {
+            let mut floats = Vec::with_capacity(3 * w);
+            floats.extend(sampling.iter().map(|r| r.temperature));
+            floats.extend(sampling.iter().map(|r| r.top_p));
+            floats.extend(sampling.iter().map(|r| r.uniform));
+            let top_k: Vec<i32> = sampling
+                .iter()
+                .map(|r| i32::try_from(r.top_k).unwrap_or(i32::MAX))
+                .collect();
+            dev.stream
+                .memcpy_htod(&floats, &mut ws.sampling.slice_mut(..3 * w))?;
+            dev.stream
+                .memcpy_htod(&top_k, &mut ws.top_k.slice_mut(..w))?;
+        }
+        let tokens = ws.meta.slice(..n);
+        let positions = ws.meta.slice(n..2 * n);
+        let slots = ws.meta.slice(2 * n..3 * n);
+        let table_offsets = ws.meta.slice(3 * n..4 * n);
+        let picked = ws.meta.slice(4 * n..4 * n + w);
+        let tables = ws.meta.slice(4 * n + w..meta.len());
+        let rows = dim(n)? as u32;
+        let (di, ffn_i, qkv_i) = (dim(d)?, dim(ffn)?, dim(qkv_dim)?);
+        let (q_i, kv_i, hd_i) = (dim(q_dim)?, dim(kv_dim)?, dim(s.head_dim)?);
+        let (heads_i, kv_heads_i, bs_i) = (dim(s.heads)?, dim(s.kv_heads)?, dim(bs)?);
+        let total = (n * d) as i64;
+        let n_i = dim(n)?;
+        let add_blocks = (n * d).div_ceil(256) as u32;
+        let silu_blocks = (n * ffn).div_ceil(256) as u32;
+        let Workspace {
+            x,
+            h,
+            qkv,
+            attended,
+            projected,
+            gate_up,
+            act,
+            last,
+            normed,
+            logits,
+            sampling: sampling_buf,
+            top_k,
+            sampled,
+            ..
+        } = ws;
+        let mut x = x.slice_mut(..n * d);
+        let mut h = h.slice_mut(..n * d);
+        let mut qkv = qkv.slice_mut(..n * qkv_dim);
+        let mut attended = attended.slice_mut(..n * q_dim);
+        let mut projected = projected.slice_mut(..n * d);
+        let mut gate_up = gate_up.slice_mut(..n * 2 * ffn);
+        let mut act = act.slice_mut(..n * ffn);
+
+        launch!(dev, "embed_q8", (rows, 1, 1), (256, 1, 1);
+            &self.embed.qs, &self.embed.scales, &tokens, &mut x, &di);
+        for (l, layer) in self.layers.iter().enumerate() {
+            let dense = layer.dense.as_ref().ok_or_else(|| {
+                CudaError::Shape("the second step needs the dense weights".into())
+            })?;
+            let xr = x.as_view();
+            launch!(dev, "rms_norm", (rows, 1, 1), (32, 1, 1);
+                &xr, &layer.attn_norm, &mut h, &di, &s.rms_eps);
+            dev.gemm(&dense.qkv, &h.as_view(), n, &mut qkv)?;
+            launch!(dev, "rope_qk", (rows, 1, 1), (128, 1, 1);
+                &mut qkv, &positions, &self.cos, &self.sin, &qkv_i, &heads_i, &kv_heads_i, &hd_i);
+            let qkv_r = qkv.as_view();
+            launch!(dev, "kv_store", (rows, 1, 1), (128, 1, 1);
+                &qkv_r, &slots, &mut self.k[l], &mut self.v[l], &qkv_i, &q_i, &kv_i);
+            launch!(dev, "paged_attention_v2", (rows, dim(s.heads)? as u32, 1), (128, 1, 1);
+                &qkv_r, &self.k[l], &self.v[l], &tables, &table_offsets, &positions, &mut attended,
+                &heads_i, &kv_heads_i, &bs_i, &qkv_i);
+            dev.gemm(&dense.wo, &attended.as_view(), n, &mut projected)?;
+            let projected_r = projected.as_view();
+            launch!(dev, "add", (add_blocks, 1, 1), (256, 1, 1); &mut x, &projected_r, &total);
+            let xr = x.as_view();
+            launch!(dev, "rms_norm", (rows, 1, 1), (32, 1, 1);
+                &xr, &layer.ffn_norm, &mut h, &di, &s.rms_eps);
+            dev.gemm(&dense.gate_up, &h.as_view(), n, &mut gate_up)?;
+            let gate_up_r = gate_up.as_view();
+            launch!(dev, "silu_mul", (silu_blocks, 1, 1), (256, 1, 1);
+                &gate_up_r, &mut act, &ffn_i, &n_i);
+            dev.gemm(&dense.down, &act.as_view(), n, &mut projected)?;
+            let projected_r = projected.as_view();
+            launch!(dev, "add", (add_blocks, 1, 1), (256, 1, 1); &mut x, &projected_r, &total);
+        }
+        if w == 0 {
+            return Ok(());
+        }
+        let head = self
+            .dense_head
+            .as_ref()
+            .ok_or_else(|| CudaError::Shape("the second step needs the dense LM head".into()))?;
+        let vocab = s.vocab;
+        let w_u = dim(w)? as u32;
+        let mut last = last.slice_mut(..w * d);
+        let mut normed = normed.slice_mut(..w * d);
+        let mut logits = logits.slice_mut(..w * vocab);
+        let xr = x.as_view();
+        launch!(dev, "gather_rows", (w_u, 1, 1), (256, 1, 1); &xr, &picked, &mut last, &di);
+        let last_r = last.as_view();
+        launch!(dev, "rms_norm", (w_u, 1, 1), (32, 1, 1);
+            &last_r, &self.norm, &mut normed, &di, &s.rms_eps);
+        dev.gemm(head, &normed.as_view(), w, &mut logits)?;
+        if !sampling.is_empty() {
+            let vocab_i = dim(vocab)?;
+            let temperature = sampling_buf.slice(..w);
+            let top_p = sampling_buf.slice(w..2 * w);
+            let uniform = sampling_buf.slice(2 * w..3 * w);
+            let top_k = top_k.slice(..w);
+            let mut sampled = sampled.slice_mut(..w);
+            let logits_r = logits.as_view();
+            launch!(dev, "sample_rows", (w_u, 1, 1), (1024, 1, 1);
+                &logits_r, &vocab_i, &temperature, &top_k, &top_p, &uniform, &mut sampled);
+        }
+        Ok(())
+    }
+
+    /// The first step (`RINGMASTER_GPU_PATH=v1`), as it was measured on the H200: fresh
+    /// buffers each step, the int8 GEMV kernel, the stack-accumulator attention, all wanted
+    /// logits copied back.
+    fn forward_v1(&mut self, seqs: &[GpuSeq<'_>]) -> Result<Vec<Option<Vec<f32>>>, CudaError> {
+        let s = self.shape;
+        let (d, ffn, bs) = (s.hidden, s.ffn, s.block_size);
+        let q_dim = s.heads * s.head_dim;
+        let kv_dim = s.kv_heads * s.head_dim;
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let Packed {
+            tokens,
+            positions,
+            slots,
+            tables,
+            table_offsets,
+            wanted,
+        } = self.pack(seqs)?;
         let n = tokens.len();
         let mut result = vec![None; seqs.len()];
         if n == 0 {
             return Ok(result);
-        }
-        if tables.is_empty() {
-            tables.push(0);
         }
         let dev = &self.device;
         let tokens = dev.upload(&tokens)?;

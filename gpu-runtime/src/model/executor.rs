@@ -227,20 +227,32 @@ impl StepSampler {
                 });
                 continue;
             };
-            let seed = match seq.sampling.seed {
-                Some(seed) => seed,
-                None => *self
-                    .seeds
-                    .entry(seq.seq_id)
-                    .or_insert(self.seed_base ^ seq.seq_id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
-            };
-            let position = seq.num_computed_tokens + seq.new_token_ids.len() as u32;
+            let draw = self.draw(seq);
             sampled.push(SampledToken {
                 seq_id: seq.seq_id,
-                token_id: sampler::sample(&logits, &seq.sampling, seed, position),
+                token_id: draw.pick(&logits),
             });
         }
         sampled
+    }
+
+    /// How `seq` draws its next token: its seed (or the one it was given) and output position.
+    pub(super) fn draw(&mut self, seq: &crate::executor::ScheduledSeq) -> sampler::Draw {
+        let seed = match seq.sampling.seed {
+            Some(seed) => seed,
+            None => *self
+                .seeds
+                .entry(seq.seq_id)
+                .or_insert(self.seed_base ^ seq.seq_id.0.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
+        };
+        let position = seq.num_computed_tokens + seq.new_token_ids.len() as u32;
+        sampler::Draw::new(&seq.sampling, seed, position)
+    }
+
+    /// The token ending a turn: what a sequence gets when its step failed.
+    #[cfg(feature = "cuda")]
+    pub(super) fn end_of_turn(&self) -> u32 {
+        self.end_of_turn
     }
 
     /// Forgets a finished sequence's seed.

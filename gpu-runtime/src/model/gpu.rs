@@ -3,7 +3,9 @@
 //! It reads the file as the CPU model does (the same tensor checks, the same stacking of Q/K/V
 //! and gate/up), hands the f32 weights to `ringmaster_cuda::llama::GpuLlama`, which quantizes
 //! and uploads them and runs each step's batched forward pass over a paged pool in device
-//! memory, and samples on the host with the CPU executor's sampler. The block manager, prefix
+//! memory. On the second step (the default) each sampled row's draw goes with the step and the
+//! device samples with the CPU sampler's definitions; on the first (`RINGMASTER_GPU_PATH=v1`)
+//! the logits come back and the host samples with the CPU executor's sampler. The block manager, prefix
 //! cache and scheduler stay the engine's; the engine's `kv_blocks` must equal
 //! [`GpuExecutor::kv_blocks`], which is the pool it could allocate (by default 90 % of the
 //! memory free after the weights).
@@ -15,8 +17,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ringmaster_cuda::StepPath;
 use ringmaster_cuda::llama::{
-    GpuLlama, GpuSeq, HostLayer, HostLlama, HostMatrix, KvBudget, LlamaShape,
+    GpuLlama, GpuSeq, HostLayer, HostLlama, HostMatrix, KvBudget, LlamaShape, RowSampling,
 };
 
 use super::ModelError;
@@ -25,7 +28,7 @@ use super::gguf::ModelFile;
 use super::llama::{read_tensor, rope_tables};
 use super::tokenizer::GgufTokenizer;
 use crate::block::{BLOCK_SIZE, SeqId};
-use crate::executor::{Executor, StepOutcome, StepPlan};
+use crate::executor::{Executor, SampledToken, StepOutcome, StepPlan};
 use crate::tokenizer::Tokenizer;
 
 /// Share of the memory free after the weights that the KV pool takes by default.
@@ -51,11 +54,12 @@ impl GpuExecutor {
             path: display.clone(),
             why,
         };
-        let device = ringmaster_cuda::Device::open(ordinal)
-            .map_err(|e| unsupported(format!("CUDA device {ordinal}: {e}")))?;
         let mut file = ModelFile::open(path)?;
         let tokenizer = GgufTokenizer::from_file(&file).map_err(unsupported)?;
         let host = host_model(&mut file)?;
+        let device =
+            ringmaster_cuda::Device::open_for(ordinal, host.shape.head_dim, StepPath::from_env())
+                .map_err(|e| unsupported(format!("CUDA device {ordinal}: {e}")))?;
         let budget = match kv_blocks {
             Some(n) => KvBudget::Blocks(n as usize),
             None => KvBudget::FreeMemory(DEFAULT_KV_MEMORY_FRACTION),
@@ -93,6 +97,11 @@ impl GpuExecutor {
             .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
+    /// The step in use: `v2`, or `v1` with `RINGMASTER_GPU_PATH=v1`.
+    pub fn path_name(&self) -> &'static str {
+        self.model.path().name()
+    }
+
     /// How long loading took (reading, uploading, allocating the pool).
     pub fn load_time(&self) -> Duration {
         self.load_time
@@ -127,6 +136,12 @@ impl Executor for GpuExecutor {
                 logits: seq.sample,
             })
             .collect();
+        if self.model.path() == StepPath::V2 {
+            return StepOutcome {
+                sampled: self.sample_on_device(plan, &inputs),
+                duration: started.elapsed(),
+            };
+        }
         let logits = match self.model.forward(&inputs) {
             Ok(logits) => logits,
             Err(e) => {
@@ -156,6 +171,47 @@ impl Executor for GpuExecutor {
 
     fn sequence_finished(&mut self, seq_id: SeqId) {
         self.sampler.finished(seq_id);
+    }
+}
+
+impl GpuExecutor {
+    /// The second step: each sampled sequence's draw goes to the device with the step, and
+    /// only token ids come back.
+    fn sample_on_device(&mut self, plan: &StepPlan, inputs: &[GpuSeq<'_>]) -> Vec<SampledToken> {
+        let rows: Vec<RowSampling> = plan
+            .seqs
+            .iter()
+            .filter(|seq| seq.sample && !seq.new_token_ids.is_empty())
+            .map(|seq| {
+                let draw = self.sampler.draw(seq);
+                RowSampling {
+                    temperature: if draw.is_greedy() {
+                        0.0
+                    } else {
+                        draw.temperature
+                    },
+                    top_k: draw.top_k,
+                    top_p: draw.top_p,
+                    uniform: draw.uniform,
+                }
+            })
+            .collect();
+        let tokens = match self.model.sample_step(inputs, &rows) {
+            Ok(tokens) => tokens,
+            Err(e) => {
+                tracing::error!(step = plan.step, error = %e, "gpu.step_failed");
+                vec![None; plan.seqs.len()]
+            }
+        };
+        plan.seqs
+            .iter()
+            .zip(tokens)
+            .filter(|(seq, _)| seq.sample)
+            .map(|(seq, token)| SampledToken {
+                seq_id: seq.seq_id,
+                token_id: token.unwrap_or_else(|| self.sampler.end_of_turn()),
+            })
+            .collect()
     }
 }
 

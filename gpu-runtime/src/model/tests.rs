@@ -782,53 +782,87 @@ mod gpu {
         assert_eq!(host.layers.len(), 1);
         assert_eq!(host.layers[0].qkv.rows, 256 + 2 * 128);
         assert_eq!(host.embed.rows, cpu_model.config.vocab);
-        let device = match ringmaster_cuda::Device::open(0) {
-            Ok(device) => device,
-            Err(e) => {
-                eprintln!("skipping: no CUDA device ({e})");
-                return;
-            }
-        };
-        let mut gpu = ringmaster_cuda::llama::GpuLlama::load(
-            device,
-            host,
-            ringmaster_cuda::llama::KvBudget::Blocks(8),
-        )
-        .unwrap();
+        if !ringmaster_cuda::driver_present() {
+            eprintln!(
+                "skipping: no CUDA device ({})",
+                ringmaster_cuda::CudaError::NoDriver
+            );
+            return;
+        }
         let cpu = ringmaster_kernels::Cpu::new(1).unwrap();
-        let mut kv = llama::PagedKv::new(&cpu_model.config, 8);
         let tokens: Vec<u32> = (0..41u32).map(|i| i * 37 % 320).collect();
         let table = [5u32, 2, 7];
         let cpu_table: Vec<BlockId> = table.iter().map(|b| BlockId(*b)).collect();
-        // The prompt, then one decode token reading the first 40 positions from the pool.
-        for (start, end) in [(0, 40), (40, 41)] {
-            let want = cpu_model
-                .forward(
-                    &cpu,
-                    &mut kv,
-                    &[SeqInput {
-                        table: &cpu_table,
-                        start,
-                        tokens: &tokens[start..end],
-                        logits: true,
-                    }],
-                )
-                .unwrap()[0]
-                .clone()
-                .unwrap();
-            let got = gpu
-                .forward(&[GpuSeq {
+        // Both steps: the first (the baseline) and the second (cuBLAS, the new attention).
+        for path in [ringmaster_cuda::StepPath::V1, ringmaster_cuda::StepPath::V2] {
+            let device = ringmaster_cuda::Device::open_for(0, host.shape.head_dim, path).unwrap();
+            let mut gpu = ringmaster_cuda::llama::GpuLlama::load(
+                device,
+                host.clone(),
+                ringmaster_cuda::llama::KvBudget::Blocks(8),
+            )
+            .unwrap();
+            let mut kv = llama::PagedKv::new(&cpu_model.config, 8);
+            // The prompt, then one decode token reading the first 40 positions from the pool.
+            for (start, end) in [(0, 40), (40, 41)] {
+                let want = cpu_model
+                    .forward(
+                        &cpu,
+                        &mut kv,
+                        &[SeqInput {
+                            table: &cpu_table,
+                            start,
+                            tokens: &tokens[start..end],
+                            logits: true,
+                        }],
+                    )
+                    .unwrap()[0]
+                    .clone()
+                    .unwrap();
+                let seq = [GpuSeq {
                     table: &table,
                     start,
                     tokens: &tokens[start..end],
                     logits: true,
-                }])
-                .unwrap()[0]
-                .clone()
-                .unwrap();
-            assert_eq!(argmax(&got), argmax(&want), "positions {start}..{end}");
-            let c = cosine(&got, &want);
-            assert!(c > 0.99, "positions {start}..{end}: cosine {c}");
+                }];
+                let got = gpu.forward(&seq).unwrap()[0].clone().unwrap();
+                assert_eq!(argmax(&got), argmax(&want), "{path:?} {start}..{end}");
+                let c = cosine(&got, &want);
+                assert!(c > 0.99, "{path:?} {start}..{end}: cosine {c}");
+                if path != ringmaster_cuda::StepPath::V2 {
+                    continue;
+                }
+                // The sampling kernel against its Rust mirror on the same logits: the same
+                // token but for float near-ties at a boundary.
+                let mut same = 0;
+                let draws = 60;
+                for i in 0..draws {
+                    let draw = sampler::Draw {
+                        temperature: [1.0, 0.7, 0.0][i % 3],
+                        top_k: [0, 50, 5][i % 3],
+                        top_p: [1.0, 0.9, 0.5][(i / 3) % 3],
+                        uniform: sampler::uniform(i as u64, 3),
+                    };
+                    let row = ringmaster_cuda::llama::RowSampling {
+                        temperature: if draw.is_greedy() {
+                            0.0
+                        } else {
+                            draw.temperature
+                        },
+                        top_k: draw.top_k,
+                        top_p: draw.top_p,
+                        uniform: draw.uniform,
+                    };
+                    let token = gpu.sample_step(&seq, &[row]).unwrap()[0].unwrap();
+                    if token == draw.pick(&got) {
+                        same += 1;
+                    }
+                }
+                assert!(
+                    same >= draws - 1,
+                    "{same} of {draws} draws equal the mirror's"
+                );
+            }
         }
     }
 
