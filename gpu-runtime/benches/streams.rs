@@ -7,6 +7,9 @@
 //! CPU engine's sampling check (tokens/s at temperature 1 beside temperature 0, 8 streams,
 //! rounds alternating) and a dry run of everything the GPU run prints. Settings (environment):
 //! - `RINGMASTER_MODEL`: the GGUF (default: the model cache `cargo xtask model` fills).
+//! - `RINGMASTER_BENCH_SHAPES`: instead of a model, a shapes file (`examples/model_shapes.rs`):
+//!   a model of those shapes with random weights is written to a temporary file and timed
+//!   (the figures hold for the real model: every stream's length is fixed).
 //! - `RINGMASTER_BENCH_DEVICE`: `cpu` or `cuda` (default: `cuda` in a build with the feature).
 //! - `RINGMASTER_BENCH_STREAMS`: stream counts (default `1,8,32,64` on a GPU, `8` on the CPU).
 //! - `RINGMASTER_BENCH_TOKENS`: tokens per stream (default 128 on a GPU, 32 on the CPU).
@@ -42,9 +45,26 @@ fn env_one<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
-    let path = std::env::var_os("RINGMASTER_MODEL")
+    let mut path = std::env::var_os("RINGMASTER_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(default_model_path);
+    let mut _random_model = None;
+    if let Some(shapes) = std::env::var_os("RINGMASTER_BENCH_SHAPES") {
+        path = std::env::temp_dir().join(format!("ringmaster-random-{}.gguf", std::process::id()));
+        _random_model = Some(RemovedOnDrop(path.clone()));
+        let started = std::time::Instant::now();
+        ringmaster_gpu_runtime::model::synthetic::write_random(
+            std::path::Path::new(&shapes),
+            &path,
+            42,
+        )
+        .expect("writing random weights of the shapes");
+        println!(
+            "random weights of {}'s shapes written in {:.1} s",
+            PathBuf::from(shapes).display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
     if !path.is_file() {
         println!(
             "skipping: no model at {} (run `cargo xtask model`)",
@@ -99,6 +119,15 @@ fn main() {
         executor.cpu().isa().name()
     );
     bench(&settings, executor, &label, kv_blocks, false);
+}
+
+/// A temporary file, removed when the bench ends.
+struct RemovedOnDrop(PathBuf);
+
+impl Drop for RemovedOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 struct Settings {

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Prepares the GPU checks for a GPU machine without a Rust toolchain or a network (the device
-# machines lent to sessions): builds the CUDA test binaries here, in release, stripped, into
-# .gpu-bundle/ (git-ignored), with run.sh to run them there (each check under its own timeout,
-# every log and figure under $OUT; the streams bench on both steps, the first selected by
-# RINGMASTER_GPU_PATH=v1, so the baseline is re-measured on the same card). Carry `.gpu-bundle` and run
-# `.gpu-bundle/run.sh`. The SmolLM2 tests and the 32-stream bench need the model: put it at
-# .gpu-bundle/model.gguf (98 MB, over one call's 64 MiB carry: split it across two calls into
-# ignored folders, which stay while the machine is warm, and join them there); without it the
-# synthetic-model GPU test still compares the GPU forward pass with the CPU one. What worked on
-# an H200 (2026-12-04): `tar czf` the bundle (6 MB) into one carried folder with the model's
-# first 50 MB (`split -b 50000000`), the rest in a second; the first call unpacks both into
-# /tmp and runs the kernel checks, the second (sent at once: a machine stays warm 30 s) joins
-# the model and runs the rest: 1.5 minutes of device time in all.
+# machines lent to sessions): builds the CUDA test binaries and benches here, in release,
+# stripped, into .gpu-bundle/ (git-ignored) with SmolLM2's shapes (shapes.gguf, 1.8 MB: the
+# benches time random weights of those shapes, so the 98 MB model need not travel) and run.sh,
+# which runs every check under its own timeout with every log and figure under $OUT: the kernel
+# checks, both steps against the CPU forward, then the step bench and the streams bench on the
+# first step (RINGMASTER_GPU_PATH=v1, the baseline) and the second on the same card.
+#
+# One call does it (the bundle is ~10 MB):
+#   gpu-runtime/cuda/device-bundle.sh                      (here, once)
+#   run: command "cd .gpu-bundle && ./run.sh", carry [".gpu-bundle"], timeout_s 300
+# With the real model at .gpu-bundle/model.gguf (two calls' carry: split it) run.sh also checks
+# SmolLM2 against the CPU model and times the real weights.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=.gpu-bundle
@@ -28,11 +28,20 @@ for line in sys.stdin:
 }
 for exe in $( (binaries test --release -p ringmaster-cuda --lib
                binaries test --release -p ringmaster-gpu-runtime --features cuda --lib
-               binaries bench -p ringmaster-gpu-runtime --features cuda --bench streams) | sort -u); do
+               binaries bench -p ringmaster-gpu-runtime --features cuda --bench streams
+               binaries bench -p ringmaster-gpu-runtime --features cuda --bench gpu_step) | sort -u); do
   name=$(basename "$exe" | sed 's/-[0-9a-f]*$//')
   cp "$exe" "$out/$name"
   strip "$out/$name"
 done
+# The model's shapes without its weights (1.8 MB for SmolLM2): on the GPU machine the benches
+# time random weights of those shapes, so the model need not travel (98 MB, over a call's carry).
+model=${RINGMASTER_MODEL:-${RINGMASTER_MODEL_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ringmaster/models}/SmolLM2-135M-Instruct.Q4_1.gguf}
+if [ -f "$model" ]; then
+  cargo run --release --locked -q -p ringmaster-gpu-runtime --example model_shapes -- "$model" "$out/shapes.gguf"
+else
+  echo "note: no model at $model (cargo xtask model): the bundle carries no shapes, and the benches need model.gguf there"
+fi
 cat >"$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # On the GPU machine: every GPU check, each under its own timeout, failing on any skip, with
@@ -70,18 +79,26 @@ export LD_LIBRARY_PATH="$PWD/libs$dirs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-
 export RINGMASTER_REQUIRE_NVRTC=1
 check 60 kernels ./ringmaster_cuda --nocapture --test-threads 1 || { echo "the kernel checks failed: no bench"; exit 1; }
 if [ -f model.gguf ]; then
+  # The real model: its checks against the CPU model, and the benches on it.
   export RINGMASTER_MODEL="$PWD/model.gguf"
   check 120 model ./ringmaster_gpu_runtime model::tests::gpu --nocapture --test-threads 1 || { echo "the model checks failed: no bench"; exit 1; }
-  check 150 streams-v1 env RINGMASTER_GPU_PATH=v1 RINGMASTER_BENCH_STREAMS=1,32 \
-    RINGMASTER_BENCH_OUT="$out" ./streams && mv "$out/streams.json" "$out/streams-v1.json"
-  check 150 streams-v2 env RINGMASTER_GPU_PATH=v2 RINGMASTER_BENCH_STREAMS=1,8,32,64 \
-    RINGMASTER_BENCH_OUT="$out" ./streams && mv "$out/streams.json" "$out/streams-v2.json"
-  echo "== the figures"
-  grep -h "^|" "$out/streams-v1.log" "$out/streams-v2.log"
+elif [ -f shapes.gguf ]; then
+  # SmolLM2's shapes with random weights for the timing; the synthetic model for correctness.
+  export RINGMASTER_BENCH_SHAPES="$PWD/shapes.gguf"
+  check 120 model ./ringmaster_gpu_runtime model::tests::gpu::gpu_forward_matches --nocapture || { echo "the model checks failed: no bench"; exit 1; }
 else
-  echo "no model.gguf: only the synthetic-model GPU test runs"
+  echo "no model.gguf and no shapes.gguf: only the synthetic-model GPU test runs"
   check 120 model ./ringmaster_gpu_runtime model::tests::gpu::gpu_forward_matches --nocapture
+  exit $status
 fi
+check 90 step-v1 env RINGMASTER_GPU_PATH=v1 RINGMASTER_BENCH_OUT="$out" ./gpu_step
+check 90 step-v2 env RINGMASTER_GPU_PATH=v2 RINGMASTER_BENCH_OUT="$out" ./gpu_step
+check 120 streams-v1 env RINGMASTER_GPU_PATH=v1 RINGMASTER_BENCH_STREAMS=1,32 \
+  RINGMASTER_BENCH_OUT="$out" ./streams && mv "$out/streams.json" "$out/streams-v1.json"
+check 120 streams-v2 env RINGMASTER_GPU_PATH=v2 RINGMASTER_BENCH_STREAMS=1,8,32,64 \
+  RINGMASTER_BENCH_OUT="$out" ./streams && mv "$out/streams.json" "$out/streams-v2.json"
+echo "== the figures"
+grep -h "^|" "$out"/step-v1.log "$out"/step-v2.log "$out"/streams-v1.log "$out"/streams-v2.log
 exit $status
 RUN
 chmod +x "$out/run.sh"

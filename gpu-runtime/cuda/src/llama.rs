@@ -13,7 +13,7 @@
 //! kernels read. The pool is f32, sized by the caller or from the device's free memory after
 //! the weights ([`KvBudget`]). This module knows shapes and block tables, not requests.
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
 
 use crate::{CudaError, Device, DeviceDense, DeviceQ8, QK, StepPath, dim};
 
@@ -196,6 +196,32 @@ pub struct GpuLlama {
     /// The LM head dequantised (second step); `None` on the first.
     dense_head: Option<DeviceDense>,
     workspace: Option<Workspace>,
+    /// Timing events of the step being profiled (see [`GpuLlama::profile_next_step`]).
+    profile: Option<Vec<(&'static str, CudaEvent)>>,
+    /// The last profiled step's phases.
+    phases: Vec<StepPhase>,
+}
+
+/// One phase of a profiled step: device time between two events on the step's stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepPhase {
+    /// `upload`, `layers` (embedding included), `lm_head`, `sampling` or `download`.
+    pub name: &'static str,
+    /// Milliseconds.
+    pub ms: f32,
+}
+
+/// Records a timing event named `name` on `stream` when a step is being profiled.
+fn mark(
+    profile: &mut Option<Vec<(&'static str, CudaEvent)>>,
+    stream: &CudaStream,
+    name: &'static str,
+) -> Result<(), CudaError> {
+    if let Some(events) = profile {
+        let timing = cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+        events.push((name, stream.record_event(Some(timing))?));
+    }
+    Ok(())
 }
 
 /// The dense f32 values of an int8 matrix, exactly as the int8 kernels see them.
@@ -317,12 +343,42 @@ impl GpuLlama {
             weight_bytes,
             dense_head,
             workspace: None,
+            profile: None,
+            phases: Vec::new(),
         })
     }
 
     /// The step this model runs.
     pub fn path(&self) -> StepPath {
         self.device.path()
+    }
+
+    /// Times the next step's phases on the device (CUDA events between them); read them with
+    /// [`GpuLlama::last_phases`] after it. Costs a few event records: for benchmarks.
+    pub fn profile_next_step(&mut self) {
+        self.profile = Some(Vec::new());
+    }
+
+    /// The phases of the last profiled step, once it has finished.
+    pub fn last_phases(&self) -> &[StepPhase] {
+        &self.phases
+    }
+
+    /// Turns the events of a profiled step (finished: the step synchronised) into phases.
+    fn finish_profile(&mut self) -> Result<(), CudaError> {
+        let Some(events) = self.profile.take() else {
+            return Ok(());
+        };
+        self.phases = events
+            .windows(2)
+            .map(|pair| {
+                Ok(StepPhase {
+                    name: pair[1].0,
+                    ms: pair[0].1.elapsed_ms(&pair[1].1)?,
+                })
+            })
+            .collect::<Result<_, CudaError>>()?;
+        Ok(())
     }
 
     /// KV blocks in the pool.
@@ -399,6 +455,7 @@ impl GpuLlama {
                     self.enqueue_v2(&packed, &[])?;
                 }
                 self.device.stream.synchronize()?;
+                self.finish_profile()?;
                 return Ok(result);
             }
             self.enqueue_v2(&packed, &[])?;
@@ -409,7 +466,9 @@ impl GpuLlama {
             self.device
                 .stream
                 .memcpy_dtoh(&ws.logits.slice(..w * vocab), &mut host)?;
+            mark(&mut self.profile, &self.device.stream, "download")?;
             self.device.stream.synchronize()?;
+            self.finish_profile()?;
             for (row, (seq, _)) in packed.wanted.iter().enumerate() {
                 result[*seq] = Some(host[row * vocab..(row + 1) * vocab].to_vec());
             }
@@ -451,8 +510,10 @@ impl GpuLlama {
             self.device
                 .stream
                 .memcpy_dtoh(&ws.sampled.slice(..w), &mut tokens)?;
+            mark(&mut self.profile, &self.device.stream, "download")?;
         }
         self.device.stream.synchronize()?;
+        self.finish_profile()?;
         for ((seq, _), token) in packed.wanted.iter().zip(tokens) {
             result[*seq] = Some(u32::try_from(token).unwrap_or(0));
         }
@@ -520,6 +581,8 @@ impl GpuLlama {
         self.ensure_workspace(n, w, meta.len())?;
         let dev = &self.device;
         let ws = self.workspace.as_mut().expect("just made");
+        let profile = &mut self.profile;
+        mark(profile, &dev.stream, "start")?;
         dev.stream
             .memcpy_htod(&meta, &mut ws.meta.slice_mut(..meta.len()))?;
         if !sampling.is_empty() {
@@ -536,6 +599,7 @@ impl GpuLlama {
             dev.stream
                 .memcpy_htod(&top_k, &mut ws.top_k.slice_mut(..w))?;
         }
+        mark(profile, &dev.stream, "upload")?;
         let tokens = ws.meta.slice(..n);
         let positions = ws.meta.slice(n..2 * n);
         let slots = ws.meta.slice(2 * n..3 * n);
@@ -606,6 +670,7 @@ impl GpuLlama {
             let projected_r = projected.as_view();
             launch!(dev, "add", (add_blocks, 1, 1), (256, 1, 1); &mut x, &projected_r, &total);
         }
+        mark(profile, &dev.stream, "layers")?;
         if w == 0 {
             return Ok(());
         }
@@ -624,6 +689,7 @@ impl GpuLlama {
         launch!(dev, "rms_norm", (w_u, 1, 1), (32, 1, 1);
             &last_r, &self.norm, &mut normed, &di, &s.rms_eps);
         dev.gemm(head, &normed.as_view(), w, &mut logits)?;
+        mark(profile, &dev.stream, "lm_head")?;
         if !sampling.is_empty() {
             let vocab_i = dim(vocab)?;
             let temperature = sampling_buf.slice(..w);
@@ -634,6 +700,7 @@ impl GpuLlama {
             let logits_r = logits.as_view();
             launch!(dev, "sample_rows", (w_u, 1, 1), (1024, 1, 1);
                 &logits_r, &vocab_i, &temperature, &top_k, &top_p, &uniform, &mut sampled);
+            mark(profile, &dev.stream, "sampling")?;
         }
         Ok(())
     }
@@ -661,6 +728,8 @@ impl GpuLlama {
             return Ok(result);
         }
         let dev = &self.device;
+        let profile = &mut self.profile;
+        mark(profile, &dev.stream, "start")?;
         let tokens = dev.upload(&tokens)?;
         let positions = dev.upload(&positions)?;
         let slots = dev.upload(&slots)?;
@@ -681,6 +750,7 @@ impl GpuLlama {
         let total = (n * d) as i64;
         let n_i = dim(n)?;
         let add_blocks = (n * d).div_ceil(256) as u32;
+        mark(profile, &dev.stream, "upload")?;
 
         launch!(dev, "embed_q8", (rows, 1, 1), (256, 1, 1);
             &self.embed.qs, &self.embed.scales, &tokens, &mut x, &di);
@@ -706,8 +776,10 @@ impl GpuLlama {
             dev.matmul_q8(&layer.down, &act, n, &mut projected)?;
             launch!(dev, "add", (add_blocks, 1, 1), (256, 1, 1); &mut x, &projected, &total);
         }
+        mark(profile, &dev.stream, "layers")?;
         if wanted.is_empty() {
             dev.stream.synchronize()?;
+            self.finish_profile()?;
             return Ok(result);
         }
         let w = wanted.len();
@@ -722,7 +794,10 @@ impl GpuLlama {
         let vocab = head.rows();
         let mut logits = zeros(w * vocab)?;
         dev.matmul_q8(head, &normed, w, &mut logits)?;
+        mark(profile, &dev.stream, "lm_head")?;
         let logits = dev.download(&logits)?;
+        mark(profile, &dev.stream, "download")?;
+        self.finish_profile()?;
         for (i, (seq, _)) in wanted.into_iter().enumerate() {
             result[seq] = Some(logits[i * vocab..(i + 1) * vocab].to_vec());
         }

@@ -107,6 +107,12 @@ impl GpuExecutor {
         self.load_time
     }
 
+    /// The model itself, for a benchmark of the step alone: the caller owns the block tables,
+    /// so it must not be used while an engine drives this executor.
+    pub fn llama_mut(&mut self) -> &mut GpuLlama {
+        &mut self.model
+    }
+
     /// One batched forward pass outside the engine (tests, benchmarks): the caller owns the
     /// block tables, so it must not run while an engine drives this executor.
     pub fn forward(

@@ -8,7 +8,9 @@
 //! - [`llama`]: the weights (requantized to the `ringmaster-kernels` block formats) and the
 //!   forward pass over a paged KV cache, batched across a step's sequences.
 //! - `reference` (tests only): an independent F32 forward pass on candle, the oracle.
-//! - [`sampler`]: temperature, top-k, top-p and seeded sampling.
+//! - [`sampler`]: temperature, top-k, top-p and seeded sampling, without sorting.
+//! - [`synthetic`]: a model's shapes without its weights, and random weights of those shapes
+//!   (timing where the model cannot be carried).
 //! - [`executor`]: [`ModelExecutor`], the [`Executor`] that ties them together.
 //! - `gpu` (feature `cuda`): `GpuExecutor`, the same model on one CUDA GPU through
 //!   `ringmaster_cuda::llama`.
@@ -26,6 +28,7 @@ pub mod llama;
 #[cfg(test)]
 mod reference;
 pub mod sampler;
+pub mod synthetic;
 pub mod tokenizer;
 
 #[cfg(test)]

@@ -253,6 +253,68 @@ fn smollm_engine(path: &std::path::Path, name: &str) -> crate::EngineHandle {
     crate::EngineHandle::spawn_with_executor(config, executor).unwrap()
 }
 
+/// A real model's shapes carried without its weights, and random weights of those shapes that
+/// load and run with the real tokenizer (the device run's model for timing).
+#[test]
+fn a_model_of_smollm_shapes_with_random_weights_loads_and_runs() {
+    let Some(path) = model_path() else { return };
+    let dir = std::env::temp_dir().join(format!("ringmaster-shapes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let shapes = dir.join("shapes.gguf");
+    super::synthetic::write_shapes(&path, &shapes).unwrap();
+    let size = std::fs::metadata(&shapes).unwrap().len();
+    assert!(size < 4_000_000, "{size} bytes of metadata");
+    // Narrow the shapes (the real 135M weights take long in a debug build), keep the tokenizer.
+    let mut reader = std::io::BufReader::new(std::fs::File::open(&shapes).unwrap());
+    let content = gguf_file::Content::read(&mut reader).unwrap();
+    assert_eq!(
+        content.metadata["ringmaster.shapes.vocab"]
+            .to_u64()
+            .unwrap(),
+        49_152
+    );
+    let mut metadata: Vec<(String, Value)> = content.metadata.into_iter().collect();
+    for (key, value) in &mut metadata {
+        match key.as_str() {
+            "llama.embedding_length" => *value = Value::U32(64),
+            "llama.attention.head_count" => *value = Value::U32(4),
+            "llama.attention.head_count_kv" => *value = Value::U32(2),
+            "llama.feed_forward_length" => *value = Value::U32(128),
+            "llama.block_count" => *value = Value::U32(2),
+            _ => {}
+        }
+    }
+    let narrow = dir.join("narrow.gguf");
+    let refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut std::fs::File::create(&narrow).unwrap(), &refs, &[]).unwrap();
+    let model = dir.join("random.gguf");
+    super::synthetic::write_random(&narrow, &model, 7).unwrap();
+    let mut executor = ModelExecutor::load(&model, &options(8)).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        (
+            executor.model().config.hidden,
+            executor.model().config.layers
+        ),
+        (64, 2)
+    );
+    assert_eq!(executor.model().config.vocab, 49_152);
+    let prompt = chat(&executor.gguf_tokenizer().clone(), "Hello");
+    let table: Vec<crate::block::BlockId> = (0..4).map(crate::block::BlockId).collect();
+    let logits = executor
+        .forward(&[llama::SeqInput {
+            table: &table,
+            start: 0,
+            tokens: &prompt,
+            logits: true,
+        }])
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    assert_eq!(logits.len(), 49_152);
+    assert!(logits.iter().all(|v| v.is_finite()));
+}
+
 /// The device bench's harness on the CPU executor: the dry run of every figure the GPU run
 /// prints (`benches/streams.rs`), with the GPU profile's step sizing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
