@@ -74,32 +74,49 @@ impl Draw {
             let Scratch {
                 weights,
                 candidates,
+                keys,
+                kept,
             } = &mut *scratch.borrow_mut();
-            let mut floor = f32::NEG_INFINITY;
-            if self.top_k > 0 && (self.top_k as usize) < logits.len() {
-                floor = kth_largest(candidates, logits, self.top_k as usize);
-            }
-            weights.clear();
+            let top_k = (self.top_k > 0 && (self.top_k as usize) < logits.len())
+                .then(|| kth_largest(keys, logits, self.top_k as usize));
+            let nucleus = self.top_p < 1.0;
+            let Some(floor) = top_k.or_else(|| {
+                nucleus.then(|| {
+                    let total: f32 = logits.iter().map(|l| weight(*l)).sum();
+                    let values = logits.iter().copied();
+                    nucleus_floor(candidates, values, self.top_p * total, &weight)
+                })
+            }) else {
+                // No cut-off: one pass of weights, then the walk.
+                weights.clear();
+                let mut total = 0.0f32;
+                weights.extend(logits.iter().map(|l| {
+                    let w = weight(*l);
+                    total += w;
+                    w
+                }));
+                return walk(weights, self.uniform * total);
+            };
+            // A cut-off keeps few ids: gather them in vocabulary order once, and do the rest
+            // (top-p after top-k, the walk) on those.
+            kept.clear();
             let mut total = 0.0f32;
-            weights.extend(logits.iter().map(|l| {
-                let w = if *l >= floor { weight(*l) } else { 0.0 };
-                total += w;
-                w
-            }));
-            if self.top_p < 1.0 {
-                let nucleus = nucleus_floor(candidates, logits, floor, self.top_p * total, weight);
-                if nucleus > floor {
-                    floor = nucleus;
-                    total = 0.0;
-                    for (w, l) in weights.iter_mut().zip(logits) {
-                        if *l < floor {
-                            *w = 0.0;
-                        }
-                        total += *w;
-                    }
+            for (i, l) in logits.iter().enumerate() {
+                if *l >= floor {
+                    let w = weight(*l);
+                    total += w;
+                    kept.push((i as u32, *l, w));
                 }
             }
-            walk(weights, self.uniform * total)
+            if nucleus && top_k.is_some() {
+                let values = kept.iter().map(|k| k.1);
+                let nucleus = nucleus_floor(candidates, values, self.top_p * total, &weight);
+                if nucleus > floor {
+                    kept.retain(|k| k.1 >= nucleus);
+                    total = kept.iter().map(|k| k.2).sum();
+                }
+            }
+            walk_kept(kept, self.uniform * total)
         })
     }
 }
@@ -109,6 +126,10 @@ impl Draw {
 struct Scratch {
     weights: Vec<f32>,
     candidates: Vec<f32>,
+    /// Order keys of the logits (the top-k selection).
+    keys: Vec<u32>,
+    /// (id, logit, weight) of the ids a cut-off keeps, in vocabulary order.
+    kept: Vec<(u32, f32, f32)>,
 }
 
 thread_local! {
@@ -155,27 +176,60 @@ fn walk(weights: &[f32], target: f32) -> u32 {
     last as u32
 }
 
-/// The `k`-th largest value of `logits` (1 ≤ k < len), by selection.
-fn kth_largest(candidates: &mut Vec<f32>, logits: &[f32], k: usize) -> f32 {
-    candidates.clear();
-    candidates.extend_from_slice(logits);
-    *candidates
-        .select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a))
-        .1
+/// As [`walk`], over the kept ids only.
+fn walk_kept(kept: &[(u32, f32, f32)], target: f32) -> u32 {
+    let mut acc = 0.0f32;
+    let mut last = 0;
+    for (id, _, w) in kept {
+        if *w > 0.0 {
+            acc += w;
+            last = *id;
+            if acc > target {
+                return *id;
+            }
+        }
+    }
+    last
 }
 
-/// The largest logit `v ≥ floor` such that the weights of the logits `≥ v` sum to `need` or
-/// more: the largest candidates are sorted and summed, more of them each round while the sum
-/// falls short (a peaked distribution needs one round of 64).
+/// Floats as unsigned keys in the same order (the device kernel's `order_key`): selection on
+/// integers compares faster than on floats.
+fn order_key(f: f32) -> u32 {
+    let u = f.to_bits();
+    if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    }
+}
+
+fn key_value(k: u32) -> f32 {
+    f32::from_bits(if k & 0x8000_0000 != 0 {
+        k & 0x7fff_ffff
+    } else {
+        !k
+    })
+}
+
+/// The `k`-th largest value of `logits` (1 ≤ k < len), by selection.
+fn kth_largest(keys: &mut Vec<u32>, logits: &[f32], k: usize) -> f32 {
+    keys.clear();
+    keys.extend(logits.iter().map(|l| order_key(*l)));
+    let at = keys.len() - k;
+    key_value(*keys.select_nth_unstable(at).1)
+}
+
+/// The largest of `values` such that the weights of the values at or above it sum to `need`
+/// or more: the largest candidates are sorted and summed, more of them each round while the
+/// sum falls short (a peaked distribution needs one round of 64).
 fn nucleus_floor(
     candidates: &mut Vec<f32>,
-    logits: &[f32],
-    floor: f32,
+    values: impl Iterator<Item = f32>,
     need: f32,
-    weight: impl Fn(f32) -> f32,
+    weight: &impl Fn(f32) -> f32,
 ) -> f32 {
     candidates.clear();
-    candidates.extend(logits.iter().copied().filter(|l| *l >= floor));
+    candidates.extend(values);
     let by_value_down = |a: &f32, b: &f32| b.total_cmp(a);
     let mut take = NUCLEUS_FIRST_CANDIDATES;
     loop {
@@ -198,7 +252,7 @@ fn nucleus_floor(
         }
         if all {
             // Rounding left the sum short of `p` of itself: keep everything.
-            return floor;
+            return top.last().copied().unwrap_or(f32::NEG_INFINITY);
         }
         take = take.saturating_mul(8);
     }
