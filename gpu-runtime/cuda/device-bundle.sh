@@ -105,12 +105,13 @@ else
 fi
 check 90 step-v1 env RINGMASTER_GPU_PATH=v1 RINGMASTER_BENCH_OUT="$out" ./gpu_step
 check 90 step-v2 env RINGMASTER_GPU_PATH=v2 RINGMASTER_BENCH_OUT="$out" ./gpu_step
+check 90 step-v2-eager env RINGMASTER_GPU_PATH=v2 RINGMASTER_GPU_GRAPHS=0 RINGMASTER_BENCH_OUT="$out" ./gpu_step
 check 120 streams-v1 env RINGMASTER_GPU_PATH=v1 RINGMASTER_BENCH_STREAMS=1,32 \
   RINGMASTER_BENCH_OUT="$out" "${bench_env[@]}" ./streams && mv "$out/streams.json" "$out/streams-v1.json"
 check 120 streams-v2 env RINGMASTER_GPU_PATH=v2 RINGMASTER_BENCH_STREAMS=1,8,32,64 \
   RINGMASTER_BENCH_OUT="$out" "${bench_env[@]}" ./streams && mv "$out/streams.json" "$out/streams-v2.json"
 echo "== the figures"
-grep -h "^|" "$out"/step-v1.log "$out"/step-v2.log "$out"/streams-v1.log "$out"/streams-v2.log
+grep -h "^|" "$out"/step-v1.log "$out"/step-v2.log "$out"/step-v2-eager.log "$out"/streams-v1.log "$out"/streams-v2.log
 echo "exit $status"
 
 exit $status

@@ -99,6 +99,9 @@ pub enum CudaError {
     /// cuBLAS could not be loaded or refused a call.
     #[error("cuBLAS: {0}")]
     Blas(String),
+    /// Capturing a step into a CUDA graph failed (graphs are then off for the model).
+    #[error("capturing a CUDA graph: {0}")]
+    Graph(String),
 }
 
 /// Which implementation of the step runs: the first (`v1`: the int8 GEMV kernel, attention
@@ -376,8 +379,13 @@ pub struct Device {
     stream: Arc<CudaStream>,
     functions: Vec<CudaFunction>,
     blas: Option<CudaBlas>,
+    /// cuBLAS's workspace, given to it once so that a captured GEMM never allocates.
+    _blas_workspace: Option<CudaSlice<u8>>,
     path: StepPath,
 }
+
+/// Bytes of cuBLAS workspace (NVIDIA's recommendation for Hopper).
+const BLAS_WORKSPACE_BYTES: usize = 32 << 20;
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -427,10 +435,30 @@ impl Device {
             .iter()
             .map(|name| module.load_function(name))
             .collect::<Result<Vec<_>, _>>()?;
-        let blas = match path {
-            StepPath::V1 => None,
+        let (blas, blas_workspace) = match path {
+            StepPath::V1 => (None, None),
             StepPath::V2 => {
-                Some(CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(e.to_string()))?)
+                let blas =
+                    CudaBlas::new(stream.clone()).map_err(|e| CudaError::Blas(e.to_string()))?;
+                let workspace = stream.alloc_zeros::<u8>(BLAS_WORKSPACE_BYTES)?;
+                {
+                    use cudarc::driver::DevicePtr as _;
+                    let (pointer, _sync) = workspace.device_ptr(&stream);
+                    // SAFETY: the handle is live, the buffer is BLAS_WORKSPACE_BYTES of device
+                    // memory on the handle's stream and outlives the handle (both fields of
+                    // this device; `blas` is dropped first, being declared first).
+                    #[allow(unsafe_code)]
+                    unsafe {
+                        cudarc::cublas::sys::cublasSetWorkspace_v2(
+                            *blas.handle(),
+                            pointer as *mut std::ffi::c_void,
+                            BLAS_WORKSPACE_BYTES,
+                        )
+                    }
+                    .result()
+                    .map_err(|e| CudaError::Blas(format!("cublasSetWorkspace: {e:?}")))?;
+                }
+                (Some(blas), Some(workspace))
             }
         };
         Ok(Self {
@@ -438,6 +466,7 @@ impl Device {
             context,
             functions,
             blas,
+            _blas_workspace: blas_workspace,
             path,
         })
     }

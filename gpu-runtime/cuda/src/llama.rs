@@ -13,7 +13,7 @@
 //! kernels read. The pool is f32, sized by the caller or from the device's free memory after
 //! the weights ([`KvBudget`]). This module knows shapes and block tables, not requests.
 
-use cudarc::driver::{CudaEvent, CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
 
 use crate::{CudaError, Device, DeviceDense, DeviceQ8, QK, StepPath, dim};
 
@@ -144,8 +144,52 @@ struct DenseLayer {
     down: DeviceDense,
 }
 
+/// Batch sizes a decode step is padded to for a CUDA graph: one graph per size, captured the
+/// first time a step of that size runs.
+pub const DECODE_BUCKETS: [usize; 13] = [1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256];
+
+/// The smallest bucket holding `n` decodes; `None` past the largest (such a step runs eagerly).
+pub fn decode_bucket(n: usize) -> Option<usize> {
+    DECODE_BUCKETS.iter().copied().find(|b| *b >= n && n > 0)
+}
+
+/// Marks a padding row in [`Packed::wanted`]: sampled with the rest, its token dropped.
+const PADDING: usize = usize::MAX;
+
+/// `packed` (a decode step: one token per sequence, every one sampled) padded to `bucket` rows:
+/// each padding row computes token 0 at position 0 into the scratch block, which no sequence
+/// owns, so it writes nothing a sequence reads.
+fn pad_decode(packed: &Packed, bucket: usize, scratch_block: i32, block_size: i32) -> Packed {
+    let mut padded = packed.clone();
+    let table_at = padded.tables.len() as i32;
+    padded.tables.push(scratch_block);
+    for row in packed.tokens.len()..bucket {
+        padded.tokens.push(0);
+        padded.positions.push(0);
+        padded.slots.push(scratch_block * block_size);
+        padded.table_offsets.push(table_at);
+        padded.wanted.push((PADDING, row as i32));
+    }
+    padded
+}
+
+/// A captured step, kept with the model. cudarc leaves graphs `!Send` because it cannot know
+/// how they are shared; this one is only ever launched by the model that owns it, from
+/// whichever thread holds the model (one at a time), with the context bound by cudarc.
+struct StepGraph(CudaGraph);
+
+// SAFETY: see the type's documentation: the graph is moved with its model, never shared.
+#[allow(unsafe_code)]
+unsafe impl Send for StepGraph {}
+
+impl std::fmt::Debug for StepGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StepGraph")
+    }
+}
+
 /// A step's host-side metadata, packed once (the per-token loop both steps share).
-#[derive(Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct Packed {
     tokens: Vec<i32>,
     positions: Vec<i32>,
@@ -200,6 +244,15 @@ pub struct GpuLlama {
     profile: Option<Vec<(&'static str, CudaEvent)>>,
     /// The last profiled step's phases.
     phases: Vec<StepPhase>,
+    /// The block padding rows write to: one past the pool the engine sees.
+    scratch_block: usize,
+    /// Decode steps replay a CUDA graph per bucket (the second step; `RINGMASTER_GPU_GRAPHS=0`
+    /// turns it off).
+    graphs_enabled: bool,
+    /// The captured graphs, by bucket; cleared whenever the workspace is reallocated.
+    graphs: Vec<(usize, StepGraph)>,
+    /// Why capturing failed, once (graphs are off after it).
+    graph_error: Option<String>,
 }
 
 /// One phase of a profiled step: device time between two events on the step's stream.
@@ -321,7 +374,8 @@ impl GpuLlama {
                 ((free as f64 * fraction.clamp(0.0, 1.0)) as usize / block_bytes.max(1)).max(1)
             }
         };
-        let floats = blocks * s.block_size * kv_dim;
+        // One block more than the engine sees: where a padded graph step's extra rows write.
+        let floats = (blocks + 1) * s.block_size * kv_dim;
         let mut k = Vec::with_capacity(layers.len());
         let mut v = Vec::with_capacity(layers.len());
         for _ in 0..layers.len() {
@@ -345,12 +399,39 @@ impl GpuLlama {
             workspace: None,
             profile: None,
             phases: Vec::new(),
+            scratch_block: blocks,
+            graphs_enabled: dense && std::env::var("RINGMASTER_GPU_GRAPHS").as_deref() != Ok("0"),
+            graphs: Vec::new(),
+            graph_error: None,
         })
     }
 
     /// The step this model runs.
     pub fn path(&self) -> StepPath {
         self.device.path()
+    }
+
+    /// Whether decode steps replay CUDA graphs (the second step only).
+    pub fn set_graphs(&mut self, enabled: bool) {
+        self.graphs_enabled = enabled && self.path() == StepPath::V2;
+        if !self.graphs_enabled {
+            self.graphs.clear();
+        }
+    }
+
+    /// Why graphs were turned off, the first time it is asked after a failed capture.
+    pub fn take_graph_error(&mut self) -> Option<String> {
+        self.graph_error.take()
+    }
+
+    /// Whether decode steps replay CUDA graphs.
+    pub fn graphs_enabled(&self) -> bool {
+        self.graphs_enabled
+    }
+
+    /// Decode buckets with a captured graph.
+    pub fn graph_buckets(&self) -> Vec<usize> {
+        self.graphs.iter().map(|(b, _)| *b).collect()
     }
 
     /// Times the next step's phases on the device (CUDA events between them); read them with
@@ -502,7 +583,38 @@ impl GpuLlama {
         if packed.tokens.is_empty() {
             return Ok(result);
         }
-        self.enqueue_v2(&packed, sampling)?;
+        let decode_only = packed.wanted.len() == packed.tokens.len();
+        let bucket =
+            decode_bucket(packed.tokens.len()).filter(|_| self.graphs_enabled && decode_only);
+        let padded;
+        let (packed, sampling) = match bucket {
+            Some(bucket) => {
+                padded = pad_decode(
+                    &packed,
+                    bucket,
+                    dim(self.scratch_block)?,
+                    dim(self.shape.block_size)?,
+                );
+                let mut rows = sampling.to_vec();
+                rows.resize(
+                    bucket,
+                    RowSampling {
+                        temperature: 0.0,
+                        top_k: 0,
+                        top_p: 1.0,
+                        uniform: 0.0,
+                    },
+                );
+                self.upload_v2(&padded, &rows)?;
+                self.replay(bucket)?;
+                (&padded, rows)
+            }
+            None => {
+                self.enqueue_v2(&packed, sampling)?;
+                (&packed, sampling.to_vec())
+            }
+        };
+        debug_assert_eq!(sampling.len(), packed.wanted.len());
         let w = packed.wanted.len();
         let mut tokens = vec![0i32; w];
         if w > 0 {
@@ -515,9 +627,52 @@ impl GpuLlama {
         self.device.stream.synchronize()?;
         self.finish_profile()?;
         for ((seq, _), token) in packed.wanted.iter().zip(tokens) {
-            result[*seq] = Some(u32::try_from(token).unwrap_or(0));
+            if *seq != PADDING {
+                result[*seq] = Some(u32::try_from(token).unwrap_or(0));
+            }
         }
         Ok(result)
+    }
+
+    /// Runs the decode step of `bucket` rows whose inputs were just uploaded: its graph,
+    /// captured now if this is the bucket's first step. A capture that fails turns graphs off
+    /// (logged once by the caller's error) and runs the step eagerly.
+    fn replay(&mut self, bucket: usize) -> Result<(), CudaError> {
+        if self.graphs.iter().all(|(b, _)| *b != bucket) {
+            let stream = self.device.stream.clone();
+            // Events recorded inside a capture would become graph nodes: profile around it.
+            let profile = self.profile.take();
+            stream.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )?;
+            let captured = self.compute_v2(bucket, bucket, true);
+            let graph = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0));
+            self.profile = profile;
+            match (captured, graph) {
+                (Ok(()), Ok(Some(graph))) => self.graphs.push((bucket, StepGraph(graph))),
+                (captured, graph) => {
+                    // Graphs off for good, this step eagerly (its inputs are uploaded).
+                    self.graphs_enabled = false;
+                    self.graphs.clear();
+                    let why = captured
+                        .err()
+                        .map(|e| e.to_string())
+                        .or_else(|| graph.err().map(|e| e.to_string()))
+                        .unwrap_or_else(|| "the capture was empty".into());
+                    self.graph_error = Some(CudaError::Graph(why).to_string());
+                    return self.compute_v2(bucket, bucket, true);
+                }
+            }
+        }
+        let graph = &self
+            .graphs
+            .iter()
+            .find(|(b, _)| *b == bucket)
+            .expect("captured above")
+            .1;
+        graph.0.launch()?;
+        mark(&mut self.profile, &self.device.stream, "graph")?;
+        Ok(())
     }
 
     /// A workspace for `n` tokens and `w` sampled rows, reusing the current one if it fits.
@@ -537,6 +692,8 @@ impl GpuLlama {
         let qkv_dim = q_dim + 2 * s.kv_heads * s.head_dim;
         let stream = &self.device.stream;
         let floats = |len: usize| stream.alloc_zeros::<f32>(len.max(1));
+        // The graphs hold the old buffers' addresses: drop them before the buffers.
+        self.graphs.clear();
         self.workspace = None;
         self.workspace = Some(Workspace {
             capacity,
@@ -563,13 +720,18 @@ impl GpuLlama {
     /// the register-only attention, the wanted rows' logits, and (with `sampling`) the
     /// sampling kernel. Nothing waits here.
     fn enqueue_v2(&mut self, packed: &Packed, sampling: &[RowSampling]) -> Result<(), CudaError> {
-        let s = self.shape;
+        self.upload_v2(packed, sampling)?;
+        self.compute_v2(
+            packed.tokens.len(),
+            packed.wanted.len(),
+            !sampling.is_empty(),
+        )
+    }
+
+    /// The second step's uploads: the metadata in one copy, the sampling rows in two.
+    fn upload_v2(&mut self, packed: &Packed, sampling: &[RowSampling]) -> Result<(), CudaError> {
         let n = packed.tokens.len();
         let w = packed.wanted.len();
-        let (d, ffn, bs) = (s.hidden, s.ffn, s.block_size);
-        let q_dim = s.heads * s.head_dim;
-        let kv_dim = s.kv_heads * s.head_dim;
-        let qkv_dim = q_dim + 2 * kv_dim;
         // One buffer: tokens | positions | slots | table offsets | wanted rows | tables.
         let mut meta = Vec::with_capacity(5 * n + w + packed.tables.len());
         meta.extend_from_slice(&packed.tokens);
@@ -600,12 +762,31 @@ impl GpuLlama {
                 .memcpy_htod(&top_k, &mut ws.top_k.slice_mut(..w))?;
         }
         mark(profile, &dev.stream, "upload")?;
+        Ok(())
+    }
+
+    /// The second step's kernels for `n` tokens and `w` wanted rows, on what
+    /// [`GpuLlama::upload_v2`] left in the workspace (the tables run to the end of the
+    /// metadata buffer, so every pointer depends only on `n` and `w`: a graph captured for a
+    /// shape replays on any step of that shape). No allocation, no copy, no wait.
+    fn compute_v2(&mut self, n: usize, w: usize, sample: bool) -> Result<(), CudaError> {
+        let s = self.shape;
+        let (d, ffn, bs) = (s.hidden, s.ffn, s.block_size);
+        let q_dim = s.heads * s.head_dim;
+        let kv_dim = s.kv_heads * s.head_dim;
+        let qkv_dim = q_dim + 2 * kv_dim;
+        let dev = &self.device;
+        let ws = self
+            .workspace
+            .as_mut()
+            .ok_or_else(|| CudaError::Shape("no workspace: nothing was uploaded".into()))?;
+        let profile = &mut self.profile;
         let tokens = ws.meta.slice(..n);
         let positions = ws.meta.slice(n..2 * n);
         let slots = ws.meta.slice(2 * n..3 * n);
         let table_offsets = ws.meta.slice(3 * n..4 * n);
         let picked = ws.meta.slice(4 * n..4 * n + w);
-        let tables = ws.meta.slice(4 * n + w..meta.len());
+        let tables = ws.meta.slice(4 * n + w..);
         let rows = dim(n)? as u32;
         let (di, ffn_i, qkv_i) = (dim(d)?, dim(ffn)?, dim(qkv_dim)?);
         let (q_i, kv_i, hd_i) = (dim(q_dim)?, dim(kv_dim)?, dim(s.head_dim)?);
@@ -690,7 +871,7 @@ impl GpuLlama {
             &last_r, &self.norm, &mut normed, &di, &s.rms_eps);
         dev.gemm(head, &normed.as_view(), w, &mut logits)?;
         mark(profile, &dev.stream, "lm_head")?;
-        if !sampling.is_empty() {
+        if sample {
             let vocab_i = dim(vocab)?;
             let temperature = sampling_buf.slice(..w);
             let top_p = sampling_buf.slice(w..2 * w);
@@ -802,5 +983,51 @@ impl GpuLlama {
             result[seq] = Some(logits[i * vocab..(i + 1) * vocab].to_vec());
         }
         Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decode_step_pads_to_the_smallest_bucket_that_holds_it() {
+        assert_eq!(decode_bucket(0), None);
+        assert_eq!(decode_bucket(1), Some(1));
+        assert_eq!(decode_bucket(3), Some(4));
+        assert_eq!(decode_bucket(17), Some(24));
+        assert_eq!(decode_bucket(256), Some(256));
+        assert_eq!(decode_bucket(257), None);
+        for pair in DECODE_BUCKETS.windows(2) {
+            assert!(pair[0] < pair[1]);
+        }
+    }
+
+    #[test]
+    fn padding_rows_write_only_the_scratch_block_and_are_marked() {
+        let packed = Packed {
+            tokens: vec![11, 12, 13],
+            positions: vec![40, 7, 90],
+            slots: vec![5 * 16 + 8, 2 * 16 + 7, 9 * 16 + 10],
+            tables: vec![3, 5, 2, 4, 9],
+            table_offsets: vec![0, 2, 3],
+            wanted: vec![(0, 0), (1, 1), (2, 2)],
+        };
+        let padded = pad_decode(&packed, 8, 100, 16);
+        assert_eq!(padded.tokens.len(), 8);
+        assert_eq!(&padded.tokens[..3], &packed.tokens[..]);
+        assert_eq!(padded.tables, vec![3, 5, 2, 4, 9, 100]);
+        for row in 3..8 {
+            assert_eq!(padded.tokens[row], 0);
+            assert_eq!(padded.positions[row], 0);
+            assert_eq!(padded.slots[row], 100 * 16);
+            // Its one-block table is the scratch block.
+            assert_eq!(padded.tables[padded.table_offsets[row] as usize], 100);
+            assert_eq!(padded.wanted[row], (PADDING, row as i32));
+        }
+        // Every row is wanted in order: the sampled rows are the step's rows.
+        for (row, (_, at)) in padded.wanted.iter().enumerate() {
+            assert_eq!(*at, row as i32);
+        }
     }
 }

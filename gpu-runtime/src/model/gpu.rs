@@ -97,9 +97,15 @@ impl GpuExecutor {
             .unwrap_or_else(|e| format!("unknown ({e})"))
     }
 
-    /// The step in use: `v2`, or `v1` with `RINGMASTER_GPU_PATH=v1`.
+    /// The step in use: `v2` (decode steps replaying CUDA graphs), `v2-eager` (with
+    /// `RINGMASTER_GPU_GRAPHS=0`, or after a capture failed), or `v1` (with
+    /// `RINGMASTER_GPU_PATH=v1`).
     pub fn path_name(&self) -> &'static str {
-        self.model.path().name()
+        match (self.model.path(), self.model.graphs_enabled()) {
+            (StepPath::V1, _) => "v1",
+            (StepPath::V2, true) => "v2",
+            (StepPath::V2, false) => "v2-eager",
+        }
     }
 
     /// How long loading took (reading, uploading, allocating the pool).
@@ -209,6 +215,9 @@ impl GpuExecutor {
                 vec![None; plan.seqs.len()]
             }
         };
+        if let Some(why) = self.model.take_graph_error() {
+            tracing::warn!(step = plan.step, error = %why, "gpu.graphs_off");
+        }
         plan.seqs
             .iter()
             .zip(tokens)

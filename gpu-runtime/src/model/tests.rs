@@ -925,6 +925,37 @@ mod gpu {
                     "{same} of {draws} draws equal the mirror's"
                 );
             }
+            if path == ringmaster_cuda::StepPath::V2 {
+                // A batched decode padded to a graph bucket (3 rows in a bucket of 4): captured,
+                // replayed, and eager all draw the same greedy tokens.
+                let tables = [[1u32, 3, 6], [0, 4, 5], [5u32, 2, 7]];
+                let decode: Vec<GpuSeq<'_>> = tables
+                    .iter()
+                    .enumerate()
+                    .map(|(i, table)| GpuSeq {
+                        table,
+                        start: 30 + i,
+                        tokens: &tokens[i..i + 1],
+                        logits: true,
+                    })
+                    .collect();
+                let greedy = [ringmaster_cuda::llama::RowSampling {
+                    temperature: 0.0,
+                    top_k: 0,
+                    top_p: 1.0,
+                    uniform: 0.0,
+                }; 3];
+                gpu.set_graphs(false);
+                let eager = gpu.sample_step(&decode, &greedy).unwrap();
+                gpu.set_graphs(true);
+                let captured = gpu.sample_step(&decode, &greedy).unwrap();
+                assert_eq!(gpu.take_graph_error(), None);
+                assert_eq!(gpu.graph_buckets(), vec![4]);
+                let replayed = gpu.sample_step(&decode, &greedy).unwrap();
+                assert_eq!(eager, captured);
+                assert_eq!(eager, replayed);
+                assert!(eager.iter().all(Option::is_some));
+            }
         }
     }
 
