@@ -3,18 +3,20 @@
 //! Everything CUDA is loaded at run time (cudarc's dynamic loading), so this crate builds and
 //! its tests run on machines without CUDA: [`Device::open`] says clearly why there is no device
 //! (no driver library, no GPU), and [`compile_kernels`] needs only NVRTC's library (the
-//! `nvidia-cuda-nvrtc-cu12` wheel has it), so the kernel source is checked without a GPU.
+//! `nvidia-cuda-nvrtc-cu12` wheel has it), so the kernel source is checked without a GPU, down
+//! to ptxas's register and stack report ([`ptxas_report`]).
 //!
-//! - [`KERNELS`]: the CUDA C source, compiled with NVRTC when a device opens: the dequantizing
-//!   int8 matmul (weights in the CPU engine's blocks of 32 with an f32 scale), paged attention
-//!   reading K/V through block tables with an online softmax, the embedding lookup, RMS norm,
-//!   rotary embedding in place in stacked QKV rows, the K/V scatter into pool slots,
-//!   SiLU-gating, residual add and a row gather.
-//! - [`Device`]: a context, a stream and the loaded kernels, with safe wrappers that check
-//!   shapes before launching.
-//!
-//! - [`llama`]: the whole llama forward pass over a paged pool in device memory, for the
-//!   engine crate's CUDA executor.
+//! - [`KERNELS`]: the CUDA C source, compiled with NVRTC for the device's architecture and the
+//!   model's head dimension when a device opens: the embedding lookup, RMS norm, rotary
+//!   embedding in place in stacked QKV rows, the K/V scatter into pool slots, SiLU-gating,
+//!   residual add, a row gather; the second step's paged attention (accumulator in registers)
+//!   and sampling (the host sampler's definitions, only token ids out); the first step's int8
+//!   GEMV and stack-accumulator attention, kept to re-measure the baseline.
+//! - [`Device`]: a context, a stream, the loaded kernels and (second step) cuBLAS, with safe
+//!   wrappers that check shapes before launching. [`StepPath`] picks the step.
+//! - [`llama`]: the whole llama step over a paged pool in device memory, for the engine crate's
+//!   CUDA executor: cuBLAS GEMMs, one pinned metadata upload, a reused workspace, sampling on
+//!   the device, CUDA graphs for decode steps, one synchronisation.
 //!
 //! It must not schedule or know about requests; the engine crate drives it.
 

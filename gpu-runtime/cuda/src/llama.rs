@@ -1,19 +1,26 @@
-//! The llama forward pass on one GPU, over a paged KV pool in device memory.
+//! The llama step on one GPU, over a paged KV pool in device memory.
 //!
 //! The same computation as the CPU engine's `model::llama`, step for step: every sequence's new
-//! tokens are stacked into one batch of rows; each weight matrix is read once per step by the
-//! dequantizing int8 matmul; rotary embedding rotates Q and K in place inside the stacked QKV
-//! rows; every row's K and V is written into its pool slot before any attention reads, so a
-//! prompt chunk sees its own earlier tokens; attention reads K/V through the block tables, so a
-//! prefix cached in shared blocks is read, never recomputed. Only the logits the caller asks
-//! for are copied back.
+//! tokens are stacked into one batch of rows; rotary embedding rotates Q and K in place inside
+//! the stacked QKV rows; every row's K and V is written into its pool slot before any attention
+//! reads, so a prompt chunk sees its own earlier tokens; attention reads K/V through the block
+//! tables, so a prefix cached in shared blocks is read, never recomputed.
+//!
+//! Two implementations ([`StepPath`]). The second (default): cuBLAS SGEMM with M = the step's
+//! tokens on weights dequantised once at load from the same int8 values the CPU kernels use;
+//! the step's metadata and sampling rows written into one pinned buffer and copied once; a
+//! workspace allocated once and reused; attention with its accumulator in registers; sampling
+//! on the device ([`GpuLlama::sample_step`]), so only token ids come back, in the step's one
+//! synchronisation; decode steps padded to a bucket and replayed from a CUDA graph captured on
+//! the bucket's first step. The first (`v1`, the baseline measured on an H200): the int8 GEMV
+//! kernel, fresh buffers each step, logits copied back for host sampling.
 //!
 //! Weights arrive as f32 host matrices ([`HostLlama`], built by the engine crate from a GGUF
-//! file) and are quantized here to int8 blocks of 32 with one f32 scale, the layout the
-//! kernels read. The pool is f32, sized by the caller or from the device's free memory after
-//! the weights ([`KvBudget`]). This module knows shapes and block tables, not requests.
+//! file) and are quantized here to int8 blocks of 32 with one f32 scale. The pool is f32,
+//! sized by the caller or from the device's free memory after the weights ([`KvBudget`]), plus
+//! one scratch block for padding rows. This module knows shapes and block tables, not requests.
 
-use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
 
 use crate::{CudaError, Device, DeviceDense, DeviceQ8, QK, StepPath, dim};
 
@@ -188,6 +195,68 @@ impl std::fmt::Debug for StepGraph {
     }
 }
 
+/// Where each of the second step's inputs sits in its one metadata buffer, for `n` tokens and
+/// `w` wanted rows: every position depends on `n` and `w` only, so a graph captured for a
+/// shape reads the right places on every step of that shape. Sampling floats travel as their
+/// bits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct MetaLayout {
+    tokens: std::ops::Range<usize>,
+    positions: std::ops::Range<usize>,
+    slots: std::ops::Range<usize>,
+    table_offsets: std::ops::Range<usize>,
+    picked: std::ops::Range<usize>,
+    temperature: std::ops::Range<usize>,
+    top_p: std::ops::Range<usize>,
+    uniform: std::ops::Range<usize>,
+    top_k: std::ops::Range<usize>,
+    /// The tables run from here to the end of the buffer.
+    tables: usize,
+}
+
+impl MetaLayout {
+    fn new(n: usize, w: usize) -> Self {
+        let at = |i: usize, len: usize| i..i + len;
+        Self {
+            tokens: at(0, n),
+            positions: at(n, n),
+            slots: at(2 * n, n),
+            table_offsets: at(3 * n, n),
+            picked: at(4 * n, w),
+            temperature: at(4 * n + w, w),
+            top_p: at(4 * n + 2 * w, w),
+            uniform: at(4 * n + 3 * w, w),
+            top_k: at(4 * n + 4 * w, w),
+            tables: 4 * n + 5 * w,
+        }
+    }
+}
+
+/// Writes `packed` and `sampling` (empty: no sampling; greedy rows then) into `out` as
+/// [`MetaLayout`] places them; returns the length used.
+fn write_metadata(packed: &Packed, sampling: &[RowSampling], out: &mut [i32]) -> usize {
+    let layout = MetaLayout::new(packed.tokens.len(), packed.wanted.len());
+    let len = layout.tables + packed.tables.len();
+    out[layout.tokens].copy_from_slice(&packed.tokens);
+    out[layout.positions].copy_from_slice(&packed.positions);
+    out[layout.slots].copy_from_slice(&packed.slots);
+    out[layout.table_offsets].copy_from_slice(&packed.table_offsets);
+    for (o, (_, row)) in out[layout.picked].iter_mut().zip(&packed.wanted) {
+        *o = *row;
+    }
+    let bits = |f: f32| f.to_bits() as i32;
+    let row = |i: usize| sampling.get(i).copied();
+    for i in 0..packed.wanted.len() {
+        let r = row(i);
+        out[layout.temperature.start + i] = bits(r.map_or(0.0, |r| r.temperature));
+        out[layout.top_p.start + i] = bits(r.map_or(1.0, |r| r.top_p));
+        out[layout.uniform.start + i] = bits(r.map_or(0.0, |r| r.uniform));
+        out[layout.top_k.start + i] = r.map_or(0, |r| i32::try_from(r.top_k).unwrap_or(i32::MAX));
+    }
+    out[layout.tables..len].copy_from_slice(&packed.tables);
+    len
+}
+
 /// A step's host-side metadata, packed once (the per-token loop both steps share).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Packed {
@@ -217,8 +286,9 @@ struct Workspace {
     last: CudaSlice<f32>,
     normed: CudaSlice<f32>,
     logits: CudaSlice<f32>,
-    sampling: CudaSlice<f32>,
-    top_k: CudaSlice<i32>,
+    /// Pinned host memory the metadata is written into and copied from (asynchronously: the
+    /// step's one synchronisation comes after).
+    staging: PinnedHostSlice<i32>,
     sampled: CudaSlice<i32>,
 }
 
@@ -692,13 +762,14 @@ impl GpuLlama {
         let qkv_dim = q_dim + 2 * s.kv_heads * s.head_dim;
         let stream = &self.device.stream;
         let floats = |len: usize| stream.alloc_zeros::<f32>(len.max(1));
+        let meta_capacity = meta.next_power_of_two().max(4096);
         // The graphs hold the old buffers' addresses: drop them before the buffers.
         self.graphs.clear();
         self.workspace = None;
         self.workspace = Some(Workspace {
             capacity,
             rows,
-            meta: stream.alloc_zeros::<i32>(meta.next_power_of_two().max(1024))?,
+            meta: stream.alloc_zeros::<i32>(meta_capacity)?,
             x: floats(capacity * s.hidden)?,
             h: floats(capacity * s.hidden)?,
             qkv: floats(capacity * qkv_dim)?,
@@ -709,8 +780,10 @@ impl GpuLlama {
             last: floats(rows * s.hidden)?,
             normed: floats(rows * s.hidden)?,
             logits: floats(rows * s.vocab)?,
-            sampling: floats(3 * rows)?,
-            top_k: stream.alloc_zeros::<i32>(rows)?,
+            // SAFETY: `write_metadata` writes every element a step's kernels read before the
+            // copy; the rest is copied unread.
+            #[allow(unsafe_code)]
+            staging: unsafe { self.device.context.alloc_pinned::<i32>(meta_capacity)? },
             sampled: stream.alloc_zeros::<i32>(rows)?,
         });
         Ok(())
@@ -732,35 +805,15 @@ impl GpuLlama {
     fn upload_v2(&mut self, packed: &Packed, sampling: &[RowSampling]) -> Result<(), CudaError> {
         let n = packed.tokens.len();
         let w = packed.wanted.len();
-        // One buffer: tokens | positions | slots | table offsets | wanted rows | tables.
-        let mut meta = Vec::with_capacity(5 * n + w + packed.tables.len());
-        meta.extend_from_slice(&packed.tokens);
-        meta.extend_from_slice(&packed.positions);
-        meta.extend_from_slice(&packed.slots);
-        meta.extend_from_slice(&packed.table_offsets);
-        meta.extend(packed.wanted.iter().map(|(_, row)| *row));
-        meta.extend_from_slice(&packed.tables);
-        self.ensure_workspace(n, w, meta.len())?;
+        self.ensure_workspace(n, w, MetaLayout::new(n, w).tables + packed.tables.len())?;
         let dev = &self.device;
         let ws = self.workspace.as_mut().expect("just made");
         let profile = &mut self.profile;
         mark(profile, &dev.stream, "start")?;
-        dev.stream
-            .memcpy_htod(&meta, &mut ws.meta.slice_mut(..meta.len()))?;
-        if !sampling.is_empty() {
-            let mut floats = Vec::with_capacity(3 * w);
-            floats.extend(sampling.iter().map(|r| r.temperature));
-            floats.extend(sampling.iter().map(|r| r.top_p));
-            floats.extend(sampling.iter().map(|r| r.uniform));
-            let top_k: Vec<i32> = sampling
-                .iter()
-                .map(|r| i32::try_from(r.top_k).unwrap_or(i32::MAX))
-                .collect();
-            dev.stream
-                .memcpy_htod(&floats, &mut ws.sampling.slice_mut(..3 * w))?;
-            dev.stream
-                .memcpy_htod(&top_k, &mut ws.top_k.slice_mut(..w))?;
-        }
+        // Waits for the last copy out of the staging buffer (long done: every step ends in a
+        // synchronisation), then one asynchronous copy of it all.
+        write_metadata(packed, sampling, ws.staging.as_mut_slice()?);
+        dev.stream.memcpy_htod(&ws.staging, &mut ws.meta)?;
         mark(profile, &dev.stream, "upload")?;
         Ok(())
     }
@@ -781,12 +834,14 @@ impl GpuLlama {
             .as_mut()
             .ok_or_else(|| CudaError::Shape("no workspace: nothing was uploaded".into()))?;
         let profile = &mut self.profile;
-        let tokens = ws.meta.slice(..n);
-        let positions = ws.meta.slice(n..2 * n);
-        let slots = ws.meta.slice(2 * n..3 * n);
-        let table_offsets = ws.meta.slice(3 * n..4 * n);
-        let picked = ws.meta.slice(4 * n..4 * n + w);
-        let tables = ws.meta.slice(4 * n + w..);
+        let layout = MetaLayout::new(n, w);
+        let ws_meta = &ws.meta;
+        let tokens = ws_meta.slice(layout.tokens.clone());
+        let positions = ws_meta.slice(layout.positions.clone());
+        let slots = ws_meta.slice(layout.slots.clone());
+        let table_offsets = ws_meta.slice(layout.table_offsets.clone());
+        let picked = ws_meta.slice(layout.picked.clone());
+        let tables = ws_meta.slice(layout.tables..);
         let rows = dim(n)? as u32;
         let (di, ffn_i, qkv_i) = (dim(d)?, dim(ffn)?, dim(qkv_dim)?);
         let (q_i, kv_i, hd_i) = (dim(q_dim)?, dim(kv_dim)?, dim(s.head_dim)?);
@@ -806,8 +861,6 @@ impl GpuLlama {
             last,
             normed,
             logits,
-            sampling: sampling_buf,
-            top_k,
             sampled,
             ..
         } = ws;
@@ -873,10 +926,11 @@ impl GpuLlama {
         mark(profile, &dev.stream, "lm_head")?;
         if sample {
             let vocab_i = dim(vocab)?;
-            let temperature = sampling_buf.slice(..w);
-            let top_p = sampling_buf.slice(w..2 * w);
-            let uniform = sampling_buf.slice(2 * w..3 * w);
-            let top_k = top_k.slice(..w);
+            // The sampling rows' floats are read as floats by the kernel (their bits travel).
+            let temperature = ws_meta.slice(layout.temperature.clone());
+            let top_p = ws_meta.slice(layout.top_p.clone());
+            let uniform = ws_meta.slice(layout.uniform.clone());
+            let top_k = ws_meta.slice(layout.top_k.clone());
             let mut sampled = sampled.slice_mut(..w);
             let logits_r = logits.as_view();
             launch!(dev, "sample_rows", (w_u, 1, 1), (1024, 1, 1);
@@ -1029,5 +1083,52 @@ mod tests {
         for (row, (_, at)) in padded.wanted.iter().enumerate() {
             assert_eq!(*at, row as i32);
         }
+    }
+
+    #[test]
+    fn the_metadata_lands_where_the_kernels_read_it() {
+        let packed = Packed {
+            tokens: vec![11, 12, 13],
+            positions: vec![0, 1, 7],
+            slots: vec![32, 33, 39],
+            tables: vec![2, 9],
+            table_offsets: vec![0, 0, 1],
+            wanted: vec![(0, 1), (1, 2)],
+        };
+        let rows = [
+            RowSampling {
+                temperature: 0.7,
+                top_k: 40,
+                top_p: 0.9,
+                uniform: 0.25,
+            },
+            RowSampling {
+                temperature: 1.0,
+                top_k: u32::MAX,
+                top_p: 1.0,
+                uniform: 0.5,
+            },
+        ];
+        let mut out = vec![-1; 64];
+        let len = write_metadata(&packed, &rows, &mut out);
+        let layout = MetaLayout::new(3, 2);
+        assert_eq!(len, layout.tables + 2);
+        assert_eq!(&out[layout.tokens], &[11, 12, 13]);
+        assert_eq!(&out[layout.positions], &[0, 1, 7]);
+        assert_eq!(&out[layout.slots], &[32, 33, 39]);
+        assert_eq!(&out[layout.table_offsets], &[0, 0, 1]);
+        assert_eq!(&out[layout.picked], &[1, 2]);
+        let float = |i: usize| f32::from_bits(out[i] as u32);
+        assert_eq!(float(layout.temperature.start), 0.7);
+        assert_eq!(float(layout.top_p.start + 1), 1.0);
+        assert_eq!(float(layout.uniform.start), 0.25);
+        assert_eq!(&out[layout.top_k], &[40, i32::MAX]);
+        assert_eq!(&out[layout.tables..len], &[2, 9]);
+        // Without sampling rows (a forward pass only): greedy placeholders.
+        let mut bare = vec![-1; 64];
+        let len = write_metadata(&packed, &[], &mut bare);
+        assert_eq!(len, layout.tables + 2);
+        assert_eq!(bare[layout.temperature.start], 0);
+        assert_eq!(f32::from_bits(bare[layout.top_p.start] as u32), 1.0);
     }
 }
