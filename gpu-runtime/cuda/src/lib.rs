@@ -977,4 +977,117 @@ mod tests {
             assert!((have - want).abs() < 1e-3, "{have} vs {want}");
         }
     }
+
+    /// The second step's attention against the CPU kernel: several lengths (within one warp's
+    /// positions, across warps, past a block stride), GQA groups of 1 to 4, head dimensions
+    /// 64 and 128 (the split-lane path), through scattered block tables.
+    #[test]
+    fn gpu_register_attention_equals_the_cpu_kernel() {
+        for (head_dim, heads, kv_heads) in [(64, 6, 2), (64, 8, 8), (128, 8, 2)] {
+            let device = match Device::open_for(0, head_dim, StepPath::V2) {
+                Ok(device) => device,
+                Err(e) => {
+                    eprintln!("skipping: no CUDA device ({e})");
+                    return;
+                }
+            };
+            let block_size = 16usize;
+            let kv_dim = kv_heads * head_dim;
+            let blocks = 40;
+            let half = |v: Vec<f32>| -> Vec<half::f16> {
+                v.iter().map(|v| half::f16::from_f32(*v)).collect()
+            };
+            let k_half = half(values(3, blocks * block_size * kv_dim));
+            let v_half = half(values(4, blocks * block_size * kv_dim));
+            let k_pool: Vec<f32> = k_half.iter().map(|v| v.to_f32()).collect();
+            let v_pool: Vec<f32> = v_half.iter().map(|v| v.to_f32()).collect();
+            // One sequence over 38 scattered blocks; tokens at several positions.
+            let table: Vec<i32> = (0..38).map(|i| i * 7 % 40).collect();
+            let positions = [0i32, 5, 31, 32, 127, 128, 300, 600];
+            let per_token = heads * head_dim;
+            let q: Vec<f32> = values(5, positions.len() * per_token)
+                .iter()
+                .map(|v| v / 8.0)
+                .collect();
+            let cpu = ringmaster_kernels::Cpu::new(1).unwrap();
+            let cpu_shape = ringmaster_kernels::AttentionShape {
+                heads,
+                kv_heads,
+                head_dim,
+            };
+            let mut want = vec![0.0; positions.len() * per_token];
+            for (t, p) in positions.iter().enumerate() {
+                let offsets: Vec<usize> = (0..=*p as usize)
+                    .map(|p| {
+                        (table[p / block_size] as usize * block_size + p % block_size) * kv_dim
+                    })
+                    .collect();
+                cpu.attend(
+                    cpu_shape,
+                    &q[t * per_token..(t + 1) * per_token],
+                    &offsets,
+                    &k_half,
+                    &v_half,
+                    &mut Vec::new(),
+                    &mut want[t * per_token..(t + 1) * per_token],
+                );
+            }
+            let q_d = device.upload(&q).unwrap();
+            let k_d = device.upload(&k_pool).unwrap();
+            let v_d = device.upload(&v_pool).unwrap();
+            let tables = device.upload(&table).unwrap();
+            let offsets = device.upload(&vec![0i32; positions.len()]).unwrap();
+            let positions_d = device.upload(&positions).unwrap();
+            let mut out = device.upload(&vec![0.0f32; want.len()]).unwrap();
+            let ints = [heads, kv_heads, block_size, per_token].map(|n| dim(n).unwrap());
+            let launched = (|| -> Result<(), CudaError> {
+                launch!(device, "paged_attention_v2",
+                    (positions.len() as u32, heads as u32, 1), (128, 1, 1);
+                    &q_d, &k_d, &v_d, &tables, &offsets, &positions_d, &mut out,
+                    &ints[0], &ints[1], &ints[2], &ints[3]);
+                Ok(())
+            })();
+            launched.unwrap();
+            let got = device.download(&out).unwrap();
+            for (i, (have, want)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (have - want).abs() < 1e-3,
+                    "head_dim {head_dim}, GQA {heads}/{kv_heads}, value {i}: {have} vs {want}"
+                );
+            }
+        }
+    }
+
+    /// cuBLAS through [`Device::gemm`] against the CPU kernels' dequantised product.
+    #[test]
+    fn the_cublas_gemm_equals_the_cpu_product() {
+        let device = match Device::open_for(0, 64, StepPath::V2) {
+            Ok(device) => device,
+            Err(e) => {
+                eprintln!("skipping: no CUDA device ({e})");
+                return;
+            }
+        };
+        for (rows, cols, m) in [(96, 256, 1), (576, 576, 7), (1536, 576, 33)] {
+            let w = values(6, rows * cols);
+            let x = values(7, m * cols);
+            let dense = device.upload_dense(&w, rows, cols).unwrap();
+            let x_d = device.upload(&x).unwrap();
+            let mut out = device.upload(&vec![0.0f32; m * rows]).unwrap();
+            device
+                .gemm(&dense, &x_d.slice(..), m, &mut out.slice_mut(..))
+                .unwrap();
+            let got = device.download(&out).unwrap();
+            for i in 0..m {
+                for r in 0..rows {
+                    let want: f32 = (0..cols).map(|k| w[r * cols + k] * x[i * cols + k]).sum();
+                    let have = got[i * rows + r];
+                    assert!(
+                        (have - want).abs() < 1e-3 * (1.0 + want.abs()),
+                        "({rows}×{cols}, m {m}) [{i}, {r}]: {have} vs {want}"
+                    );
+                }
+            }
+        }
+    }
 }
