@@ -780,10 +780,12 @@ mod tests {
                     "head_dim {head_dim}: {kernel:?}"
                 );
                 assert!(kernel.registers > 0, "{kernel:?}");
+                eprintln!("head_dim {head_dim}: {kernel:?}");
             }
             // The check can fail: step 1's attention keeps its accumulator on the stack.
             let v1 = report.iter().find(|k| k.name == "paged_attention").unwrap();
             assert!(v1.stack_bytes > 0, "{v1:?}");
+            eprintln!("head_dim {head_dim}, the first step's: {v1:?}");
         }
     }
 
