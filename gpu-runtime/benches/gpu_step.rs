@@ -16,6 +16,7 @@ use std::time::Instant;
 use ringmaster_gpu_runtime::cuda::StepPath;
 use ringmaster_gpu_runtime::cuda::llama::{GpuLlama, GpuSeq, RowSampling};
 use ringmaster_gpu_runtime::model::sampler::Draw;
+use ringmaster_gpu_runtime::model::synthetic::TemporaryModel;
 use ringmaster_gpu_runtime::model::{GpuExecutor, default_model_path};
 
 const WARM_UP: usize = 10;
@@ -33,15 +34,6 @@ struct Point {
     /// Host sampling of the copied logits (first step only), per step.
     host_sampling_ms: f64,
     phases_ms: Vec<(&'static str, f32)>,
-}
-
-/// A removed-on-exit random model (see the streams bench).
-struct RemovedOnDrop(PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 fn quantile(sorted: &[f64], p: f64) -> f64 {
@@ -108,16 +100,13 @@ fn main() {
     let mut path = std::env::var_os("RINGMASTER_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(default_model_path);
-    let mut _random_model = None;
-    if let Some(shapes) = std::env::var_os("RINGMASTER_BENCH_SHAPES") {
-        path = std::env::temp_dir().join(format!("ringmaster-random-{}.gguf", std::process::id()));
-        _random_model = Some(RemovedOnDrop(path.clone()));
-        ringmaster_gpu_runtime::model::synthetic::write_random(
-            std::path::Path::new(&shapes),
-            &path,
-            42,
-        )
-        .expect("writing random weights of the shapes");
+    // Kept until the bench ends: its file is removed on drop.
+    let random_model = std::env::var_os("RINGMASTER_BENCH_SHAPES").map(|shapes| {
+        TemporaryModel::from_shapes(std::path::Path::new(&shapes))
+            .expect("writing random weights of the shapes")
+    });
+    if let Some(model) = &random_model {
+        path = model.path().to_owned();
     }
     if !path.is_file() {
         println!("skipping: no model at {}", path.display());

@@ -26,6 +26,7 @@
 use std::path::PathBuf;
 
 use ringmaster_gpu_runtime::measure::{StreamsFigures, StreamsRun, run_streams};
+use ringmaster_gpu_runtime::model::synthetic::TemporaryModel;
 use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
 use ringmaster_gpu_runtime::{EngineConfig, EngineHandle, Executor};
 
@@ -48,22 +49,13 @@ fn main() {
     let mut path = std::env::var_os("RINGMASTER_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(default_model_path);
-    let mut _random_model = None;
-    if let Some(shapes) = std::env::var_os("RINGMASTER_BENCH_SHAPES") {
-        path = std::env::temp_dir().join(format!("ringmaster-random-{}.gguf", std::process::id()));
-        _random_model = Some(RemovedOnDrop(path.clone()));
-        let started = std::time::Instant::now();
-        ringmaster_gpu_runtime::model::synthetic::write_random(
-            std::path::Path::new(&shapes),
-            &path,
-            42,
-        )
-        .expect("writing random weights of the shapes");
-        println!(
-            "random weights of {}'s shapes written in {:.1} s",
-            PathBuf::from(shapes).display(),
-            started.elapsed().as_secs_f64()
-        );
+    // Kept until the bench ends: its file is removed on drop.
+    let random_model = std::env::var_os("RINGMASTER_BENCH_SHAPES").map(|shapes| {
+        TemporaryModel::from_shapes(std::path::Path::new(&shapes))
+            .expect("writing random weights of the shapes")
+    });
+    if let Some(model) = &random_model {
+        path = model.path().to_owned();
     }
     if !path.is_file() {
         println!(
@@ -119,15 +111,6 @@ fn main() {
         executor.cpu().isa().name()
     );
     bench(&settings, executor, &label, kv_blocks, false);
-}
-
-/// A temporary file, removed when the bench ends.
-struct RemovedOnDrop(PathBuf);
-
-impl Drop for RemovedOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 struct Settings {

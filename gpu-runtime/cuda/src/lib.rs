@@ -703,7 +703,12 @@ mod tests {
 
     /// The GPU, or `None` with a note saying why the test is skipped.
     fn device() -> Option<Device> {
-        match Device::open(0) {
+        device_for(64, StepPath::V1)
+    }
+
+    /// The GPU opened for `head_dim` on `path`, or `None` with a note (the test skips).
+    fn device_for(head_dim: usize, path: StepPath) -> Option<Device> {
+        match Device::open_for(0, head_dim, path) {
             Ok(device) => Some(device),
             Err(e) => {
                 eprintln!("skipping: no CUDA device ({e})");
@@ -986,12 +991,8 @@ mod tests {
     #[test]
     fn gpu_register_attention_equals_the_cpu_kernel() {
         for (head_dim, heads, kv_heads) in [(64, 6, 2), (64, 8, 8), (128, 8, 2)] {
-            let device = match Device::open_for(0, head_dim, StepPath::V2) {
-                Ok(device) => device,
-                Err(e) => {
-                    eprintln!("skipping: no CUDA device ({e})");
-                    return;
-                }
+            let Some(device) = device_for(head_dim, StepPath::V2) else {
+                return;
             };
             let block_size = 16usize;
             let kv_dim = kv_heads * head_dim;
@@ -1063,12 +1064,8 @@ mod tests {
     /// cuBLAS through [`Device::gemm`] against the CPU kernels' dequantised product.
     #[test]
     fn the_cublas_gemm_equals_the_cpu_product() {
-        let device = match Device::open_for(0, 64, StepPath::V2) {
-            Ok(device) => device,
-            Err(e) => {
-                eprintln!("skipping: no CUDA device ({e})");
-                return;
-            }
+        let Some(device) = device_for(64, StepPath::V2) else {
+            return;
         };
         for (rows, cols, m) in [(96, 256, 1), (576, 576, 7), (1536, 576, 33)] {
             let w = values(6, rows * cols);

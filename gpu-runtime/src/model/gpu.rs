@@ -194,19 +194,7 @@ impl GpuExecutor {
             .seqs
             .iter()
             .filter(|seq| seq.sample && !seq.new_token_ids.is_empty())
-            .map(|seq| {
-                let draw = self.sampler.draw(seq);
-                RowSampling {
-                    temperature: if draw.is_greedy() {
-                        0.0
-                    } else {
-                        draw.temperature
-                    },
-                    top_k: draw.top_k,
-                    top_p: draw.top_p,
-                    uniform: draw.uniform,
-                }
-            })
+            .map(|seq| row_sampling(&self.sampler.draw(seq)))
             .collect();
         let tokens = match self.model.sample_step(inputs, &rows) {
             Ok(tokens) => tokens,
@@ -227,6 +215,20 @@ impl GpuExecutor {
                 token_id: token.unwrap_or_else(|| self.sampler.end_of_turn()),
             })
             .collect()
+    }
+}
+
+/// A draw as the device's sampling kernel takes it (greedy as temperature 0).
+pub(super) fn row_sampling(draw: &super::sampler::Draw) -> RowSampling {
+    RowSampling {
+        temperature: if draw.is_greedy() {
+            0.0
+        } else {
+            draw.temperature
+        },
+        top_k: draw.top_k,
+        top_p: draw.top_p,
+        uniform: draw.uniform,
     }
 }
 

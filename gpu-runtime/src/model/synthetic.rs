@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::io::BufReader;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -135,4 +135,35 @@ pub fn write_random(shapes: &Path, out: &Path, seed: u64) -> Result<(), ModelErr
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let mut writer = File::create(out).map_err(io(out))?;
     gguf_file::write(&mut writer, &metadata, &tensors).map_err(|e| load(out, e))
+}
+
+/// A model of a shapes file's shapes with random weights, in a temporary file removed when
+/// this is dropped (the benches' model where the real one could not be carried).
+#[derive(Debug)]
+pub struct TemporaryModel {
+    path: PathBuf,
+}
+
+impl TemporaryModel {
+    /// Writes random weights of `shapes`' shapes (seed 42) to a file in the temporary folder.
+    pub fn from_shapes(shapes: &Path) -> Result<Self, ModelError> {
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("ringmaster-random-{}-{n}.gguf", std::process::id()));
+        let model = Self { path };
+        write_random(shapes, &model.path, 42)?;
+        Ok(model)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TemporaryModel {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }

@@ -905,16 +905,7 @@ mod gpu {
                         top_p: [1.0, 0.9, 0.5][(i / 3) % 3],
                         uniform: sampler::uniform(i as u64, 3),
                     };
-                    let row = ringmaster_cuda::llama::RowSampling {
-                        temperature: if draw.is_greedy() {
-                            0.0
-                        } else {
-                            draw.temperature
-                        },
-                        top_k: draw.top_k,
-                        top_p: draw.top_p,
-                        uniform: draw.uniform,
-                    };
+                    let row = super::super::gpu::row_sampling(&draw);
                     let token = gpu.sample_step(&seq, &[row]).unwrap()[0].unwrap();
                     if token == draw.pick(&got) {
                         same += 1;
