@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use ringmaster_gpu_runtime::cuda::StepPath;
 use ringmaster_gpu_runtime::cuda::llama::{GpuLlama, GpuSeq, RowSampling};
+use ringmaster_gpu_runtime::model::GpuExecutor;
 use ringmaster_gpu_runtime::model::sampler::Draw;
-use ringmaster_gpu_runtime::model::synthetic::TemporaryModel;
-use ringmaster_gpu_runtime::model::{GpuExecutor, default_model_path};
+use ringmaster_gpu_runtime::model::synthetic::bench_model;
 
 const WARM_UP: usize = 10;
 const TIMED: usize = 30;
@@ -97,17 +97,8 @@ fn measure(model: &mut GpuLlama, shape: String, seqs: &[GpuSeq<'_>]) -> Point {
 }
 
 fn main() {
-    let mut path = std::env::var_os("RINGMASTER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(default_model_path);
-    // Kept until the bench ends: its file is removed on drop.
-    let random_model = std::env::var_os("RINGMASTER_BENCH_SHAPES").map(|shapes| {
-        TemporaryModel::from_shapes(std::path::Path::new(&shapes))
-            .expect("writing random weights of the shapes")
-    });
-    if let Some(model) = &random_model {
-        path = model.path().to_owned();
-    }
+    // The temporary model is kept until the bench ends: its file is removed on drop.
+    let (path, _random_model) = bench_model().expect("writing random weights of the shapes");
     if !path.is_file() {
         println!("skipping: no model at {}", path.display());
         return;

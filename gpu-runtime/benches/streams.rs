@@ -26,8 +26,8 @@
 use std::path::PathBuf;
 
 use ringmaster_gpu_runtime::measure::{StreamsFigures, StreamsRun, run_streams};
-use ringmaster_gpu_runtime::model::synthetic::TemporaryModel;
-use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
+use ringmaster_gpu_runtime::model::synthetic::bench_model;
+use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions};
 use ringmaster_gpu_runtime::{EngineConfig, EngineHandle, Executor};
 
 fn env_list<T: std::str::FromStr>(name: &str, default: &str) -> Vec<T> {
@@ -46,17 +46,8 @@ fn env_one<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 fn main() {
-    let mut path = std::env::var_os("RINGMASTER_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(default_model_path);
-    // Kept until the bench ends: its file is removed on drop.
-    let random_model = std::env::var_os("RINGMASTER_BENCH_SHAPES").map(|shapes| {
-        TemporaryModel::from_shapes(std::path::Path::new(&shapes))
-            .expect("writing random weights of the shapes")
-    });
-    if let Some(model) = &random_model {
-        path = model.path().to_owned();
-    }
+    // The temporary model is kept until the bench ends: its file is removed on drop.
+    let (path, _random_model) = bench_model().expect("writing random weights of the shapes");
     if !path.is_file() {
         println!(
             "skipping: no model at {} (run `cargo xtask model`)",

@@ -167,3 +167,17 @@ impl Drop for TemporaryModel {
         let _ = std::fs::remove_file(&self.path);
     }
 }
+
+/// The model a bench times: random weights of `RINGMASTER_BENCH_SHAPES`'s shapes when that is
+/// set, else `RINGMASTER_MODEL`, else the model cache's. Keep the [`TemporaryModel`] until the
+/// bench ends (its file goes with it).
+pub fn bench_model() -> Result<(PathBuf, Option<TemporaryModel>), ModelError> {
+    if let Some(shapes) = std::env::var_os("RINGMASTER_BENCH_SHAPES") {
+        let model = TemporaryModel::from_shapes(Path::new(&shapes))?;
+        return Ok((model.path().to_owned(), Some(model)));
+    }
+    let path = std::env::var_os("RINGMASTER_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(super::default_model_path);
+    Ok((path, None))
+}
