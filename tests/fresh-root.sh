@@ -24,7 +24,9 @@
 # chroot does not own), which failed the run there; tests/deploy/image.sh now probes for that
 # and says so. The steps after it (agents, status page, dashboards, fuzzing, soak) took 4 min
 # in a warm .ci/run here, a few more cold (npm, Chromium, Prometheus): about 35 min in all, not
-# measured whole.
+# measured whole. At 7c19210 (2026-12-07, issue 42's CPU side: the sampler, the second GPU
+# step, the streams and step benches) it passed whole in 1,883 s (31.4 min; the image step
+# skipped by its probe, the network-fault tests skipped: the chroot cannot enter a namespace).
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
