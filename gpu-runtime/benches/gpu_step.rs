@@ -15,6 +15,7 @@ use std::time::Instant;
 
 use ringmaster_gpu_runtime::cuda::StepPath;
 use ringmaster_gpu_runtime::cuda::llama::{GpuLlama, GpuSeq, RowSampling};
+use ringmaster_gpu_runtime::measure::quantile;
 use ringmaster_gpu_runtime::model::GpuExecutor;
 use ringmaster_gpu_runtime::model::sampler::Draw;
 use ringmaster_gpu_runtime::model::synthetic::bench_model;
@@ -34,10 +35,6 @@ struct Point {
     /// Host sampling of the copied logits (first step only), per step.
     host_sampling_ms: f64,
     phases_ms: Vec<(&'static str, f32)>,
-}
-
-fn quantile(sorted: &[f64], p: f64) -> f64 {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 /// Runs `seqs` as one step `WARM_UP + TIMED` times, then once profiled.

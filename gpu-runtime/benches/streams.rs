@@ -127,17 +127,22 @@ fn bench<E: Executor>(settings: &Settings, executor: E, label: &str, kv_blocks: 
         rounds,
     } = settings;
     println!("{} on {label}, {kv_blocks} KV blocks", path.display());
-    let mut config = EngineConfig {
+    let base = EngineConfig {
         max_running: (settings.most() as u32).max(1),
+        kv_blocks,
         ..EngineConfig::simulated("streams-bench")
-    }
-    .sized_for_gpu();
-    config.kv_blocks = kv_blocks;
-    if !gpu {
-        // The CPU worker's profile: 512-token steps.
-        config.step_token_budget = 512.max(config.max_running);
-        config.prefill_tokens_while_decoding = 512;
-    }
+    };
+    // The GPU's step profile, or the CPU worker's (512-token steps, the default prefill cap);
+    // no modelled clock on either: step durations are measured.
+    let config = if gpu {
+        base.sized_for_gpu()
+    } else {
+        EngineConfig {
+            step_token_budget: 512.max(base.max_running),
+            time_scale: 0.0,
+            ..base
+        }
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

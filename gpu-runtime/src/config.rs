@@ -55,15 +55,21 @@ impl EngineConfig {
     }
 
     /// The step sized for a model on a GPU: a [`GPU_STEP_TOKEN_BUDGET`]-token step (at least
-    /// `max_running`), of which everything the decodes leave may go to prefill, and no modelled
-    /// clock (a GPU step's duration is measured wall time, already spent). With the simulated
-    /// H100's 8,192-token budget and 512-token prefill cap, a step that decodes can hold at most
-    /// 6.6 % of its budget, so the batch utilisation could never say whether the GPU is full;
-    /// here a step under load holds its whole budget.
-    pub fn sized_for_gpu(mut self) -> Self {
-        self.step_token_budget = GPU_STEP_TOKEN_BUDGET.max(self.max_running);
-        self.prefill_tokens_while_decoding =
-            self.step_token_budget - self.max_running.min(self.step_token_budget - 1);
+    /// `max_running`) with [`EngineConfig::gpu_step`]'s rules. With the simulated H100's
+    /// 8,192-token budget and 512-token prefill cap, a step that decodes can hold at most 6.6 %
+    /// of its budget, so the batch utilisation could never say whether the GPU is full; here a
+    /// step under load holds its whole budget.
+    pub fn sized_for_gpu(self) -> Self {
+        let budget = GPU_STEP_TOKEN_BUDGET.max(self.max_running);
+        self.gpu_step(budget)
+    }
+
+    /// A step of `budget` tokens for a model on a GPU: everything the decodes leave may go to
+    /// prefill (at least one token), and no modelled clock (a GPU step's duration is measured
+    /// wall time, already spent). A budget under `max_running` fails [`Self::validate`].
+    pub fn gpu_step(mut self, budget: u32) -> Self {
+        self.step_token_budget = budget;
+        self.prefill_tokens_while_decoding = budget.saturating_sub(self.max_running).max(1);
         self.time_scale = 0.0;
         self
     }

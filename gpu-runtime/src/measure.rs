@@ -207,8 +207,8 @@ async fn one_stream(
     })
 }
 
-/// The `p`-quantile of sorted values (nearest rank).
-fn quantile(sorted: &[f64], p: f64) -> f64 {
+/// The `p`-quantile of sorted values (nearest rank; 0 for none).
+pub fn quantile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -598,34 +598,35 @@ impl GpuLlama {
     /// sequence, its last token's logits when it asked for them (either step; the second
     /// copies back only the wanted rows).
     pub fn forward(&mut self, seqs: &[GpuSeq<'_>]) -> Result<Vec<Option<Vec<f32>>>, CudaError> {
-        if self.path() == StepPath::V2 {
-            let packed = self.pack(seqs)?;
-            let mut result = vec![None; seqs.len()];
-            if packed.tokens.is_empty() || packed.wanted.is_empty() {
-                if !packed.tokens.is_empty() {
-                    self.enqueue_v2(&packed, &[])?;
-                }
-                self.device.stream.synchronize()?;
-                self.finish_profile()?;
-                return Ok(result);
-            }
-            self.enqueue_v2(&packed, &[])?;
-            let w = packed.wanted.len();
-            let vocab = self.shape.vocab;
+        match self.path() {
+            StepPath::V2 => self.forward_v2(seqs),
+            StepPath::V1 => self.forward_v1(seqs),
+        }
+    }
+
+    /// The second step's forward pass, the wanted rows' logits copied back.
+    fn forward_v2(&mut self, seqs: &[GpuSeq<'_>]) -> Result<Vec<Option<Vec<f32>>>, CudaError> {
+        let packed = self.pack(seqs)?;
+        let mut result = vec![None; seqs.len()];
+        if packed.tokens.is_empty() {
+            return Ok(result);
+        }
+        self.enqueue_v2(&packed, &[])?;
+        let (w, vocab) = (packed.wanted.len(), self.shape.vocab);
+        let mut host = vec![0.0f32; w * vocab];
+        if w > 0 {
             let ws = self.workspace.as_ref().expect("enqueue_v2 made it");
-            let mut host = vec![0.0f32; w * vocab];
             self.device
                 .stream
                 .memcpy_dtoh(&ws.logits.slice(..w * vocab), &mut host)?;
             mark(&mut self.profile, &self.device.stream, "download")?;
-            self.device.stream.synchronize()?;
-            self.finish_profile()?;
-            for (row, (seq, _)) in packed.wanted.iter().enumerate() {
-                result[*seq] = Some(host[row * vocab..(row + 1) * vocab].to_vec());
-            }
-            return Ok(result);
         }
-        self.forward_v1(seqs)
+        self.device.stream.synchronize()?;
+        self.finish_profile()?;
+        for (row, (seq, _)) in packed.wanted.iter().enumerate() {
+            result[*seq] = Some(host[row * vocab..(row + 1) * vocab].to_vec());
+        }
+        Ok(result)
     }
 
     /// The second step whole: the forward pass, then each wanted row's token drawn on the

@@ -54,12 +54,14 @@ impl GpuExecutor {
             path: display.clone(),
             why,
         };
+        // The header says the head dimension the kernels are compiled for: the device opens
+        // (or says why it cannot) before the weights are read.
         let mut file = ModelFile::open(path)?;
+        let device =
+            ringmaster_cuda::Device::open_for(ordinal, file.config.head_dim, StepPath::from_env())
+                .map_err(|e| unsupported(format!("CUDA device {ordinal}: {e}")))?;
         let tokenizer = GgufTokenizer::from_file(&file).map_err(unsupported)?;
         let host = host_model(&mut file)?;
-        let device =
-            ringmaster_cuda::Device::open_for(ordinal, host.shape.head_dim, StepPath::from_env())
-                .map_err(|e| unsupported(format!("CUDA device {ordinal}: {e}")))?;
         let budget = match kv_blocks {
             Some(n) => KvBudget::Blocks(n as usize),
             None => KvBudget::FreeMemory(DEFAULT_KV_MEMORY_FRACTION),

@@ -95,7 +95,10 @@ impl Draw {
                     total += w;
                     w
                 }));
-                return walk(weights, self.uniform * total);
+                return walk(
+                    weights.iter().enumerate().map(|(i, w)| (i as u32, *w)),
+                    self.uniform * total,
+                );
             };
             // A cut-off keeps few ids: gather them in vocabulary order once, and do the rest
             // (top-p after top-k, the walk) on those.
@@ -116,7 +119,7 @@ impl Draw {
                     total = kept.iter().map(|k| k.2).sum();
                 }
             }
-            walk_kept(kept, self.uniform * total)
+            walk(kept.iter().map(|k| (k.0, k.2)), self.uniform * total)
         })
     }
 }
@@ -159,33 +162,17 @@ pub fn uniform(seed: u64, position: u32) -> f32 {
     (bits >> 40) as f32 / (1u32 << 24) as f32
 }
 
-/// The first index whose running weight exceeds `target`; the last weighted one if rounding
-/// leaves the target past the sum.
-fn walk(weights: &[f32], target: f32) -> u32 {
+/// The first id whose running weight exceeds `target` over (id, weight) in vocabulary order;
+/// the last weighted one if rounding leaves the target past the sum.
+fn walk(weighted: impl Iterator<Item = (u32, f32)>, target: f32) -> u32 {
     let mut acc = 0.0f32;
     let mut last = 0;
-    for (i, w) in weights.iter().enumerate() {
-        if *w > 0.0 {
+    for (id, w) in weighted {
+        if w > 0.0 {
             acc += w;
-            last = i;
+            last = id;
             if acc > target {
-                return i as u32;
-            }
-        }
-    }
-    last as u32
-}
-
-/// As [`walk`], over the kept ids only.
-fn walk_kept(kept: &[(u32, f32, f32)], target: f32) -> u32 {
-    let mut acc = 0.0f32;
-    let mut last = 0;
-    for (id, _, w) in kept {
-        if *w > 0.0 {
-            acc += w;
-            last = *id;
-            if acc > target {
-                return *id;
+                return id;
             }
         }
     }

@@ -647,13 +647,10 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
         }
         Some(ordinal) => {
             let executor = load_gpu(&path, ordinal, args.kv_blocks)?;
-            config = config.sized_for_gpu();
-            if let Some(budget) = args.step_token_budget {
-                config.step_token_budget = budget;
-                config.prefill_tokens_while_decoding = config
-                    .prefill_tokens_while_decoding
-                    .min(budget.saturating_sub(config.max_running).max(1));
-            }
+            config = match args.step_token_budget {
+                Some(budget) => config.gpu_step(budget),
+                None => config.sized_for_gpu(),
+            };
             config.kv_blocks = executor.0;
             executor.1
         }

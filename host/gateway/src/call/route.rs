@@ -17,7 +17,7 @@ use super::Call;
 use crate::metrics::{DecisionLabels, FaultLabels, OutcomeLabels, VariantLabel};
 use crate::state::Gateway;
 use crate::track::{Observation, Tracker};
-use ringmaster_slots::router::{RouteOutcome, Routed};
+use ringmaster_slots::router::{RouteOutcome, Routed, RouterSlot};
 
 impl Call {
     /// Phase 3: see the module's documentation.
@@ -31,21 +31,18 @@ impl Call {
         let routing_started = Instant::now();
         // A spill-over pool is routed on its own ring: the router's policies choose among the
         // model's own servers (and may have declined there).
-        let outcome = if self.spilled.is_some() {
-            gateway.router.route_natively(
-                &gateway.pool,
-                &self.pool,
-                (&self.input, self.chat()),
-                &self.policy,
-            )
+        let route = if self.spilled.is_some() {
+            RouterSlot::route_natively
         } else {
-            gateway.router.route(
-                &gateway.pool,
-                &self.pool,
-                (&self.input, self.chat()),
-                &self.policy,
-            )
+            RouterSlot::route
         };
+        let outcome = route(
+            &gateway.router,
+            &gateway.pool,
+            &self.pool,
+            (&self.input, self.chat()),
+            &self.policy,
+        );
         let routed = match outcome {
             RouteOutcome::Routed(routed) => *routed,
             RouteOutcome::Rejected { variant, reason } => {
