@@ -145,6 +145,20 @@ pub struct Demands {
     pub headers: Vec<(String, String)>,
 }
 
+/// How many of the last generation requests [`FakeUpstream::received`] keeps.
+pub const KEPT_RECEIVED: usize = 256;
+
+/// One generation request as the fake server got it.
+#[derive(Clone, Debug)]
+pub struct Received {
+    /// Its path (`/v1/chat/completions`).
+    pub path: String,
+    /// Its headers.
+    pub headers: http::HeaderMap,
+    /// Its body.
+    pub body: Bytes,
+}
+
 /// A running fake server; it stops when dropped.
 #[derive(Debug)]
 pub struct FakeUpstream {
@@ -158,6 +172,9 @@ pub struct FakeUpstream {
     pub last_request: Arc<std::sync::Mutex<Bytes>>,
     /// Each generation request's `traceparent` header, in order of arrival.
     pub traceparents: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    /// The last [`KEPT_RECEIVED`] generation requests' paths, headers and bodies, in order of
+    /// arrival.
+    pub received: Arc<std::sync::Mutex<Vec<Received>>>,
     /// What `GET /metrics` answers (Prometheus text); `None`: no such endpoint.
     pub metrics: Arc<std::sync::Mutex<Option<String>>>,
     /// What `GET /v1/models` lists: ids with their `parent` (a LoRA adapter's base model).
@@ -192,6 +209,7 @@ impl FakeUpstream {
         let requests = Arc::new(AtomicUsize::new(0));
         let last_request = Arc::new(std::sync::Mutex::new(Bytes::new()));
         let traceparents = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let received = Arc::new(std::sync::Mutex::new(Vec::new()));
         let metrics = Arc::new(std::sync::Mutex::new(None));
         let models = Arc::new(std::sync::Mutex::new(vec![("fake".to_owned(), None)]));
         let state = State {
@@ -199,6 +217,7 @@ impl FakeUpstream {
             connections: connections.clone(),
             last_request: last_request.clone(),
             traceparents: traceparents.clone(),
+            received: received.clone(),
             metrics: metrics.clone(),
             models: models.clone(),
         };
@@ -263,6 +282,7 @@ impl FakeUpstream {
             requests,
             last_request,
             traceparents,
+            received,
             metrics,
             models,
             unauthorized,
@@ -298,6 +318,14 @@ impl FakeUpstream {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
         serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The last [`KEPT_RECEIVED`] generation requests received.
+    pub fn received(&self) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// `http://127.0.0.1:PORT`.
@@ -383,6 +411,7 @@ struct State {
     connections: Arc<AtomicUsize>,
     last_request: Arc<std::sync::Mutex<Bytes>>,
     traceparents: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+    received: Arc<std::sync::Mutex<Vec<Received>>>,
 }
 
 /// vLLM's runtime LoRA endpoints (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`): a load adds the adapter
@@ -614,10 +643,12 @@ async fn answer(
         connections,
         last_request,
         traceparents,
+        received,
         metrics,
         models,
     } = state;
     let path = req.uri().path().to_owned();
+    let headers = req.headers().clone();
     let traceparent = req
         .headers()
         .get("traceparent")
@@ -686,6 +717,20 @@ async fn answer(
     *last_request
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner) = body.clone();
+    {
+        let mut received = received
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A benchmark sends this server millions of requests: the tests need the last few.
+        if received.len() >= KEPT_RECEIVED {
+            received.remove(0);
+        }
+        received.push(Received {
+            path: path.clone(),
+            headers,
+            body: body.clone(),
+        });
+    }
     if path == "/v1/messages" {
         let streamed = serde_json::from_slice::<anthropic::Request<'_>>(&body)
             .ok()

@@ -11,7 +11,11 @@
 //! [`EngineHandle::spawn`] starts the engine on the current tokio runtime and returns a cheap,
 //! cloneable handle. [`EngineHandle::submit`] tokenizes a request in the caller's task, rejects
 //! one that can never fit, and returns a [`GenerationStream`] of [`GenerateEvent`]s:
-//! `Started`, then `Token`s, then `Finished`. [`EngineHandle::load`] reads the last published
+//! `Started`, then `Token`s, then `Finished`. A request that offers tools is refused
+//! ([`EngineError::ToolsUnsupported`]) unless the executor simulates tool calls
+//! ([`Executor::simulates_tool_calls`]); then, where the simulated model calls a tool, the
+//! `Token`s are `ToolCall` pieces of that call instead, one per generated token, and
+//! `Finished` says [`FinishReason::ToolCalls`]. [`EngineHandle::load`] reads the last published
 //! [`LoadReport`] without waiting for the engine.
 //!
 //! # The loop
@@ -48,11 +52,13 @@ use tracing::{debug, info, warn};
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::block::{BlockHash, KvEvent, SeqId, blocks_for};
-use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan};
+use crate::executor::{Executor, SampledToken, SimExecutor, StepOutcome, StepPlan, sim_tools};
 use crate::generation::GenerationStream;
-use crate::handoff::KvHandoff;
+use crate::handoff::{ImportRefusal, KvContents, KvHandoff};
 use crate::output::OutputText;
-use crate::request::{ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams};
+use crate::request::{
+    ChatMessage, FinishReason, GenerateEvent, GenerateRequest, SamplingParams, ToolCall,
+};
 use crate::scheduler::{
     ADMISSION_HEADROOM_BLOCKS, NewSequence, Schedule, Scheduler, SchedulerConfig,
 };
@@ -98,6 +104,8 @@ struct HandleInner {
     tokenizer: Arc<dyn Tokenizer>,
     kv_blocks: u32,
     max_positions: Option<usize>,
+    /// The executor answers tools as the simulated model does; else they are refused.
+    simulates_tool_calls: bool,
     submissions: mpsc::UnboundedSender<Submission>,
     shared: Arc<Shared>,
     next_seq: AtomicU64,
@@ -126,6 +134,8 @@ struct Submission {
     /// A decode of a prompt another engine prefilled: its blocks, registered before it is
     /// admitted.
     import: Option<KvHandoff>,
+    /// The simulated model's answer is this tool call, not text.
+    tool_call: Option<ToolCall>,
 }
 
 impl EngineHandle {
@@ -147,6 +157,7 @@ impl EngineHandle {
         })?;
         let tokenizer = executor.tokenizer();
         let max_positions = executor.max_positions();
+        let simulates_tool_calls = executor.simulates_tool_calls();
         let shared = Arc::new(Shared {
             load: Mutex::new(LoadReport {
                 kv_blocks_total: config.kv_blocks,
@@ -184,6 +195,7 @@ impl EngineHandle {
                 tokenizer,
                 kv_blocks: config.kv_blocks,
                 max_positions,
+                simulates_tool_calls,
                 submissions: tx,
                 shared,
                 next_seq: AtomicU64::new(0),
@@ -248,7 +260,7 @@ impl EngineHandle {
         if inner.submissions.is_closed() {
             return Err(EngineError::Stopped);
         }
-        if request.tools.is_some() {
+        if request.tools.is_some() && !inner.simulates_tool_calls {
             return Err(EngineError::ToolsUnsupported);
         }
         if request.messages.iter().any(|m| !m.images.is_empty()) {
@@ -307,10 +319,20 @@ impl EngineHandle {
             return Ok(stream);
         }
         let prompt_bytes: Vec<u8> = prompt.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let prompt_fingerprint = xxh3_64(&prompt_bytes);
+        // A raw prompt has no conversation to call a tool in.
+        let tool_call = match (&request.tools, &request.prompt) {
+            (Some(offer), None) => sim_tools::plan(
+                offer,
+                &request.messages,
+                prompt_fingerprint ^ request.sampling.seed.unwrap_or(0),
+            ),
+            _ => None,
+        };
         let submission = Submission {
             seq_id: SeqId(inner.next_seq.fetch_add(1, Ordering::Relaxed)),
             request_id: request.request_id,
-            prompt_fingerprint: xxh3_64(&prompt_bytes),
+            prompt_fingerprint,
             prompt,
             max_tokens: request.max_tokens,
             stop_sequences: request.stop_sequences,
@@ -319,6 +341,7 @@ impl EngineHandle {
             events: tx,
             export,
             import,
+            tool_call,
         };
         inner.shared.inbox.fetch_add(1, Ordering::Relaxed);
         if inner.submissions.send(submission).is_err() {
@@ -385,6 +408,12 @@ impl EngineHandle {
             .len()
     }
 
+    /// Whether the engine takes requests that offer tools: its executor simulates the calls
+    /// ([`Executor::simulates_tool_calls`]). An engine that does not refuses them.
+    pub fn simulates_tool_calls(&self) -> bool {
+        self.inner.simulates_tool_calls
+    }
+
     /// The engine's tokenizer: what a router needs to compute a prompt's block hashes.
     pub fn tokenizer(&self) -> &Arc<dyn Tokenizer> {
         &self.inner.tokenizer
@@ -428,6 +457,8 @@ struct Counters {
     loaded_step_tokens_total: u64,
     loaded_step_capacity_tokens_total: u64,
     decode_ready_total: u64,
+    /// Handoffs refused, by [`ImportRefusal`].
+    kv_import_refused: HashMap<ImportRefusal, u64>,
 }
 
 #[derive(Debug)]
@@ -444,6 +475,8 @@ struct Request {
     output: OutputText,
     /// Where a prefill's KV cache goes when it finishes.
     export: Option<oneshot::Sender<KvHandoff>>,
+    /// The simulated model's tool call, sent in place of the generated text.
+    tool_call: Option<CallOutput>,
 }
 
 struct Engine {
@@ -606,7 +639,7 @@ impl Engine {
         let prompt_tokens = saturating_u32(s.prompt.len());
         debug!(engine = %self.name, request_id = %s.request_id, seq = %s.seq_id, prompt_tokens, "request.queued");
         if let Some(handoff) = &s.import {
-            self.import(&s.request_id, handoff);
+            self.import(&s.request_id, &s.prompt, handoff);
         }
         let ignore_eos = s.sampling.ignore_eos;
         self.scheduler.add(NewSequence {
@@ -629,19 +662,44 @@ impl Engine {
                 started: false,
                 output: OutputText::new(&s.stop_sequences),
                 export: s.export,
+                tool_call: s.tool_call.map(|call| CallOutput::new(call, s.max_tokens)),
             },
         );
     }
 
     /// Registers a prefill's blocks (another engine's) in the prefix cache and writes their
-    /// contents, before the request that brought them is queued.
-    fn import(&mut self, request_id: &str, handoff: &KvHandoff) {
+    /// contents, before the request that brought them is queued; a handoff that is not the
+    /// request's own `prompt` or not of this executor's shape is refused whole and counted
+    /// ([`KvHandoff::verify`]), and the prompt is computed here.
+    fn import(&mut self, request_id: &str, prompt: &[u32], handoff: &KvHandoff) {
         let Some(executor) = self.executor.as_mut() else {
             return;
         };
-        if !executor.accepts(&handoff.contents) {
-            debug!(engine = %self.name, request_id, "request.kv_not_imported");
-            return;
+        let checked = handoff.verify(prompt).and_then(|()| {
+            match (&handoff.contents, executor.accepts(&handoff.contents)) {
+                (_, true) => Ok(true),
+                // Nothing to import: the prefill's executor could not read its blocks out.
+                (KvContents::Unavailable, false) => Ok(false),
+                (_, false) => Err(ImportRefusal::Shape),
+            }
+        });
+        match checked {
+            Ok(true) => {}
+            Ok(false) => {
+                debug!(engine = %self.name, request_id, "request.kv_not_imported");
+                return;
+            }
+            Err(reason) => {
+                *self.counters.kv_import_refused.entry(reason).or_default() += 1;
+                warn!(
+                    engine = %self.name,
+                    request_id,
+                    reason = reason.as_str(),
+                    blocks = handoff.blocks.len(),
+                    "request.kv_import_refused"
+                );
+                return;
+            }
         }
         let written = self.scheduler.import_blocks(&handoff.blocks);
         executor.import_blocks(&written, &handoff.contents);
@@ -736,7 +794,11 @@ impl Engine {
                 cached_tokens: r.cached_tokens,
             });
         }
-        let reason = if !r.ignore_eos && self.tokenizer.is_end_of_turn(token.token_id) {
+        let reason = if let Some(call) = r.tool_call.as_mut() {
+            // Each generated token carries the next piece of the call, whatever its text.
+            let _ = r.events.send(call.next_piece());
+            call.is_done().then_some(FinishReason::ToolCalls)
+        } else if !r.ignore_eos && self.tokenizer.is_end_of_turn(token.token_id) {
             send_text(&r.events, r.output.flush());
             Some(FinishReason::EndOfTurn)
         } else {
@@ -824,6 +886,14 @@ impl Engine {
         }
     }
 
+    fn refused(&self, reason: ImportRefusal) -> u64 {
+        self.counters
+            .kv_import_refused
+            .get(&reason)
+            .copied()
+            .unwrap_or(0)
+    }
+
     fn publish(&self) {
         let blocks = self.scheduler.blocks();
         let stats = self.scheduler.stats();
@@ -851,6 +921,9 @@ impl Engine {
             loaded_step_tokens_total: self.counters.loaded_step_tokens_total,
             loaded_step_capacity_tokens_total: self.counters.loaded_step_capacity_tokens_total,
             decode_ready_total: self.counters.decode_ready_total,
+            kv_import_refused_hash: self.refused(ImportRefusal::Hash),
+            kv_import_refused_tokens: self.refused(ImportRefusal::Tokens),
+            kv_import_refused_shape: self.refused(ImportRefusal::Shape),
         };
         *self
             .shared
@@ -863,6 +936,62 @@ impl Engine {
 fn send_text(events: &mpsc::UnboundedSender<GenerateEvent>, text: String) {
     if !text.is_empty() {
         let _ = events.send(GenerateEvent::Token { text });
+    }
+}
+
+/// About how many characters of a call's arguments one generated token carries, as a
+/// model's tokenizer splits JSON: the call takes about as many tokens as a model would spend
+/// on it, and streams in as many pieces.
+const SIM_CALL_CHARS_PER_TOKEN: usize = 4;
+
+/// A tool call being streamed: one piece per generated token, the id and the name with the
+/// first, the arguments' text spread over all of them.
+#[derive(Debug)]
+struct CallOutput {
+    id: String,
+    name: String,
+    /// The arguments' text, cut into the pieces still to send (last first).
+    pieces: Vec<String>,
+    started: bool,
+}
+
+impl CallOutput {
+    /// `call`, in at most `max_tokens` pieces: a call never ends at `max_tokens` half
+    /// written, as an agent could not run it.
+    fn new(call: ToolCall, max_tokens: u32) -> Self {
+        let chars: Vec<char> = call.arguments.chars().collect();
+        let tokens = (max_tokens as usize).max(1);
+        let per_piece = SIM_CALL_CHARS_PER_TOKEN.max(chars.len().div_ceil(tokens));
+        let mut pieces: Vec<String> = chars
+            .chunks(per_piece)
+            .map(|c| c.iter().collect())
+            .collect();
+        if pieces.is_empty() {
+            pieces.push(String::new());
+        }
+        pieces.reverse();
+        Self {
+            id: call.id,
+            name: call.name,
+            pieces,
+            started: false,
+        }
+    }
+
+    /// The next piece's event.
+    fn next_piece(&mut self) -> GenerateEvent {
+        let first = !std::mem::replace(&mut self.started, true);
+        GenerateEvent::ToolCall {
+            index: 0,
+            id: first.then(|| self.id.clone()),
+            name: first.then(|| self.name.clone()),
+            arguments: self.pieces.pop().unwrap_or_default(),
+        }
+    }
+
+    /// Whether every piece was sent.
+    fn is_done(&self) -> bool {
+        self.pieces.is_empty()
     }
 }
 

@@ -35,9 +35,12 @@ pub enum EngineError {
     /// The prompt has no tokens (an empty raw prompt). Rejected at submit.
     #[error("the prompt is empty")]
     EmptyPrompt,
-    /// The request offers tools, which an in-process engine cannot run (it has no tool-call
-    /// parser). Rejected at submit.
-    #[error("tool use is not supported by in-process engines")]
+    /// The request offers tools, which an engine running a model cannot serve (its models
+    /// have no tool-calling chat template nor a parser of the calls; simulated servers take
+    /// tools). Rejected at submit.
+    #[error(
+        "tool use is not supported by Ringmaster's model engines (simulated servers take tools)"
+    )]
     ToolsUnsupported,
     /// A message shows images, which an in-process engine cannot read (its models read
     /// text). Rejected at submit.

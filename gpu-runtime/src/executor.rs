@@ -26,7 +26,9 @@
 //! fingerprint, the sampling seed and the output position, so a given prompt and seed always
 //! produce the same reply, even after preemption and recompute. The reply ends with
 //! `<|im_end|>` after a length in [[`SIM_MIN_REPLY_TOKENS`], [`SIM_MAX_REPLY_TOKENS`]) derived
-//! the same way.
+//! the same way. It takes tools, too ([`Executor::simulates_tool_calls`]): the engine answers
+//! a request that offers them with a call where the simulated model would make one
+//! ([`sim_tools`] holds the rule), streamed over the tokens this executor generates.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,6 +40,8 @@ use crate::cost::SimCostModel;
 use crate::handoff::KvContents;
 use crate::request::SamplingParams;
 use crate::tokenizer::{IM_END, SIM_WORDS, SimTokenizer, Tokenizer};
+
+pub mod sim_tools;
 
 /// Whether a scheduled sequence computes part of its prompt or one decode token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,6 +159,15 @@ pub trait Executor: Send + 'static {
         None
     }
 
+    /// Whether the engine answers requests that offer tools as the simulated model does
+    /// ([`sim_tools`]: text, or a call when one is forced or named). Defaults to `false`: the
+    /// engine refuses such requests with [`crate::EngineError::ToolsUnsupported`], as a model
+    /// executor needs a tool-calling chat template and a parser of the calls, which this
+    /// crate's models have not.
+    fn simulates_tool_calls(&self) -> bool {
+        false
+    }
+
     /// Called when a sequence leaves the engine for good (finished or cancelled), so that an
     /// executor keeping per-sequence state can drop it. Defaults to doing nothing.
     fn sequence_finished(&mut self, _seq_id: SeqId) {}
@@ -238,6 +251,11 @@ impl SimExecutor {
 }
 
 impl Executor for SimExecutor {
+    // No model, so no template stands in the way: the calls are as deterministic as the text.
+    fn simulates_tool_calls(&self) -> bool {
+        true
+    }
+
     // A simulated cache holds nothing: a handoff moves only the modelled bytes.
     fn export_blocks(&self, _blocks: &[BlockId]) -> KvContents {
         KvContents::Modelled

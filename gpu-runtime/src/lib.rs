@@ -76,7 +76,7 @@ pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
 pub use generation::{EventSource, GenerationStream, RelayState};
-pub use handoff::{KvContents, KvHandoff};
+pub use handoff::{ImportRefusal, KvContents, KvHandoff};
 pub use request::{
     ChatMessage, Effort, FinishReason, GenerateEvent, GenerateRequest, Image, OutputFormat, Role,
     SamplingParams, ToolCall, ToolChoice, ToolOffer, ToolSpec,

@@ -32,8 +32,8 @@ pub struct GenerateRequest {
     /// Scheduling priority, 0 = lowest (the admission policy's verdict). When the KV cache
     /// runs out, the lowest-priority running sequence is preempted first.
     pub priority: u8,
-    /// Tools the model may call (`None`: none offered). Only remote servers take them; a
-    /// local engine refuses a request that offers any.
+    /// Tools the model may call (`None`: none offered). Remote servers and the simulated
+    /// executor take them; an engine running a model refuses a request that offers any.
     pub tools: Option<Box<ToolOffer>>,
     /// How hard a reasoning model thinks (`None`: the server's default). Only remote servers
     /// with reasoning are told.
@@ -51,7 +51,8 @@ pub enum FinishReason {
     MaxTokens,
     /// The output contained this stop sequence.
     StopSequence(String),
-    /// The model called a tool (a remote server's `tool_calls`).
+    /// The model called a tool (a remote server's `tool_calls`, or the simulated model's
+    /// call).
     ToolCalls,
     /// The server's own content filter stopped the reply (a remote server's `content_filter`).
     ContentFilter,
@@ -80,8 +81,9 @@ pub enum GenerateEvent {
         /// The text, possibly spanning several tokens (or a part of one).
         text: String,
     },
-    /// A piece of a tool call (a remote server's `tool_calls` delta): the first piece of each
-    /// call carries its id and name, every piece a part of its arguments' JSON text.
+    /// A piece of a tool call (a remote server's `tool_calls` delta, or the simulated model's
+    /// call, one piece per generated token): the first piece of each call carries its id and
+    /// name, every piece a part of its arguments' JSON text.
     ToolCall {
         /// Which call of the turn (0 for the first).
         index: u32,

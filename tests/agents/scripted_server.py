@@ -1,14 +1,20 @@
 """A scripted OpenAI chat-completions server for the coding-agent tests: no model, a script.
 
 Asked with a shell tool on offer and no tool result yet, it calls that tool once (streamed as
-vLLM streams calls, or whole) to print a marker; asked with the tool's result, it answers
-with a sentence that quotes what the tool printed. Anything else (an agent's side requests:
-titles, summaries) gets a short text answer. It reports prompt tokens and, for a prompt that
-begins as an earlier one began, the shared part as cached (by whole 64-byte blocks of the
-rendered prompt), so a test can see a conversation keep its cache. Every request it got is
-kept with its cached tokens, for the test to read at /requests.
+vLLM streams calls, or whole) to print the product of two numbers it was started with
+(`echo $((A * B))`): the product is in no prompt, so only a command that really ran can
+bring it back. Asked with the tool's result, it answers with a sentence that quotes what the
+tool printed. Anything else (an agent's side requests: titles, summaries) gets a short text
+answer.
 
-Run: python3 scripted_server.py PORT MARKER
+It renders each prompt as a server's chat template would (the leading system messages, then
+the tools, then the conversation) and reports prompt tokens (4 characters each) and, for a
+prompt that begins as an earlier one began, the shared part as cached, by whole 64-character
+blocks, so a test can see how much of a conversation's prompt stayed cached. Every request it
+got is kept with its rendered prompt, the length of the prompt's head (its system prompt and
+tools) and its cached tokens, for the test to read at /requests.
+
+Run: python3 scripted_server.py PORT A B
 """
 
 import http.server
@@ -19,32 +25,49 @@ import time
 
 # The shell tools the agents offer: Claude Code's and Codex's.
 SHELL_TOOLS = {"Bash": "command", "exec_command": "cmd", "shell": "command"}
+# Cached prompts are counted by whole blocks of this many characters, as engines count whole
+# KV blocks; a token is this many characters.
 BLOCK = 64
+CHARS_PER_TOKEN = 4
 
 
 class State:
-    def __init__(self, marker):
-        self.marker = marker
+    def __init__(self, a, b):
+        # The command the script asks for: its output is computed by the shell, not copied.
+        self.command = f"echo $(({a} * {b}))"
         self.requests = []
         self.prompts = []
         self.lock = threading.Lock()
 
 
+def text_of(content):
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content or ""
+
+
 def rendered(body):
-    """The prompt as one string, as a server would render it (roles and text in order)."""
+    """The prompt as one string, as a server's chat template lays it out: the leading system
+    messages, the tools, then the rest of the conversation (roles and text in order); and the
+    length of its head, the system prompt and tools every turn of a conversation repeats."""
     parts = []
-    for message in body.get("messages", []):
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-        parts.append(f"{message.get('role')}:{content or ''}")
+    messages = body.get("messages", [])
+    at = 0
+    while at < len(messages) and messages[at].get("role") == "system":
+        parts.append(f"system:{text_of(messages[at].get('content'))}")
+        at += 1
+    if body.get("tools"):
+        parts.append("tools:" + json.dumps(body["tools"], sort_keys=True))
+    head = len("\n".join(parts))
+    for message in messages[at:]:
+        parts.append(f"{message.get('role')}:{text_of(message.get('content'))}")
         for call in message.get("tool_calls") or []:
             parts.append(json.dumps(call.get("function", {}), sort_keys=True))
-    return "\n".join(parts)
+    return "\n".join(parts), head
 
 
 def cached_tokens(state, prompt):
-    """Tokens (4 bytes each) of `prompt`'s longest block-aligned prefix seen before."""
+    """Tokens of `prompt`'s longest block-aligned prefix seen before."""
     best = 0
     with state.lock:
         for earlier in state.prompts:
@@ -54,7 +77,7 @@ def cached_tokens(state, prompt):
                 n += BLOCK
             best = max(best, n)
         state.prompts.append(prompt)
-    return best // 4
+    return best // CHARS_PER_TOKEN
 
 
 def shell_tool(body):
@@ -68,10 +91,7 @@ def shell_tool(body):
 def tool_output(body):
     for message in body.get("messages", []):
         if message.get("role") == "tool":
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return content or ""
+            return text_of(message.get("content"))
     return None
 
 
@@ -103,12 +123,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(length) or b"{}")
         if self.path != "/v1/chat/completions":
             return self.send_json(404, {"error": {"message": f"no {self.path}", "type": "not_found"}})
-        prompt = rendered(body)
+        prompt, head = rendered(body)
         cached = cached_tokens(self.state, prompt)
         with self.state.lock:
-            self.state.requests.append({"body": body, "cached_tokens": cached})
+            self.state.requests.append(
+                {"at": time.time(), "body": body, "prompt": prompt, "head": head, "cached_tokens": cached}
+            )
         usage = {
-            "prompt_tokens": max(1, len(prompt) // 4),
+            "prompt_tokens": max(1, len(prompt) // CHARS_PER_TOKEN),
             "completion_tokens": 8,
             "prompt_tokens_details": {"cached_tokens": cached},
         }
@@ -117,7 +139,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         output = tool_output(body)
         if shell and output is None:
             name, argument = shell
-            arguments = json.dumps({argument: f"echo {self.state.marker}"})
+            arguments = json.dumps({argument: self.state.command})
             return self.answer(body, None, (name, arguments), usage)
         if output is not None:
             text = f"The tool printed: {output.strip()}"
@@ -173,8 +195,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
 
 def main():
-    port, marker = int(sys.argv[1]), sys.argv[2]
-    Handler.state = State(marker)
+    port, a, b = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    Handler.state = State(a, b)
     server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     server.serve_forever()

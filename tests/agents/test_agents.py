@@ -1,9 +1,13 @@
 """The coding agents people run, through Ringmaster: Claude Code (`claude -p`) and the Codex CLI
 (`codex exec`), headless, each completing a tool loop in front of a scripted server (it asks
-for one shell call, then answers with what the call printed); a Claude Code turn through a
-llama-cpp-python server on SmolLM2; a multi-turn Claude Code conversation whose later turns
-find their prompt cached on the server they reach; and every request the agents sent in
-these runs, replayed with random unknown fields added, still served.
+for one shell call that computes a number no prompt holds, then answers with what the call
+printed, so the number reaches the agent's answer only if the command ran); a Claude Code
+turn through a llama-cpp-python server on SmolLM2; a multi-turn Claude Code conversation,
+its billing line new on every request as the interactive build sends it, whose later turns
+find their whole system prompt and tools cached on the server they reach, and the same
+conversation through a gateway without the hygiene (`volatile_prefix = []`), whose later
+turns do not (the check can fail); and every request the agents sent in these runs, replayed
+with random unknown fields added, still served.
 
 tests/run installs the pinned agents (tests/agents/package.json) once into a cache and runs
 this module inside a network namespace that holds only loopback (`unshare -n`), so the agents
@@ -28,11 +32,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
 
 from gateway import free_port, running  # noqa: E402
 
-from capture_proxy import CaptureProxy  # noqa: E402
+from capture_proxy import CaptureProxy, FreshBillingLine  # noqa: E402
+from scripted_server import BLOCK, CHARS_PER_TOKEN, SHELL_TOOLS, text_of  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODEL = "scripted"
-MARKER = "RINGMASTER-TOOL-OK-7f3a"
 API_KEY = "sk-ringmaster-agent-test"
 AGENT_TIMEOUT_S = 180
 
@@ -60,13 +64,17 @@ def isolated():
 
 
 class Scripted:
-    """One scripted OpenAI-compatible server on a free loopback port."""
+    """One scripted OpenAI-compatible server on a free loopback port. Its shell call prints the
+    product of two numbers drawn here (`product`): digits that no prompt holds."""
 
     def __init__(self):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        a, b = random.randrange(100_003, 999_983), random.randrange(100_003, 999_983)
+        self.command = f"echo $(({a} * {b}))"
+        self.product = str(a * b)
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "scripted_server.py"), str(self.port), MARKER],
+            [sys.executable, os.path.join(HERE, "scripted_server.py"), str(self.port), str(a), str(b)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -81,6 +89,8 @@ class Scripted:
                 time.sleep(0.05)
 
     def requests(self):
+        """What it was asked, in order: each request's body, rendered prompt, head (the
+        length of its system prompt and tools) and cached tokens."""
         with urllib.request.urlopen(self.url + "/requests", timeout=5) as r:
             return json.load(r)
 
@@ -153,7 +163,30 @@ def metric(url, name, **labels):
     return total
 
 
-PROMPT = f"Run the shell command `echo {MARKER}` and tell me what it printed."
+PROMPT = "Multiply the two numbers with the shell and tell me what it printed."
+
+
+def tool_results(request):
+    """The tool results a request the scripted server got carries."""
+    return [text_of(m.get("content")) for m in request["body"]["messages"] if m.get("role") == "tool"]
+
+
+def assert_the_command_ran(server, out):
+    """The shell call's computed output, which no prompt held before the tool ran, reached
+    the server as the tool's result and the agent's answer: echoing the prompt cannot pass."""
+    got = server.requests()
+    product = server.product
+    assert product not in PROMPT and product not in server.command, (product, server.command)
+    asked = [r for r in got if not tool_results(r)]
+    assert asked and all(product not in r["prompt"] for r in asked), product
+    # Nor did the call the agent made, as the server got it back, hold it.
+    calls = [(c.get("function") or {}).get("arguments") or "" for r in got
+             for m in r["body"]["messages"] for c in m.get("tool_calls") or []]
+    assert calls and all(product not in c for c in calls), (product, calls)
+    results = [text for r in got for text in tool_results(r)]
+    assert any(product in text for text in results), (product, results)
+    assert product in out, (product, out)
+    return got
 
 
 def test_claude_code_runs_a_tool_through_the_gateway():
@@ -163,7 +196,7 @@ def test_claude_code_runs_a_tool_through_the_gateway():
         with running(gateway_config([server.url])) as url, tempfile.TemporaryDirectory() as home:
             proxy = CaptureProxy(int(url.rsplit(":", 1)[1]))
             out = claude(bin_dir, home, home, proxy.url, PROMPT)
-            assert f"The tool printed: {MARKER}" in out, out
+            assert f"The tool printed: {server.product}" in out, out
             sent = proxy.requests("/v1/messages")
             CAPTURED.extend(sent)
             proxy.close()
@@ -172,10 +205,8 @@ def test_claude_code_runs_a_tool_through_the_gateway():
             first = json.loads(sent[0]["body"])
             assert "context_management" in first and "thinking" in first, sorted(first)
             assert "context_management" in (sent[0]["dropped"] or ""), sent[0]["dropped"]
-            got = server.requests()
+            got = assert_the_command_ran(server, out)
             assert len(got) >= 2, got
-            calls = [m for r in got for m in r["body"]["messages"] if m.get("role") == "tool"]
-            assert any(MARKER in (m.get("content") or "") for m in calls), calls
             for request in got:
                 body = request["body"]
                 # Strict in what it sends: nothing the client did not ask for or the API lacks.
@@ -193,16 +224,14 @@ def test_codex_runs_a_tool_through_the_responses_door():
         with running(gateway_config([server.url])) as url, tempfile.TemporaryDirectory() as home:
             proxy = CaptureProxy(int(url.rsplit(":", 1)[1]))
             out = codex(bin_dir, home, home, proxy.url, PROMPT)
-            assert MARKER in out and "The tool printed" in out, out
+            assert "The tool printed" in out, out
             sent = proxy.requests("/v1/responses")
             CAPTURED.extend(sent)
             proxy.close()
             assert len(sent) >= 2 and all(c["status"] == 200 for c in sent), [(c["path"], c["status"]) for c in sent]
             first = json.loads(sent[0]["body"])
             assert first["store"] is False and first["prompt_cache_key"], sorted(first)
-            got = server.requests()
-            calls = [m for r in got for m in r["body"]["messages"] if m.get("role") == "tool"]
-            assert any(MARKER in (m.get("content") or "") for m in calls), calls
+            assert_the_command_ran(server, out)
             # The session is the prompt cache key: every turn of the run reached one server.
             assert len({c["server"] for c in sent}) == 1
             assert metric(url, "ringmaster_dropped_fields_total", door="responses", field="tools.web_search") >= 1
@@ -210,12 +239,19 @@ def test_codex_runs_a_tool_through_the_responses_door():
         server.stop()
 
 
-def test_a_claude_code_conversation_finds_its_prompt_cached_on_the_server_it_reaches():
-    bin_dir = agents_dir()
+def claude_conversation(bin_dir, routing=""):
+    """Three `claude -p` runs of one conversation (the first with a tool call) through a
+    gateway in front of two scripted servers, configured with `routing` besides, each request's
+    billing line given a `cch=` of its own on the way (the interactive build's). Returns the
+    Messages requests sent, the conversation's own requests as the servers got them in the
+    order they came (those that offer the shell tool: an agent's side requests are left
+    out), the billing lines written, and the gateway's cached-tokens metric."""
     servers = [Scripted(), Scripted()]
+    fresh = FreshBillingLine()
     try:
-        with running(gateway_config([s.url for s in servers])) as url, tempfile.TemporaryDirectory() as home:
-            proxy = CaptureProxy(int(url.rsplit(":", 1)[1]))
+        with running(gateway_config([s.url for s in servers]) + routing) as url, \
+                tempfile.TemporaryDirectory() as home:
+            proxy = CaptureProxy(int(url.rsplit(":", 1)[1]), rewrite=fresh)
             cwd = os.path.join(home, "project")
             os.makedirs(cwd)
             claude(bin_dir, home, cwd, proxy.url, PROMPT)
@@ -224,19 +260,57 @@ def test_a_claude_code_conversation_finds_its_prompt_cached_on_the_server_it_rea
             sent = proxy.requests("/v1/messages")
             CAPTURED.extend(sent)
             proxy.close()
-            turns = [c for c in sent if c["status"] == 200]
-            assert len(turns) >= 4, [(c["status"], c["server"]) for c in sent]
-            assert len({c["server"] for c in turns}) == 1, [c["server"] for c in turns]
-            answered = [r for s in servers for r in s.requests()]
-            # Every request after the first found the conversation's prompt (system prompt,
-            # tools, earlier turns) already held: the billing line, new on every request, is
-            # taken out, so nothing changes at the start of the prompt.
-            cached = [r["cached_tokens"] for r in answered]
-            assert all(c > 0 for c in cached[1:]), cached
-            assert metric(url, "ringmaster_prefix_cached_tokens_total", door="messages") > 0
+            cached_metric = metric(url, "ringmaster_prefix_cached_tokens_total", door="messages")
+        answered = sorted((r for s in servers for r in s.requests()), key=lambda r: r["at"])
     finally:
         for server in servers:
             server.stop()
+    turns = [r for r in answered if any((t.get("function") or {}).get("name") in SHELL_TOOLS
+                                        for t in r["body"].get("tools") or [])]
+    # Every Messages request carried a billing line, each one new: none can be found cached.
+    assert len(fresh.lines) == len(sent) and len(set(fresh.lines)) == len(sent), (len(fresh.lines), len(sent))
+    assert len(turns) >= 4, [(c["status"], c["server"]) for c in sent]
+    return sent, turns, fresh.lines, cached_metric
+
+
+def head_blocks(request):
+    """The cached tokens that cover a request's system prompt and tools: the head's whole
+    blocks, as the scripted server counts what it finds cached."""
+    return request["head"] // BLOCK * BLOCK // CHARS_PER_TOKEN
+
+
+def test_a_claude_code_conversation_finds_its_system_prompt_and_tools_cached_on_the_server_it_reaches():
+    sent, turns, _, cached_metric = claude_conversation(agents_dir())
+    assert all(c["status"] == 200 for c in sent), [(c["status"], c["dropped"]) for c in sent]
+    assert len({c["server"] for c in sent}) == 1, [c["server"] for c in sent]
+    # The gateway took the line out: no server saw one, and every turn's head (system prompt
+    # and tools) is the first turn's, byte for byte.
+    assert not any("x-anthropic-billing-header" in r["prompt"] for r in turns)
+    first = turns[0]
+    assert head_blocks(first) >= 100, first["head"]
+    for request in turns[1:]:
+        assert request["prompt"][: request["head"]] == first["prompt"][: first["head"]]
+        # Every later turn found at least its whole system prompt and tools already held.
+        assert request["cached_tokens"] >= head_blocks(request), (request["cached_tokens"], head_blocks(request))
+    assert cached_metric >= sum(head_blocks(r) for r in turns[1:]), cached_metric
+
+
+def test_without_the_hygiene_the_same_conversation_misses_its_system_prompt():
+    # The check above, on a gateway that keeps the billing line (`volatile_prefix = []`):
+    # the line, new on every request, leads every prompt, so no later turn finds more than
+    # the blocks before its `cch=` cached. Were this to pass the check above, the check could
+    # not tell the hygiene from its absence.
+    sent, turns, lines, _ = claude_conversation(agents_dir(), "[routing]\nvolatile_prefix = []\n")
+    assert all(c["status"] == 200 for c in sent), [(c["status"], c["dropped"]) for c in sent]
+    # The session (metadata.user_id) still holds every turn to one server: what the turns
+    # miss below is that server's cache, not another server's.
+    assert len({c["server"] for c in sent}) == 1, [c["server"] for c in sent]
+    # The servers saw the line, a different one on every turn.
+    seen = [[line for line in lines if line in r["prompt"]] for r in turns]
+    assert all(len(found) == 1 for found in seen), seen
+    assert len({found[0] for found in seen}) == len(turns), seen
+    for request in turns[1:]:
+        assert request["cached_tokens"] < head_blocks(request), (request["cached_tokens"], head_blocks(request))
 
 
 def test_a_claude_code_turn_through_llama_cpp_python():

@@ -100,15 +100,27 @@ async fn scoped_tokens_are_refused_past_their_scope_and_every_change_is_audited(
         .await
         .unwrap();
     assert_eq!(unknown.status(), 401);
-    // The trail: each change (refused ones too), newest first, by name; never a read.
+    // Guessing goes on: recorded once per address and interval, saying how many it stands for.
+    for _ in 0..3 {
+        let guess = call(
+            "not-a-token-at-all-001",
+            Method::DELETE,
+            "/admin/servers/gpu-0",
+        )
+        .send()
+        .await
+        .unwrap();
+        assert_eq!(guess.status(), 401);
+    }
+    // The trail: each change (refused ones too) and the first refused token, newest first,
+    // by name and address; never a read.
     let audit = gw.admin_json(Method::GET, "/admin/audit").await;
-    let seen: Vec<(&str, &str, &str, u64)> = audit["entries"]
-        .as_array()
-        .unwrap()
+    let entries = audit["entries"].as_array().unwrap();
+    let seen: Vec<(Option<&str>, &str, &str, u64)> = entries
         .iter()
         .map(|e| {
             (
-                e["token"].as_str().unwrap(),
+                e["token"].as_str(),
                 e["method"].as_str().unwrap(),
                 e["path"].as_str().unwrap(),
                 e["status"].as_u64().unwrap(),
@@ -118,10 +130,30 @@ async fn scoped_tokens_are_refused_past_their_scope_and_every_change_is_audited(
     assert_eq!(
         seen,
         [
-            ("ops", "PUT", "/admin/policies/router?variant=new", 403),
-            ("ops", "POST", "/admin/servers", 201),
-            ("dashboards", "POST", "/admin/servers", 403),
+            (None, "GET", "/admin/servers", 401),
+            (
+                Some("ops"),
+                "PUT",
+                "/admin/policies/router?variant=new",
+                403
+            ),
+            (Some("ops"), "POST", "/admin/servers", 201),
+            (Some("dashboards"), "POST", "/admin/servers", 403),
         ],
+        "{audit}"
+    );
+    for entry in entries {
+        assert!(
+            entry["address"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("127.0.0.1:")),
+            "{entry}"
+        );
+    }
+    // What the change was made to.
+    assert_eq!(
+        entries[2]["object"],
+        json!({"server": {"id": "gpu-7", "address": "sim://gpu-7"}}),
         "{audit}"
     );
     assert!(
@@ -648,5 +680,79 @@ async fn keys_and_tenants_change_without_a_restart_under_the_operate_scope() {
     assert!(
         paths.contains(&"/admin/tenants") && paths.contains(&"/admin/keys"),
         "{audit}"
+    );
+    // Each names what it changed: the tenant, the key by id with its tenant (a removed key
+    // too, looked up before it went).
+    let objects: Vec<&Value> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["status"].as_u64().unwrap() < 300)
+        .map(|e| &e["object"])
+        .collect();
+    assert_eq!(objects[0], &json!({"tenant": "acme"}), "{audit}");
+    assert_eq!(
+        objects[1],
+        &json!({"key": {"id": id, "tenant": "acme"}}),
+        "{audit}"
+    );
+    assert!(
+        objects.contains(&&json!({"key": {"id": id, "tenant": "acme", "tier": "gold"}})),
+        "{audit}"
+    );
+}
+
+#[tokio::test]
+async fn the_cache_figures_add_up_in_one_unit_and_an_idle_servers_kv_shows_what_it_keeps() {
+    let gw = TestGateway::simulated(1, 0.01, "").await;
+    // One system prompt of 8-letter words for every turn: estimated at 4 bytes a token, it is
+    // twice what the simulated server counts (a word a token), as a Claude Code prompt's
+    // tools are a third of its estimate and none of a simulated server's count.
+    let system = "abcdefgh ".repeat(1_500);
+    for turn in 0..6 {
+        let body = json!({"model": "sim-llama-3-8b", "max_tokens": 4, "system": system,
+            "messages": [{"role": "user", "content": format!("question {turn}")}]});
+        assert_eq!(gw.post_messages(&body).await.status(), 200);
+    }
+    let experiments = gw.admin_json(Method::GET, "/admin/experiments").await;
+    let cached = &experiments["variants"][0]["cached_tokens"];
+    let figure = |name: &str| cached[name].as_u64().unwrap();
+    assert!(figure("prompt") >= 6 * 1_500, "{cached}");
+    assert!(
+        figure("achieved") > 0,
+        "later turns found their prefix: {cached}"
+    );
+    // Summed at each decision in the estimate's tokens, achieved read about 16,000 beside a
+    // prompt of about 9,000.
+    assert!(
+        figure("achieved") <= figure("reachable") && figure("reachable") <= figure("prompt"),
+        "{cached}"
+    );
+    // The server is idle now: no block used, its session's prefix cached, beside its hit
+    // ratio.
+    let idle = eventually(Duration::from_secs(5), async || {
+        let status = gw.admin_json(Method::GET, "/admin/status").await;
+        status["servers"]["servers"][0]["kv_cache"]["used"] == 0
+    })
+    .await;
+    assert!(idle, "the server went idle");
+    let status = gw.admin_json(Method::GET, "/admin/status").await;
+    let server = &status["servers"]["servers"][0];
+    let kv = &server["kv_cache"];
+    assert!(kv["cached"].as_u64().unwrap() >= 1_500 / 16, "{kv}");
+    assert!(
+        server["engine"]["prefix_cache_hit_ratio"].as_f64().unwrap() > 0.5,
+        "{server}"
+    );
+    let summary = kv["summary"].as_str().unwrap();
+    assert!(
+        summary.starts_with("0 used, ") && summary.contains(" cached / "),
+        "{summary}"
+    );
+    assert_eq!(
+        kv["used"].as_u64().unwrap()
+            + kv["cached"].as_u64().unwrap()
+            + kv["free"].as_u64().unwrap(),
+        kv["total"].as_u64().unwrap()
     );
 }

@@ -117,7 +117,14 @@ async fn an_admin_change_on_one_replica_holds_on_all_and_a_late_replica_starts_o
         "{audit}"
     );
     assert!(entries.iter().all(|e| e["token"] == "admin"));
+    // The revision each change became, and what it was made to.
     assert_eq!(entries[1]["revision"].as_u64(), Some(revision + 1));
+    assert_eq!(
+        entries[1]["object"],
+        json!({"server": {"id": "gpu-1", "address": "sim://gpu-1"}}),
+        "{audit}"
+    );
+    assert_eq!(entries[2]["revision"].as_u64(), Some(revision));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -605,4 +612,83 @@ async fn a_key_added_on_one_replica_admits_on_all_within_a_second_and_its_remova
             replica.name
         );
     }
+}
+
+/// Stored responses belong to the key that made them, not to its place in the key list:
+/// after a restart with the keys reordered and one inserted in front (the `key#N` labels all
+/// shift), each key still reads its own responses and gets 404 for the other's, and cannot
+/// continue the other's conversation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_responses_stay_with_their_key_when_the_keys_are_reordered_across_a_restart() {
+    const ALICE: &str = "sk-owner-alice-0123456789";
+    const BOB: &str = "sk-owner-bob-0123456789";
+    const CAROL: &str = "sk-owner-carol-0123456789";
+    let redis = TestRedis::start("owners").await;
+    let keys = |order: &[&str]| {
+        order
+            .iter()
+            .map(|key| format!("[[api_keys]]\nkey = \"{key}\"\n"))
+            .collect::<String>()
+    };
+    let store = async |replica: &Replica, key: &str, text: &str| -> String {
+        let response = replica
+            .client
+            .post(replica.url("/v1/responses"))
+            .bearer_auth(key)
+            .json(&json!({"model": "sim-llama-3-8b", "max_output_tokens": 4, "input": text}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let stored: Value = response.json().await.unwrap();
+        stored["id"].as_str().unwrap().to_owned()
+    };
+    let read = async |replica: &Replica, key: &str, id: &str| -> u16 {
+        replica
+            .client
+            .get(replica.url(&format!("/v1/responses/{id}")))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let config = fleet_config("owners", 1, 0.0, &keys(&[ALICE, BOB]));
+    let mut first = Replica::start(&config, Some(&redis.url()), "r0").await;
+    let alices = store(&first, ALICE, "Alice's question").await;
+    let bobs = store(&first, BOB, "Bob's question").await;
+    assert_eq!(read(&first, ALICE, &alices).await, 200);
+    assert_eq!(read(&first, BOB, &alices).await, 404);
+    first.kill();
+    // Carol in front, Bob before Alice: Bob is now where Alice was (`key#1` → `key#2`, …).
+    let config = fleet_config("owners-reordered", 1, 0.0, &keys(&[CAROL, BOB, ALICE]));
+    let second = Replica::start(&config, Some(&redis.url()), "r0").await;
+    for (key, own, other) in [(ALICE, &alices, &bobs), (BOB, &bobs, &alices)] {
+        assert_eq!(read(&second, key, own).await, 200, "{key} reads its own");
+        assert_eq!(
+            read(&second, key, other).await,
+            404,
+            "{key} reads not the other's"
+        );
+        assert_eq!(
+            read(&second, CAROL, own).await,
+            404,
+            "the new key reads neither"
+        );
+    }
+    let continued = second
+        .client
+        .post(second.url("/v1/responses"))
+        .bearer_auth(BOB)
+        .json(&json!({"model": "sim-llama-3-8b", "max_output_tokens": 4,
+                      "input": "And then?", "previous_response_id": alices}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        continued.status(),
+        404,
+        "Bob cannot continue Alice's conversation"
+    );
 }

@@ -477,3 +477,81 @@ async fn past_the_memory_bound_door_requests_are_shed() {
     assert_eq!(health.status(), 200);
     drop(ballast);
 }
+
+#[tokio::test]
+async fn an_output_limit_above_the_gateways_is_served_at_it_and_the_answer_says_so() {
+    let gw = TestGateway::simulated(1, 0.01, "[limits]\nmax_output_tokens = 12").await;
+    let clamped = |response: &reqwest::Response| {
+        response
+            .headers()
+            .get("x-ringmaster-clamped")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    // Claude Code's ask, plain: served (not refused), at most the limit, and said.
+    let response = gw.post_messages(&hello(32_000)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(clamped(&response).as_deref(), Some("max_tokens=32000->12"));
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert!(
+        body["usage"]["output_tokens"].as_u64().unwrap() <= 12,
+        "{body}"
+    );
+    // Streamed, by chat's newer field: the header comes with the stream's head.
+    let response = gw
+        .client
+        .post(gw.url("/v1/chat/completions"))
+        .json(
+            &json!({"model": "sim-llama-3-8b", "max_completion_tokens": 500, "stream": true,
+            "messages": [{"role": "user", "content": "Hello there"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        clamped(&response).as_deref(),
+        Some("max_completion_tokens=500->12")
+    );
+    assert!(response.text().await.unwrap().contains("[DONE]"));
+    // The Responses door's field.
+    let response = gw
+        .client
+        .post(gw.url("/v1/responses"))
+        .json(&json!({"model": "sim-llama-3-8b", "max_output_tokens": 64000, "input": "Hi"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        clamped(&response).as_deref(),
+        Some("max_output_tokens=64000->12")
+    );
+    // At the limit: nothing to say.
+    let response = gw.post_messages(&hello(12)).await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(clamped(&response), None);
+    // Below 1 is still the client's mistake.
+    assert_eq!(gw.post_messages(&hello(0)).await.status(), 400);
+}
+
+#[tokio::test]
+async fn a_relayed_body_reaches_its_server_with_the_gateways_output_limit() {
+    use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
+    let server = FakeUpstream::start(Behavior::OpenAi, 3).await;
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[limits]\nmax_output_tokens = 12\n[[servers]]\naddress = \"{}\"\n",
+        server.url()
+    ))
+    .await;
+    let response = gw
+        .post_chat(&json!({"model": "fake", "max_tokens": 32000,
+            "messages": [{"role": "user", "content": "Hello"}]}))
+        .await;
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    assert_eq!(
+        response.headers()["x-ringmaster-clamped"],
+        "max_tokens=32000->12"
+    );
+    // The server was asked for what the header says, not for what the client asked.
+    assert_eq!(server.last_request_json()["max_tokens"], 12);
+}

@@ -3,6 +3,7 @@
 //! simulated GPU servers and talks to it with a plain HTTP client.
 
 mod admin;
+mod admin_docs;
 mod agents;
 mod api;
 mod disaggregation;
@@ -19,6 +20,7 @@ mod limits;
 mod model;
 mod netfaults;
 mod policies;
+mod reserved;
 mod rollout;
 mod sandbox;
 mod support;

@@ -1,6 +1,6 @@
 //! SmolLM2 behind the gateway over real sockets: a `gguf:` server with `[model]` settings
-//! answers an Anthropic request with real text and serves the repeated prompt from its
-//! prefix cache. Needs the model (`cargo xtask model`); required when
+//! answers an Anthropic request with real text, serves the repeated prompt from its prefix
+//! cache, and refuses tools. Needs the model (`cargo xtask model`); required when
 //! `RINGMASTER_REQUIRE_MODEL` is set, as in `tests/run`.
 
 use serde_json::{Value, json};
@@ -35,6 +35,18 @@ async fn smollm_answers_through_the_gateway() {
     assert!(
         second["usage"]["cache_read_input_tokens"].as_u64().unwrap() >= 16,
         "{second}"
+    );
+    // A model's engine has no tool-calling chat template (simulated servers simulate calls):
+    // a request that offers tools is refused, naming the feature.
+    let mut with_tools = ask.clone();
+    with_tools["tools"] = json!([{"name": "get_weather", "input_schema": {"type": "object"}}]);
+    let reply = gw.post_messages(&with_tools).await;
+    assert_eq!(reply.status(), 400);
+    let body: Value = reply.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("tools:") && message.contains("not supported"),
+        "{message}"
     );
     let metrics = gw.metrics().await;
     assert!(metric_sum(&metrics, "ringmaster_server_model_load_seconds", "") > 0.0);

@@ -2,6 +2,9 @@
 //! HTTP/1.1 and HTTP/2 (and curl's HTTP/2), the certificate rotated every second under load
 //! with no failed request and the new certificate seen by new connections, a client without
 //! a certificate refused on a mutual-TLS listener, and the admin API on a listener of its own.
+//! Errors answered before a large body is read reach curl over HTTP/2 whole. A server whose
+//! certificate is a self-signed CA is named with why in `/admin/servers`, and
+//! `check-config --probe` says per server whether its TLS works.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -732,4 +735,245 @@ async fn replicas_reach_redis_over_tls_with_a_client_certificate() {
             "connected with ca {ca:?}, client {client}"
         );
     }
+}
+
+/// `curl` POSTing the file `body` to `url` over HTTP/2 (prior knowledge on plain HTTP) with
+/// `headers`: its exit status, the answer's status and body, and what curl said.
+async fn curl_h2(url: &str, headers: &[&str], body: &Path) -> (i32, u16, String, String) {
+    let mut command = tokio::process::Command::new("curl");
+    command.args(["-sS", "--http2-prior-knowledge", "-w", "\n%{http_code}"]);
+    for header in headers {
+        command.args(["-H", header]);
+    }
+    let out = command
+        .arg("--data-binary")
+        .arg(format!("@{}", body.display()))
+        .arg(url)
+        .output()
+        .await
+        .expect("curl runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (answer, status) = stdout.rsplit_once('\n').unwrap_or(("", &stdout));
+    (
+        out.status.code().unwrap_or(-1),
+        status.trim().parse().unwrap_or(0),
+        answer.to_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_an_error_answered_before_the_body_is_read_reaches_curl_whole() {
+    use crate::support::TestGateway;
+    let gw = TestGateway::simulated(
+        1,
+        0.01,
+        "[[api_keys]]\nkey = \"sk-the-right-key-01\"\n[limits]\nmax_body_bytes = 4194304",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    // Bodies larger than HTTP/2's flow-control windows (1 MiB a stream here): curl is still
+    // sending when the answer comes, which is when it used to lose the answer ("stream error in
+    // the HTTP/2 framing layer").
+    let body = |name: &str, bytes: usize| {
+        let path = dir.path().join(name);
+        let text = json!({"model": "sim-llama-3-8b", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "x".repeat(bytes)}]});
+        std::fs::write(&path, text.to_string()).unwrap();
+        path
+    };
+    let large = body("large.json", 3 << 20);
+    let too_large = body("too-large.json", 6 << 20);
+    let url = gw.url("/v1/messages");
+    let json = "content-type: application/json";
+    for (case, headers, file, status, says) in [
+        (
+            "a wrong key",
+            vec!["x-api-key: sk-not-the-key-0000", json],
+            &large,
+            401,
+            "authentication_error",
+        ),
+        (
+            "a body that is no JSON",
+            vec!["x-api-key: sk-the-right-key-01", "content-type: text/plain"],
+            &large,
+            415,
+            "content-type must be application/json",
+        ),
+        (
+            "a body over the limit",
+            vec!["x-api-key: sk-the-right-key-01", json],
+            &too_large,
+            413,
+            "larger than this gateway's limit",
+        ),
+    ] {
+        for _ in 0..3 {
+            let (code, got, answer, stderr) = curl_h2(&url, &headers, file).await;
+            assert_eq!(code, 0, "{case}: curl failed: {stderr}");
+            assert_eq!(got, status, "{case}: {answer} {stderr}");
+            let error: Value = serde_json::from_str(&answer)
+                .unwrap_or_else(|e| panic!("{case}: the error body is JSON ({e}): {answer:?}"));
+            assert!(error.to_string().contains(says), "{case}: {error}");
+        }
+    }
+    // And the right request on the same gateway is served.
+    let (code, got, _, stderr) = curl_h2(
+        &url,
+        &["x-api-key: sk-the-right-key-01", json],
+        &body("small.json", 100),
+    )
+    .await;
+    assert_eq!((code, got), (0, 200), "{stderr}");
+}
+
+/// A certificate for localhost made as newcomers make one, in one step: self-signed, with
+/// CA:TRUE. Its PEM file under `dir`, and a fake server's TLS serving it.
+fn self_signed_ca_as_server(dir: &Path) -> (PathBuf, Arc<rustls::ServerConfig>) {
+    let key = KeyPair::generate().unwrap();
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    let path = dir.join("self-signed.pem");
+    std::fs::write(&path, cert.pem()).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        PrivateKeyDer::from_pem_slice(key.serialize_pem().as_bytes()).unwrap(),
+    )
+    .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    (path, Arc::new(config))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_signed_ca_certificate_on_an_https_server_is_named_with_why_in_admin_servers() {
+    use ringmaster_tests::fake_upstream::{Behavior, Demands, FakeUpstream};
+
+    use crate::support::{TestGateway, eventually};
+    let dir = tempfile::tempdir().unwrap();
+    let (ca_file, tls) = self_signed_ca_as_server(dir.path());
+    let upstream = FakeUpstream::serve_demanding(
+        TcpListener::bind("127.0.0.1:0").await.unwrap(),
+        Behavior::OpenAi,
+        3,
+        Demands {
+            tls: Some(tls),
+            headers: Vec::new(),
+        },
+    );
+    let gw = TestGateway::start(&format!(
+        "models = [\"fake\"]\n[[servers]]\nid = \"hosted\"\naddress = \"{}\"\nca_file = \"{}\"\n",
+        upstream.https_url(),
+        ca_file.display()
+    ))
+    .await;
+    let chat = json!({"model": "fake", "max_tokens": 3,
+        "messages": [{"role": "user", "content": "Hello over https"}]});
+    let response = gw.post_chat(&chat).await;
+    assert_eq!(response.status(), 503);
+    // The operator reads which server, that TLS failed, and what to do about it.
+    let health = async || gw.servers().await["servers"][0]["health"].clone();
+    let named = eventually(Duration::from_secs(5), async || {
+        health().await["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("TLS handshake failed"))
+    })
+    .await;
+    let health = health().await;
+    assert!(named, "no reason given: {health}");
+    assert_eq!(health["reachable"], false, "{health}");
+    for said in [&health["reason"], &health["last_error"]["message"]] {
+        let said = said.as_str().unwrap();
+        assert!(
+            said.contains("is a CA certificate used as a server certificate")
+                && said.contains("make a CA and a leaf certificate signed by it"),
+            "{said}"
+        );
+    }
+    assert!(health["last_error"]["at_unix_ms"].as_u64().unwrap() > 0);
+    assert_eq!(upstream.requests.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_probe_says_per_server_whether_its_tls_works_and_why_not() {
+    use ringmaster_tests::fake_upstream::{Behavior, Demands, FakeUpstream};
+    let dir = tempfile::tempdir().unwrap();
+    let (self_signed, bad_tls) = self_signed_ca_as_server(dir.path());
+    let serve = |tls| {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        FakeUpstream::serve_demanding(
+            TcpListener::from_std(listener).unwrap(),
+            Behavior::OpenAi,
+            3,
+            Demands {
+                tls: Some(tls),
+                headers: Vec::new(),
+            },
+        )
+    };
+    let bad = serve(bad_tls);
+    // Made as docs/deploying.md says: a CA, and a leaf it signs.
+    let ca = Ca::new("upstream CA");
+    let ca_file = ca.write_ca(dir.path(), "upstream-ca.pem");
+    let good = serve(upstream_tls(dir.path(), &ca, None));
+    let config = dir.path().join("gateway.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "models = [\"fake\"]\n\
+             [[servers]]\nid = \"good\"\naddress = \"{}\"\nca_file = \"{}\"\n\
+             [[servers]]\nid = \"bad\"\naddress = \"{}\"\nca_file = \"{}\"\n",
+            good.https_url(),
+            ca_file.display(),
+            bad.https_url(),
+            self_signed.display()
+        ),
+    )
+    .unwrap();
+    let run = |probe: bool| {
+        let mut command = tokio::process::Command::new(crate::fleet_support::ringmaster_bin());
+        command.arg("check-config");
+        if probe {
+            command.arg("--probe");
+        }
+        command.arg(&config).output()
+    };
+    // Without --probe nothing is dialled: the file is valid.
+    let checked = run(false).await.unwrap();
+    assert!(
+        checked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(!String::from_utf8_lossy(&checked.stdout).contains("probe"));
+    let probed = run(true).await.unwrap();
+    let out = String::from_utf8_lossy(&probed.stdout);
+    let err = String::from_utf8_lossy(&probed.stderr);
+    assert!(!probed.status.success(), "a failed server fails the check");
+    assert!(
+        err.contains("1 of 2 remote servers failed the probe"),
+        "{err}"
+    );
+    let line = |id: &str| {
+        out.lines()
+            .find(|l| l.trim_start().starts_with(&format!("probe      {id} (")))
+            .unwrap_or_else(|| panic!("no probe line for {id}: {out}"))
+            .to_owned()
+    };
+    assert!(line("good").ends_with("OK (TLSv1_3, http/1.1)"), "{out}");
+    let bad_line = line("bad");
+    assert!(
+        bad_line.contains(&bad.https_url())
+            && bad_line.contains("TLS handshake failed: the server's certificate is a CA certificate used as a server certificate"),
+        "{bad_line}"
+    );
 }

@@ -1,8 +1,9 @@
 //! Tool use and images over real sockets: Anthropic's `tools`, `tool_use` and `tool_result`
 //! and OpenAI's `tools`, `tool_calls` and `tool` messages, translated to and from an
 //! OpenAI-compatible server that calls tools the way vLLM streams them; image blocks and
-//! `image_url` parts as OpenAI content parts; and the 400 naming the feature for a pool whose
-//! servers cannot call tools or read images.
+//! `image_url` parts as OpenAI content parts; simulated servers calling tools as a model
+//! would, through every door; and the 400 naming the feature for a pool whose servers cannot
+//! call tools (`model.rs`: a model's) or read images.
 
 use ringmaster_tests::fake_upstream::{Behavior, FakeUpstream};
 use serde_json::{Value, json};
@@ -238,18 +239,118 @@ async fn tool_calls_through_the_openai_api_plain_and_streamed() {
     );
 }
 
+/// A tool whose schema requires an argument: the simulated call must fill it.
+fn city_tool() -> Value {
+    json!({
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"},
+                         "days": {"type": "integer", "minimum": 1}},
+                         "required": ["city", "days"]},
+    })
+}
+
 #[tokio::test]
-async fn tools_are_refused_by_name_where_the_servers_cannot_call_them() {
+async fn simulated_servers_call_a_forced_tool_through_every_door_and_answer_its_result() {
     let gw = TestGateway::simulated(1, 0.01, "").await;
+    let arguments = json!({"city": "", "days": 1});
     let mut ask = ask_weather(false);
     ask["model"] = json!("sim-llama-3-8b");
+    ask["tools"] = json!([city_tool()]);
     let reply = gw.post_messages(&ask).await;
-    assert_eq!(reply.status(), 400);
+    assert_eq!(reply.status(), 200, "{}", reply.text().await.unwrap());
     let body: Value = reply.json().await.unwrap();
-    let message = body["error"]["message"].as_str().unwrap();
+    assert_eq!(body["stop_reason"], "tool_use", "{body}");
+    let call = &body["content"][0];
+    assert_eq!(
+        (&call["type"], &call["name"], &call["input"]),
+        (&json!("tool_use"), &json!("get_weather"), &arguments),
+        "{body}"
+    );
+
+    // Streamed: a tool_use block whose input arrives in pieces.
+    ask["stream"] = json!(true);
+    let reply = gw.post_messages(&ask).await;
+    assert_eq!(reply.status(), 200);
+    let events = sse_events(&reply.text().await.unwrap());
+    let input: String = events
+        .iter()
+        .filter(|(name, e)| {
+            name == "content_block_delta" && e["delta"]["type"] == "input_json_delta"
+        })
+        .map(|(_, e)| e["delta"]["partial_json"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&input).unwrap(), arguments);
     assert!(
-        message.starts_with("tools:") && message.contains("not supported"),
-        "{message}"
+        events
+            .iter()
+            .any(|(name, e)| name == "message_delta" && e["delta"]["stop_reason"] == "tool_use"),
+        "{events:?}"
+    );
+
+    // Auto, with the tool's result: the model reports in text.
+    let tool_use_id = call["id"].as_str().unwrap();
+    let reply = gw
+        .post_messages(&json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 32,
+            "tools": [city_tool()],
+            "messages": [
+                {"role": "user", "content": "Call get_weather for Paris."},
+                {"role": "assistant", "content": [call]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": tool_use_id, "content": "18 C"}]},
+            ],
+        }))
+        .await;
+    let body: Value = reply.json().await.unwrap();
+    assert_ne!(body["stop_reason"], "tool_use", "{body}");
+    assert_eq!(body["content"][0]["type"], "text", "{body}");
+
+    // OpenAI's chat: `tool_calls`, the named function forced.
+    let reply = gw
+        .post_chat(&json!({
+            "model": "sim-llama-3-8b",
+            "max_tokens": 32,
+            "tools": [{"type": "function", "function": {
+                "name": "get_weather", "parameters": city_tool()["input_schema"]}}],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "messages": [{"role": "user", "content": "Weather?"}],
+        }))
+        .await;
+    let body: Value = reply.json().await.unwrap();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let function = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(function["name"], "get_weather");
+    assert_eq!(
+        serde_json::from_str::<Value>(function["arguments"].as_str().unwrap()).unwrap(),
+        arguments
+    );
+
+    // The Responses API: a function_call item, the tool named in the user's words (auto).
+    let reply = gw
+        .client
+        .post(gw.url("/v1/responses"))
+        .json(&json!({
+            "model": "sim-llama-3-8b",
+            "max_output_tokens": 32,
+            "tools": [{"type": "function", "name": "get_weather",
+                       "parameters": city_tool()["input_schema"]}],
+            "input": "Use get_weather, please.",
+        }))
+        .send()
+        .await
+        .unwrap();
+    let body: Value = reply.json().await.unwrap();
+    let item = body["output"]
+        .as_array()
+        .and_then(|items| items.iter().find(|i| i["type"] == "function_call"))
+        .unwrap_or_else(|| panic!("a function_call item: {body}"));
+    assert_eq!(item["name"], "get_weather");
+    assert_eq!(
+        serde_json::from_str::<Value>(item["arguments"].as_str().unwrap()).unwrap(),
+        arguments
     );
 }
 
@@ -350,19 +451,35 @@ async fn count_tokens_counts_tools_and_images_and_refuses_them_where_they_cannot
     .await;
     assert_eq!(with_image, bare + 1_600, "an image is counted at its bound");
 
-    // A pool of Ringmaster's own engines counts exactly, so it refuses what it cannot serve.
+    // A pool of Ringmaster's own engines counts exactly, so it refuses what it cannot serve:
+    // simulated servers take tools, but read no images.
     let local = TestGateway::simulated(1, 0.01, "").await;
-    let reply = local
-        .client
-        .post(local.url("/v1/messages/count_tokens"))
-        .json(&json!({"model": "sim-llama-3-8b", "messages": question, "tools": [weather_tool()]}))
-        .send()
-        .await
-        .unwrap();
+    let count_local = |body: Value| {
+        let local = &local;
+        async move {
+            local
+                .client
+                .post(local.url("/v1/messages/count_tokens"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let reply = count_local(
+        json!({"model": "sim-llama-3-8b", "messages": question, "tools": [weather_tool()]}),
+    )
+    .await;
+    assert_eq!(reply.status(), 200);
+    assert_eq!(reply.headers()["x-ringmaster-token-count"], "exact");
+    let reply = count_local(json!({"model": "sim-llama-3-8b", "messages": [{"role": "user",
+        "content": [{"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+                    {"type": "text", "text": "What is this?"}]}]}))
+    .await;
     assert_eq!(reply.status(), 400);
     let body: Value = reply.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.starts_with("tools:"), "{message}");
+    assert!(message.starts_with("image input"), "{message}");
 }
 
 #[tokio::test]

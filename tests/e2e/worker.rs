@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use ringmaster_gpu_runtime::{EngineConfig, EngineHandle};
+use ringmaster_tls::credential::WorkerSecret;
 use ringmaster_worker::Worker;
-use ringmaster_worker::transfer::Role;
+use ringmaster_worker::transfer::{Peer, Role, Trust};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -28,11 +29,25 @@ impl TestWorker {
     }
 
     async fn start_as(engine: EngineHandle, model: &str, role: Role) -> Self {
+        Self::start_trusting(engine, model, role, Trust::default()).await
+    }
+
+    async fn start_trusting(engine: EngineHandle, model: &str, role: Role, trust: Trust) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::serve(listener, engine, model, role, trust)
+    }
+
+    fn serve(
+        listener: TcpListener,
+        engine: EngineHandle,
+        model: &str,
+        role: Role,
+        trust: Trust,
+    ) -> Self {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         tokio::spawn(ringmaster_worker::serve(
-            Worker::with_role(engine, model, role),
+            Worker::trusting(engine, model, role, trust),
             listener,
             async move {
                 let _ = stopped.await;
@@ -43,6 +58,22 @@ impl TestWorker {
             client: reqwest::Client::new(),
             _stop: stop,
         }
+    }
+
+    /// `HOST:PORT`, as a gateway reaches it.
+    fn authority(&self) -> String {
+        self.base.trim_start_matches("http://").to_owned()
+    }
+
+    async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 
     async fn simulated() -> Self {
@@ -72,6 +103,26 @@ impl TestWorker {
             .unwrap();
         let status = response.status().as_u16();
         (status, response.json().await.unwrap())
+    }
+}
+
+/// The secret the test fleets' workers share with their gateway.
+const FLEET_SECRET: &str = "the test fleet's shared secret";
+
+/// The environment a test gateway of such a fleet reads (`[workers] secret_env`'s default).
+fn fleet_env(name: &str) -> Option<String> {
+    (name == "RINGMASTER_WORKER_SECRET").then(|| FLEET_SECRET.to_owned())
+}
+
+fn fleet_secret() -> WorkerSecret {
+    WorkerSecret::new("test", FLEET_SECRET.as_bytes()).unwrap()
+}
+
+/// A worker's trust in the test fleet: its secret, and `peers` to fetch blocks from.
+fn trust(peers: &[String]) -> Trust {
+    Trust {
+        secret: Some(fleet_secret()),
+        peers: peers.iter().map(|p| Peer::parse(p).unwrap()).collect(),
     }
 }
 
@@ -392,8 +443,15 @@ async fn a_request_split_between_two_smollm_workers_answers_as_it_would_whole() 
         return;
     };
     const MODEL: &str = "smollm2-135m-instruct";
-    let prefill = TestWorker::start_as(smollm_engine(&path), MODEL, Role::Prefill).await;
-    let decode = TestWorker::start_as(smollm_engine(&path), MODEL, Role::Decode).await;
+    let prefill =
+        TestWorker::start_trusting(smollm_engine(&path), MODEL, Role::Prefill, trust(&[])).await;
+    let decode = TestWorker::start_trusting(
+        smollm_engine(&path),
+        MODEL,
+        Role::Decode,
+        trust(&[prefill.authority()]),
+    )
+    .await;
     let whole = TestWorker::start(smollm_engine(&path), MODEL).await;
     let ask = |stream: bool| {
         json!({
@@ -411,12 +469,12 @@ async fn a_request_split_between_two_smollm_workers_answers_as_it_would_whole() 
         .as_str()
         .unwrap()
         .to_owned();
-    let gw = crate::support::TestGateway::start(&format!(
+    let gw = crate::support::TestGateway::start_with_env(&format!(
         "[disaggregation]\nmin_uncached_tokens = 8\n\
          [[servers]]\nid = \"p\"\naddress = \"{}\"\nrole = \"prefill\"\ndisaggregation = \"ringmaster\"\n\
          [[servers]]\nid = \"d\"\naddress = \"{}\"\nrole = \"decode\"\ndisaggregation = \"ringmaster\"\n",
         prefill.base, decode.base
-    ))
+    ), fleet_env)
     .await;
     assert!(
         crate::support::eventually(Duration::from_secs(10), async || {
@@ -699,4 +757,277 @@ async fn a_worker_that_is_down_is_a_503_with_retry_after() {
         );
         tokio::time::sleep(Duration::from_millis(600)).await;
     }
+}
+
+/// A peer of the fleet that hands out whatever blocks it is given (a compromised or buggy
+/// prefill worker), counting the connections it accepts.
+struct BlockPeer {
+    authority: String,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    serving: std::sync::Arc<std::sync::Mutex<bytes::Bytes>>,
+}
+
+impl BlockPeer {
+    async fn start() -> Self {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authority = listener.local_addr().unwrap().to_string();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let serving = std::sync::Arc::new(std::sync::Mutex::new(bytes::Bytes::new()));
+        let (counted, served) = (connections.clone(), serving.clone());
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let body = served.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let header = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n\
+                         content-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = stream.write_all(header.as_bytes()).await;
+                    let _ = stream.write_all(&body).await;
+                });
+            }
+        });
+        Self {
+            authority,
+            connections,
+            serving,
+        }
+    }
+
+    fn serve(&self, handoff: &ringmaster_gpu_runtime::KvHandoff) {
+        *self.serving.lock().unwrap() = ringmaster_worker::transfer::encode(handoff);
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+/// The simulated engine the transfer tests' workers run (deterministic replies).
+fn sim_engine() -> EngineHandle {
+    let mut config = EngineConfig::simulated("worker-test");
+    config.time_scale = 0.0;
+    EngineHandle::spawn(config).unwrap()
+}
+
+/// POSTs `body` as leg `pair` of a split request, with `credential` if any.
+async fn post_leg(
+    worker: &TestWorker,
+    body: &Value,
+    pair: &str,
+    credential: Option<&str>,
+) -> Value {
+    let mut request = worker
+        .client
+        .post(format!("{}/v1/chat/completions", worker.base))
+        .header("x-request-id", pair)
+        .json(body);
+    if let Some(credential) = credential {
+        request = request.header("x-ringmaster-leg-credential", credential);
+    }
+    let response = request.send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    response.json().await.unwrap()
+}
+
+/// `body` with `params` as its `kv_transfer_params`, and the credential the gateway would
+/// give that leg of pair `pair`.
+fn leg(body: &Value, params: &Value, pair: &str) -> (Value, String) {
+    let mut leg = body.clone();
+    leg["kv_transfer_params"] = params.clone();
+    let text = serde_json::to_string(params).unwrap();
+    (leg, fleet_secret().leg_credential(pair, &text))
+}
+
+/// What a reply says and how many of its prompt tokens came from the cache.
+fn said(reply: &Value) -> (String, u64) {
+    (
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        reply["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+/// A worker takes a transfer only from its gateway: a leg without the fleet's credential,
+/// with another fleet's, or naming a prefill worker outside its allow-list is served whole
+/// (no connection is made to the address the body chose), and blocks that are not the
+/// request's own are refused by the engine; each is counted by reason, and every answer is
+/// the one the request gets served whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_transfer_is_refused_and_the_answer_is_still_right() {
+    let prefill = TestWorker::start_trusting(sim_engine(), "sim", Role::Prefill, trust(&[])).await;
+    let planter = BlockPeer::start().await;
+    let outsider = BlockPeer::start().await;
+    let decode = TestWorker::start_trusting(
+        sim_engine(),
+        "sim",
+        Role::Decode,
+        trust(&[prefill.authority(), planter.authority.clone()]),
+    )
+    .await;
+    let whole = TestWorker::start(sim_engine(), "sim").await;
+    let question = |n: u32| chat(&format!("Question {n}: what is in a ring?"), 12);
+    let reference = |n: u32| {
+        let whole = &whole;
+        async move { said(&whole.post("/v1/chat/completions", &question(n)).await.1).0 }
+    };
+    let prefill_params = json!({"do_remote_decode": true, "do_remote_prefill": false});
+
+    // A prefill leg without the credential is served whole: no parameters, nothing kept.
+    let mut unsigned = question(1);
+    unsigned["kv_transfer_params"] = prefill_params.clone();
+    let reply = post_leg(&prefill, &unsigned, "p-unsigned", None).await;
+    assert!(reply.get("kv_transfer_params").is_none(), "{reply}");
+    let kept = prefill
+        .client
+        .get(format!("{}/kv/transfer/p-unsigned", prefill.base))
+        .header(
+            "x-ringmaster-leg-credential",
+            fleet_secret().fetch_credential("p-unsigned"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 404, "nothing kept for an unsigned leg");
+
+    // The gateway's own prefill leg: its blocks are kept, and handed only to the fleet.
+    let (signed, credential) = leg(&question(1), &prefill_params, "p1");
+    let prefilled = post_leg(&prefill, &signed, "p1", Some(&credential)).await;
+    let params = prefilled["kv_transfer_params"].clone();
+    assert_eq!(params["remote_request_id"], "p1", "{prefilled}");
+    let stolen = prefill
+        .client
+        .get(format!("{}/kv/transfer/p1", prefill.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stolen.status(), 403, "a fetch without the credential");
+
+    // Decode legs the gateway did not sign: none, or another fleet's.
+    let decode_leg = |params: &Value| {
+        let mut body = question(1);
+        body["kv_transfer_params"] = params.clone();
+        body
+    };
+    let theirs = WorkerSecret::new("test", b"another fleet's secret")
+        .unwrap()
+        .leg_credential("p1", &serde_json::to_string(&params).unwrap());
+    for credential in [None, Some(theirs.as_str())] {
+        let reply = post_leg(&decode, &decode_leg(&params), "p1", credential).await;
+        assert_eq!(said(&reply).0, reference(1).await, "served whole");
+    }
+    // A signed leg naming an address outside the allow-list: never called.
+    let mut elsewhere = params.clone();
+    let (host, port) = outsider.authority.split_once(':').unwrap();
+    elsewhere["remote_host"] = json!(host);
+    elsewhere["remote_port"] = json!(port.parse::<u16>().unwrap());
+    let (body, credential) = leg(&question(1), &elsewhere, "p1");
+    let reply = post_leg(&decode, &body, "p1", Some(&credential)).await;
+    assert_eq!(said(&reply).0, reference(1).await);
+    assert_eq!(
+        outsider.connections(),
+        0,
+        "no connection to the body's address"
+    );
+
+    // The genuine leg, on a decode worker that has not seen the question: the blocks move,
+    // and the answer is the same.
+    let fresh = TestWorker::start_trusting(
+        sim_engine(),
+        "sim",
+        Role::Decode,
+        trust(&[prefill.authority()]),
+    )
+    .await;
+    let (body, credential) = leg(&question(1), &params, "p1");
+    let reply = post_leg(&fresh, &body, "p1", Some(&credential)).await;
+    let (text, cached) = said(&reply);
+    assert_eq!(text, reference(1).await);
+    assert!(cached >= 48, "{cached} tokens from the prefill's blocks");
+
+    // A peer of the fleet that hands over blocks that are not the request's own.
+    let genuine = |asked: Value, pair: &'static str| {
+        let prefill = &prefill;
+        let prefill_params = &prefill_params;
+        async move {
+            let (body, credential) = leg(&asked, prefill_params, pair);
+            post_leg(prefill, &body, pair, Some(&credential)).await;
+            let fetched = prefill
+                .client
+                .get(format!("{}/kv/transfer/{pair}", prefill.base))
+                .header(
+                    "x-ringmaster-leg-credential",
+                    fleet_secret().fetch_credential(pair),
+                )
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(fetched.status(), 200);
+            ringmaster_worker::transfer::decode(&fetched.bytes().await.unwrap()).unwrap()
+        }
+    };
+    let mut relabelled = genuine(question(3), "p3").await;
+    relabelled.blocks[1].hash = ringmaster_gpu_runtime::block::BlockHash(0xdead_beef);
+    // Another tenant's prompt, from its first token on.
+    let mut another = question(3);
+    another["messages"][0]["content"] = json!(format!("Another tenant. {}", system()));
+    let others = genuine(another, "p4").await;
+    let (host, port) = planter.authority.split_once(':').unwrap();
+    let planted_params = json!({
+        "do_remote_prefill": true, "do_remote_decode": false,
+        "remote_engine_id": "e", "remote_request_id": "planted",
+        "remote_host": host, "remote_port": port.parse::<u16>().unwrap(),
+    });
+    for (handoff, n, reason) in [(relabelled, 3, "hash"), (others, 3, "tokens")] {
+        planter.serve(&handoff);
+        let (body, credential) = leg(&question(n), &planted_params, "planted");
+        let reply = post_leg(&decode, &body, "planted", Some(&credential)).await;
+        assert_eq!(said(&reply).0, reference(n).await, "{reason}: still right");
+        let metrics = decode.metrics().await;
+        assert_eq!(
+            crate::support::metric_sum(
+                &metrics,
+                "ringmaster_kv_import_refused_total",
+                &format!("reason=\"{reason}\"")
+            ),
+            1.0,
+            "{metrics}"
+        );
+    }
+    assert_eq!(planter.connections(), 2);
+    let metrics = decode.metrics().await;
+    for (reason, count) in [("credential", 2.0), ("peer", 1.0)] {
+        assert_eq!(
+            crate::support::metric_sum(
+                &metrics,
+                "ringmaster_kv_import_refused_total",
+                &format!("reason=\"{reason}\"")
+            ),
+            count,
+            "{reason}: {metrics}"
+        );
+    }
+    assert_eq!(
+        crate::support::metric_sum(
+            &prefill.metrics().await,
+            "ringmaster_kv_export_refused_total",
+            ""
+        ),
+        1.0
+    );
 }

@@ -131,17 +131,36 @@ def test_count_tokens(client):
     assert longer.input_tokens > counted.input_tokens
 
 
-def test_tools_are_refused_as_unsupported_not_unknown(client):
-    with pytest.raises(anthropic.BadRequestError) as err:
-        client.messages.create(
-            model=MODEL,
-            max_tokens=8,
-            tools=[{"name": "get_weather", "input_schema": {"type": "object"}}],
-            messages=[{"role": "user", "content": "weather?"}],
-        )
-    message = err.value.body["error"]["message"]
-    assert message.startswith("tools:") and "not supported" in message
-    assert "unknown field" not in message
+def test_simulated_servers_call_a_forced_tool_and_answer_its_result(client):
+    weather = {
+        "name": "get_weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    ask = [{"role": "user", "content": "weather?"}]
+    message = client.messages.create(
+        model=MODEL, max_tokens=32, tools=[weather], tool_choice={"type": "any"}, messages=ask
+    )
+    assert message.stop_reason == "tool_use", message
+    (call,) = message.content
+    assert call.type == "tool_use" and call.name == "get_weather" and call.input == {"city": ""}, call
+    # Streamed, the SDK's helper assembles the same call from its pieces.
+    with client.messages.stream(
+        model=MODEL, max_tokens=32, tools=[weather], tool_choice={"type": "any"}, messages=ask
+    ) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.stop_reason == "tool_use" and streamed.content[0].input == {"city": ""}, streamed
+    # Given the result, the model (its choice left to it) answers in text.
+    answer = client.messages.create(
+        model=MODEL,
+        max_tokens=16,
+        tools=[weather],
+        messages=ask
+        + [
+            {"role": "assistant", "content": [call.model_dump(include={"type", "id", "name", "input"})]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": "18 C"}]},
+        ],
+    )
+    assert answer.stop_reason != "tool_use" and answer.content[0].type == "text", answer
 
 
 def test_rate_limit_headers_are_absent_without_limits(client):

@@ -4,6 +4,8 @@ One gateway for the module: simulated servers, two tenants with keys, tiers, a m
 limits, and an admission policy so that the fair queue is on the request path.
 """
 
+import json
+
 import openai
 import pytest
 
@@ -126,15 +128,42 @@ def test_errors_have_openai_shape(client, gateway_url):
         bad.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_tools_are_refused_by_name(client):
-    with pytest.raises(openai.BadRequestError) as err:
-        client.chat.completions.create(
-            model=MODEL,
-            messages=[{"role": "user", "content": "weather?"}],
-            tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {}}}],
-        )
-    message = err.value.body["message"]
-    assert message.startswith("tools:") and "tool calling" in message and "not supported" in message
+def test_simulated_servers_call_a_required_tool_plain_and_streamed(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"]}}}]
+    ask = [{"role": "user", "content": "weather?"}]
+    reply = client.chat.completions.create(
+        model=MODEL, max_tokens=32, messages=ask, tools=tools, tool_choice="required"
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls", reply
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "", "days": 0}
+    # Streamed: the id and name first, the arguments in pieces.
+    pieces, names = [], []
+    for chunk in client.chat.completions.create(
+        model=MODEL, max_tokens=32, messages=ask, tools=tools, tool_choice="required", stream=True
+    ):
+        for delta in (c.delta for c in chunk.choices):
+            for piece in delta.tool_calls or []:
+                function = piece.function
+                names.append(function.name if function else None)
+                pieces.append((function.arguments if function else None) or "")
+    assert names[0] == "get_weather" and len(pieces) > 1, (names, pieces)
+    assert json.loads("".join(pieces)) == {"city": "", "days": 0}
+    # The model's own choice, after the result: text.
+    answer = client.chat.completions.create(
+        model=MODEL,
+        max_tokens=16,
+        tools=tools,
+        messages=ask
+        + [
+            {"role": "assistant", "tool_calls": [call.model_dump(include={"id", "type", "function"})]},
+            {"role": "tool", "tool_call_id": call.id, "content": "18 C"},
+        ],
+    )
+    assert answer.choices[0].finish_reason != "tool_calls" and answer.choices[0].message.content, answer
 
 
 def test_a_key_limited_to_some_models_gets_403_for_others(gateway_url):

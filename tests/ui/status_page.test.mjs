@@ -151,6 +151,10 @@ test('with the token it shows the servers, the variants and the experiment, live
   // Each server's part in a disaggregated fleet.
   const roles = await page.$$eval('#servers tbody tr', (rows) => rows.map((r) => [r.dataset.server, r.cells[2].textContent]));
   assert.deepEqual(roles, [['gpu-0', 'both'], ['gpu-1', 'decode (ringmaster)'], ['gpu-p', 'prefill (ringmaster)']]);
+  // Each server's KV cache: the blocks in use and those holding reusable prefixes, of all (an
+  // idle server uses none; its cached blocks are where its hit ratio comes from).
+  const kv = await page.$$eval('#servers tbody tr', (rows) => rows.map((r) => r.cells[7].textContent));
+  assert.ok(kv.every((t) => /^[\d,]+ used, [\d,]+ cached \/ [\d,]+ blocks$/.test(t)), kv.join(' | '));
   const variants = await page.$$eval('#variants tbody tr', (rows) => rows.map((r) => r.dataset.variant));
   assert.deepEqual(variants, ['control', 'candidate']);
   const experiment = await page.$$eval('#experiment tbody tr', (rows) => rows.map((r) => r.cells[0].textContent));
@@ -158,6 +162,9 @@ test('with the token it shows the servers, the variants and the experiment, live
   // Each variant's cache taken of the cache reachable, as /admin/experiments counts it.
   const counted = (await adminJson('/admin/experiments')).variants;
   assert.ok(counted.every((v) => v.cached_tokens && 'reachable' in v.cached_tokens && 'achieved' in v.cached_tokens));
+  // In the prompt's own unit: never more taken than there was prompt.
+  assert.ok(counted.every((v) => v.cached_tokens.achieved <= v.cached_tokens.reachable
+    && v.cached_tokens.reachable <= v.cached_tokens.prompt), JSON.stringify(counted.map((v) => v.cached_tokens)));
   const reach = await page.$$eval('#experiment tbody tr', (rows) => rows.map((r) => r.cells[4].textContent));
   assert.ok(reach.every((t) => t === '—' || /% \(\d+ of \d+\)$/.test(t)), reach.join(' | '));
   assert.ok(await page.$('#ttft-chart canvas'), 'the TTFT chart is drawn');

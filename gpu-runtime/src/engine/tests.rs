@@ -698,6 +698,54 @@ async fn a_prefill_hands_its_prompt_to_a_decode_engine_which_continues_as_whole(
 }
 
 #[tokio::test]
+async fn a_planted_handoff_is_refused_counted_and_the_prompt_computed_here() {
+    let prefill = EngineHandle::spawn(fast("prefill")).unwrap();
+    let whole = EngineHandle::spawn(fast("whole")).unwrap();
+    let victim = || request(Some(&long_system(300)), vec![user("go on")], 24);
+    let planted = || {
+        let system = format!("another tenant's {}", long_system(300));
+        request(Some(&system), vec![user("go on")], 24)
+    };
+    let reference = collect(whole.submit(victim()).unwrap()).await;
+    // Blocks computed for another prompt, handed in with this one.
+    let (stream, other) = prefill.submit_prefill(planted()).unwrap();
+    collect(stream).await;
+    let other = other.await.unwrap();
+    // The request's own blocks, one of them under a hash that is not its tokens'.
+    let (stream, own) = prefill.submit_prefill(victim()).unwrap();
+    collect(stream).await;
+    let mut forged = own.await.unwrap();
+    forged.blocks[2].hash = crate::block::BlockHash(0x5eed);
+    // (Each with the first block that is not the request's own.)
+    for (handoff, reason, foreign) in [
+        (other, crate::ImportRefusal::Tokens, 0),
+        (forged, crate::ImportRefusal::Hash, 2),
+    ] {
+        let decode = EngineHandle::spawn(fast("decode")).unwrap();
+        let hashes = handoff.hashes();
+        let served = collect(decode.submit_with_kv(victim(), handoff).unwrap()).await;
+        assert_eq!(served.text(), reference.text(), "{reason:?}: still right");
+        assert_eq!(served.cached_tokens, 0, "{reason:?}: computed here");
+        // What the engine holds now is what it computed: no foreign block under any hash.
+        assert_eq!(
+            decode.cached_prefix_blocks(&hashes[foreign..]),
+            0,
+            "{reason:?}: nothing planted"
+        );
+        let load = wait_for(&decode, |l| {
+            l.kv_import_refused_hash + l.kv_import_refused_tokens > 0
+        })
+        .await;
+        let counted = match reason {
+            crate::ImportRefusal::Hash => load.kv_import_refused_hash,
+            crate::ImportRefusal::Tokens => load.kv_import_refused_tokens,
+            crate::ImportRefusal::Shape => load.kv_import_refused_shape,
+        };
+        assert_eq!(counted, 1, "{reason:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_cancelled_prefill_hands_nothing_over() {
     let prefill = EngineHandle::spawn(EngineConfig {
         time_scale: 1.0,

@@ -1,10 +1,15 @@
 //! Who may call the admin API, and what they did: the operator token a call presents (as
 //! `Authorization: Bearer TOKEN` or `x-admin-token`, compared by SHA-256 digest in constant
 //! time, never logged), the scope its call needs ([`scope_of`]), and the audit trail of every
-//! change (`GET /admin/audit`): who (the token's name), what (method, path and query), when,
-//! how it ended (the status) and, in a cluster, the revision the fleet was at after it. A
-//! gateway alone keeps the last [`KEPT`] entries in memory; a cluster keeps the fleet's in
-//! Redis beside the configuration log, so every replica answers with every replica's changes.
+//! change (`GET /admin/audit`): who (the token's name, and the caller's address), what (method,
+//! path and query, and the object it changed: server id and address, key id and tenant,
+//! tenant, slot, variant, the component's content hash, the rollout), when, how it ended (the
+//! status) and, in a cluster, the revision the change became. Calls refused for a missing or
+//! wrong token (401) are recorded too, at most one entry per address every
+//! [`REFUSALS_EVERY`] (each saying how many it stands for), so a flood of guesses cannot
+//! flood the trail. A gateway alone keeps the last [`KEPT`] entries in memory; a cluster
+//! keeps the fleet's in Redis beside the configuration log, so every replica answers with
+//! every replica's changes.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
@@ -20,6 +25,12 @@ use tracing::{info, warn};
 
 /// Audit entries a gateway alone keeps.
 pub const KEPT: usize = 1_000;
+
+/// At most one entry per address for calls refused for their token in this long.
+pub const REFUSALS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Addresses whose refusals are tracked at once; past it the oldest are forgotten.
+const REFUSING_ADDRESSES: usize = 4_096;
 
 /// The token `headers` present, among `tokens` (401 when none matches).
 pub(crate) fn caller<'t>(
@@ -95,40 +106,149 @@ pub(crate) fn check(
 pub struct AuditEntry {
     /// When it was answered, ms since the Unix epoch.
     pub at_ms: u64,
-    /// The token's name.
-    pub token: String,
+    /// The token's name (`None`: the call presented no known token, and was refused 401).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// The caller's address (`IP:port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// `POST`, `PUT`, `DELETE`.
     pub method: String,
     /// The path and its query.
     pub path: String,
     /// The answer's status.
     pub status: u16,
+    /// What it changed (see `changes::describe`); several objects as a list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<Value>,
     /// The replica that made it (in a cluster).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
-    /// The revision this replica had applied once it answered (in a cluster).
+    /// The revision the change became in the fleet's configuration log (in a cluster; none
+    /// for a change refused before it was logged).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub revision: Option<u64>,
+    /// Refusals from this address this entry stands for beyond itself (401s are recorded at
+    /// most once per [`REFUSALS_EVERY`] per address).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub also_refused: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl AuditEntry {
+    /// An entry for `method path` by `token` from `address`, answered `status`, with what the
+    /// call changed.
+    pub(crate) fn new(
+        (token, address): (Option<&str>, Option<std::net::SocketAddr>),
+        (method, path): (&Method, String),
+        status: u16,
+        changed: crate::changes::Changed,
+    ) -> Self {
+        let object = match changed.objects.len() {
+            0 => None,
+            1 => changed.objects.into_iter().next(),
+            _ => Some(Value::Array(changed.objects)),
+        };
+        Self {
+            at_ms: now_ms(),
+            token: token.map(str::to_owned),
+            address: address.map(|a| a.to_string()),
+            method: method.to_string(),
+            path,
+            status,
+            object,
+            replica: None,
+            revision: changed.revision,
+            also_refused: 0,
+        }
+    }
+}
+
+/// The token refusals seen per address since each one's last entry.
+#[derive(Debug, Default)]
+struct Refusals {
+    by_address: std::collections::HashMap<std::net::IpAddr, (std::time::Instant, u64)>,
+}
+
+impl Refusals {
+    /// `Some(n)`: record this refusal, standing for `n` earlier ones not recorded; `None`:
+    /// counted, not recorded (one from this address was recorded within [`REFUSALS_EVERY`]).
+    fn admit(&mut self, address: std::net::IpAddr, now: std::time::Instant) -> Option<u64> {
+        if self.by_address.len() >= REFUSING_ADDRESSES && !self.by_address.contains_key(&address) {
+            self.by_address
+                .retain(|_, (at, _)| now.duration_since(*at) < REFUSALS_EVERY);
+            if self.by_address.len() >= REFUSING_ADDRESSES {
+                self.by_address.clear();
+            }
+        }
+        match self.by_address.get_mut(&address) {
+            Some((at, skipped)) if now.duration_since(*at) < REFUSALS_EVERY => {
+                *skipped += 1;
+                None
+            }
+            Some((at, skipped)) => {
+                let earlier = std::mem::take(skipped);
+                *at = now;
+                Some(earlier)
+            }
+            None => {
+                self.by_address.insert(address, (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 /// The trail of a gateway alone (a cluster's is in Redis).
 #[derive(Debug, Default)]
 pub struct Audit {
     recent: Mutex<VecDeque<AuditEntry>>,
+    refusals: Mutex<Refusals>,
 }
 
 impl Audit {
-    /// Records a change: a log line (`admin.audit`), and the entry in the trail.
+    /// Records a call refused for its token (401), unless one from its address was recorded
+    /// within [`REFUSALS_EVERY`].
+    pub(crate) async fn record_refusal(&self, gateway: &Gateway, mut entry: AuditEntry) {
+        let address = entry
+            .address
+            .as_deref()
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .map(|a| a.ip());
+        if let Some(address) = address {
+            let admitted = self
+                .refusals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .admit(address, std::time::Instant::now());
+            match admitted {
+                Some(earlier) => entry.also_refused = earlier,
+                None => return,
+            }
+        }
+        self.record(gateway, entry).await;
+    }
+
+    /// Records a call: a log line (`admin.audit`), and the entry in the trail.
     pub(crate) async fn record(&self, gateway: &Gateway, mut entry: AuditEntry) {
         if let Some(cluster) = gateway.cluster() {
             entry.replica = Some(cluster.replica().to_owned());
-            entry.revision = Some(cluster.applied().get());
         }
+        let object = entry
+            .object
+            .as_ref()
+            .map(serde_json::Value::to_string)
+            .unwrap_or_default();
         info!(
-            token = %entry.token,
+            token = entry.token.as_deref().unwrap_or("(none)"),
+            address = entry.address.as_deref().unwrap_or("-"),
             method = %entry.method,
             path = %entry.path,
             status = entry.status,
+            object = %object,
             revision = ?entry.revision,
             "admin.audit"
         );
@@ -253,5 +373,38 @@ mod tests {
             refused.message()
         );
         assert!(check(dashboards, Scope::Read, &Method::GET, "/admin/servers").is_ok());
+    }
+}
+
+#[cfg(test)]
+mod refusal_tests {
+    use super::*;
+
+    #[test]
+    fn token_refusals_are_recorded_once_per_address_per_interval_with_the_count_they_stand_for() {
+        let mut refusals = Refusals::default();
+        let start = std::time::Instant::now();
+        let a: std::net::IpAddr = "10.0.0.1".parse().unwrap();
+        let b: std::net::IpAddr = "10.0.0.2".parse().unwrap();
+        assert_eq!(refusals.admit(a, start), Some(0));
+        for _ in 0..5 {
+            assert_eq!(
+                refusals.admit(a, start + std::time::Duration::from_secs(1)),
+                None
+            );
+        }
+        assert_eq!(
+            refusals.admit(b, start),
+            Some(0),
+            "another address is its own"
+        );
+        assert_eq!(refusals.admit(a, start + REFUSALS_EVERY), Some(5));
+        assert_eq!(refusals.admit(a, start + 2 * REFUSALS_EVERY), Some(0));
+        // A flood of addresses forgets the quiet ones, never grows past its bound.
+        for i in 0..(2 * REFUSING_ADDRESSES as u32) {
+            let address = std::net::IpAddr::from(std::net::Ipv4Addr::from(0x0b00_0000 + i));
+            refusals.admit(address, start);
+            assert!(refusals.by_address.len() <= REFUSING_ADDRESSES);
+        }
     }
 }

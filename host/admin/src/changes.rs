@@ -385,6 +385,110 @@ pub struct Done {
 /// How long an admin call waits for its revision to apply (here, then everywhere).
 pub const APPLY_WAIT: Duration = Duration::from_secs(10);
 
+tokio::task_local! {
+    /// What the admin call being answered changed, for its audit entry (set by [`make`],
+    /// read by `access::Audit`; outside an admin call, as for the rollout judge's own changes,
+    /// there is none and nothing is noted).
+    pub(crate) static CHANGED: std::cell::RefCell<Changed>;
+}
+
+/// What an admin call's changes were made to, and the revisions they became.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Changed {
+    /// Each change's object ([`describe`]).
+    pub(crate) objects: Vec<serde_json::Value>,
+    /// The revision the last change became (cluster only).
+    pub(crate) revision: Option<u64>,
+}
+
+fn note(object: Option<serde_json::Value>, revision: Option<u64>) {
+    let _ = CHANGED.try_with(|changed| {
+        let mut changed = changed.borrow_mut();
+        if let Some(object) = object {
+            changed.objects.push(object);
+        }
+        if revision.is_some() {
+            changed.revision = revision;
+        }
+    });
+}
+
+/// What `change` is made to, as the audit trail names it: the server (id and address), the
+/// key (id, tenant), the tenant, the slot and variant with the component's content hash
+/// (`policy`), the rollout. Looked up on `gateway` before the change, so a removal still names
+/// what it removed.
+pub(crate) fn describe(change: &Change, gateway: &Gateway) -> serde_json::Value {
+    let server_address = |id: &str| {
+        let snapshot = gateway.pool().snapshot();
+        snapshot
+            .servers
+            .iter()
+            .chain(&snapshot.prefill)
+            .chain(&snapshot.draining)
+            .find(|s| s.id() == id)
+            .map(|s| s.address().to_string())
+    };
+    let key_tenant = |id: &str| {
+        gateway
+            .keys()
+            .current()
+            .configured_keys()
+            .into_iter()
+            .find(|k| ringmaster_config::key_id(&k.digest) == id)
+            .and_then(|k| k.tenant)
+    };
+    match change {
+        Change::AddServer { server } => json!({"server": {
+            "id": server.get("id").cloned().unwrap_or_else(|| server["address"].clone()),
+            "address": server["address"],
+        }}),
+        Change::RemoveServer { id } => {
+            json!({"server": {"id": id, "address": server_address(id)}})
+        }
+        Change::PutKey { key } => json!({"key": {
+            "id": key["key_sha256"].as_str().map(|d| d.chars().take(16).collect::<String>()),
+            "tenant": key["tenant"],
+            "tier": key["tier"],
+        }}),
+        Change::RemoveKey { id } => json!({"key": {"id": id, "tenant": key_tenant(id)}}),
+        Change::PutTenant { tenant } => json!({"tenant": tenant["name"]}),
+        Change::RemoveTenant { name } => json!({"tenant": name}),
+        Change::PutRouter {
+            variant,
+            component,
+            weight,
+            shadow,
+            ..
+        } => json!({"slot": "router", "variant": variant, "policy": component,
+                    "weight": weight, "shadow": shadow}),
+        Change::SetRouterWeight { variant, weight } => {
+            json!({"slot": "router", "variant": variant, "weight": weight})
+        }
+        Change::StartRollout {
+            variant,
+            component,
+            plan,
+            ..
+        } => json!({"slot": "router", "variant": variant, "policy": component,
+                    "rollout": {"steps": plan.steps, "step_ms": plan.step_ms}}),
+        Change::AdvanceRollout { variant, index, .. } => {
+            json!({"slot": "router", "variant": variant, "rollout": {"step": index}})
+        }
+        Change::StopRollout {
+            variant, reason, ..
+        } => json!({"slot": "router", "variant": variant, "rollout": {"stopped": reason}}),
+        Change::RemoveRouter { variant } | Change::RollbackRouter { variant } => {
+            json!({"slot": "router", "variant": variant})
+        }
+        Change::PutSingle {
+            slot,
+            name,
+            component,
+        } => json!({"slot": slot, "policy_name": name, "policy": component}),
+        Change::RollbackSingle { slot } | Change::RemoveSingle { slot } => json!({"slot": slot}),
+    }
+}
+
 /// Makes `change`: alone, at once; in a cluster, as the next revision of the log (retried on
 /// the new head when another change landed first), answered once this replica applied it,
 /// and, when `everywhere`, once every live replica has.
@@ -395,6 +499,7 @@ pub async fn make(
     bytes: Option<Bytes>,
     everywhere: bool,
 ) -> Result<Done, ApiError> {
+    note(Some(describe(&change, gateway)), None);
     let (Some(cluster), Some(applier)) = (gateway.cluster(), applier) else {
         let changed = carry_out(gateway, &change, bytes).await?;
         return Ok(Done {
@@ -408,6 +513,7 @@ pub async fn make(
     }
     let body = serde_json::to_value(&change).expect("a change serializes");
     let revision = append(cluster, &body).await?;
+    note(None, Some(revision));
     if !cluster.applied().wait_for(revision, APPLY_WAIT).await {
         return Err(ApiError::new(
             ErrorKind::Unavailable,

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use ringmaster_api::Door;
 use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_gateway::call::{Call, CallInput};
-use ringmaster_gateway::respond::{json_response, read_json_body};
+use ringmaster_gateway::respond::{json_response, read_any_json_body};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_tenancy::Caller;
 use serde_json::json;
@@ -44,7 +44,7 @@ pub(crate) async fn explain(
         &gateway.config().policies.pass_headers,
     );
     let relay_headers = ringmaster_gateway::doors::relay_headers(door, req.headers());
-    let body = read_json_body(gateway, req).await?;
+    let body = read_any_json_body(gateway, req).await?;
     // Any key's stored response may be explained (the admin token is every key's).
     let prior = ringmaster_gateway::doors::prior(gateway, door, &body, None).await?;
     let input = CallInput {

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use ringmaster_api::read_json as parse_json;
 use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_config::{ApiKey, RawApiKey, RawTenant, Tenant, key_digest, key_id};
-use ringmaster_gateway::respond::{json_response, read_json_body};
+use ringmaster_gateway::respond::{json_response, read_any_json_body};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_tenancy::BookError;
 use serde_json::json;
@@ -84,7 +84,7 @@ pub(crate) async fn add_key(
     req: Request<Incoming>,
     everywhere: bool,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let body = read_json_body(gateway, req).await?;
+    let body = read_any_json_body(gateway, req).await?;
     let mut value: serde_json::Value = parse_json(&body)?;
     let fields = value
         .as_object_mut()
@@ -161,7 +161,7 @@ pub(crate) async fn put_tenant(
     applier: Option<&Arc<Applier>>,
     req: Request<Incoming>,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let body = read_json_body(gateway, req).await?;
+    let body = read_any_json_body(gateway, req).await?;
     let value: serde_json::Value = parse_json(&body)?;
     let raw: RawTenant = serde_json::from_value(value.clone())
         .map_err(|e| ApiError::invalid(format!("tenant: {e}")))?;

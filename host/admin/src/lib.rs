@@ -135,8 +135,30 @@ pub async fn handle(
         }
         return ui::serve(path);
     }
-    let token = access::caller(tokens, req.headers())?;
+    let address = req
+        .extensions()
+        .get::<ringmaster_gateway::PeerAddr>()
+        .map(|peer| peer.0);
     let method = req.method().clone();
+    let what = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let token = match access::caller(tokens, req.headers()) {
+        Ok(token) => token,
+        Err(refused) => {
+            // Who knocks without a key is what an audit is for too (rate-limited per address).
+            let entry = access::AuditEntry::new(
+                (None, address),
+                (&method, what),
+                refused.kind().status().as_u16(),
+                changes::Changed::default(),
+            );
+            admin.audit.record_refusal(gateway, entry).await;
+            // Refused on the head alone: the caller hears it once it has sent its body.
+            return Err(ringmaster_gateway::respond::refuse_unread(req, refused).await);
+        }
+    };
     let path = req.uri().path().to_owned();
     let has_body = req
         .headers()
@@ -172,34 +194,34 @@ pub async fn handle(
     if scope == ringmaster_config::Scope::Read {
         return route(gateway, admin.applier.as_ref(), req).await;
     }
-    let what = req
-        .uri()
-        .path_and_query()
-        .map_or_else(|| path.clone(), |p| p.as_str().to_owned());
     // A refused change is recorded too: who tried what is what an audit is for.
-    let answer = match denied {
-        Some(denied) => Err(denied),
-        None => route(gateway, admin.applier.as_ref(), req).await,
+    let changed = std::cell::RefCell::new(changes::Changed::default());
+    let (answer, changed) = match denied {
+        Some(denied) => (
+            Err(ringmaster_gateway::respond::refuse_unread(req, denied).await),
+            changed.into_inner(),
+        ),
+        None => {
+            changes::CHANGED
+                .scope(changed, async {
+                    let answer = route(gateway, admin.applier.as_ref(), req).await;
+                    let changed = changes::CHANGED.with(|c| c.take());
+                    (answer, changed)
+                })
+                .await
+        }
     };
     let status = match &answer {
         Ok(response) => response.status().as_u16(),
         Err(e) => e.kind().status().as_u16(),
     };
-    admin
-        .audit
-        .record(
-            gateway,
-            access::AuditEntry {
-                at_ms: access::now_ms(),
-                token: token.name.clone(),
-                method: method.to_string(),
-                path: what,
-                status,
-                replica: None,
-                revision: None,
-            },
-        )
-        .await;
+    let entry = access::AuditEntry::new(
+        (Some(&token.name), address),
+        (&method, what),
+        status,
+        changed,
+    );
+    admin.audit.record(gateway, entry).await;
     answer
 }
 

@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use ringmaster_api::read_json as parse_json;
 use ringmaster_api::{ApiError, ErrorKind};
 use ringmaster_config::RawServer;
-use ringmaster_gateway::respond::{json_response, read_json_body};
+use ringmaster_gateway::respond::{json_response, read_any_json_body};
 use ringmaster_gateway::{Gateway, ResponseBody};
 use ringmaster_pool::Server;
 use serde_json::json;
@@ -65,6 +65,14 @@ fn server_json(server: &Server) -> serde_json::Value {
         "weight": server.weight(),
         "state": if server.is_draining() { "draining" } else { "active" },
         "routable": server.is_routable(),
+        // A remote server's health with its reasons: why it takes no requests (a failed TLS
+        // handshake says what is wrong with its certificate), and its last failure.
+        "health": match server.engine() {
+            ringmaster_gateway::pool::Backend::Remote(worker) => {
+                serde_json::to_value(worker.health_report()).unwrap_or_default()
+            }
+            ringmaster_gateway::pool::Backend::Local(_) => serde_json::Value::Null,
+        },
         "in_flight": server.in_flight(),
         "peak_in_flight": server.peak_in_flight(),
         "requests_total": server.requests_total(),
@@ -151,7 +159,7 @@ pub(crate) async fn add_server(
         crate::query_param(&req, "wait").as_deref(),
         Some("true" | "1")
     );
-    let body = read_json_body(gateway, req).await?;
+    let body = read_any_json_body(gateway, req).await?;
     let raw: RawServer = parse_json(&body)?;
     if raw.headers.is_some() {
         // The body is kept (the cluster's log, every replica's): no secret may be in it.

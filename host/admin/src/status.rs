@@ -1,8 +1,9 @@
 //! The status page's data: `GET /admin/status`, one document with everything the page shows
-//! (servers with their ring share, the policy slots and their versions, the experiment with
-//! each variant's TTFT distribution, the autoscaling signal, the replicas, the last errors),
-//! and `GET /admin/events`, the same document as server-sent events, sent when it changes
-//! (looked at once a second; a comment every 15 s keeps idle proxies from closing it).
+//! (servers with their ring share and KV cache, the policy slots and their versions, the
+//! experiment with each variant's TTFT distribution, the autoscaling signal, the replicas, the
+//! last errors), and `GET /admin/events`, the same document as server-sent events, sent when
+//! it changes (looked at once a second; a comment every 15 s keeps idle proxies from closing
+//! it).
 //!
 //! It reads through the other admin handlers' own builders and changes nothing.
 
@@ -49,6 +50,7 @@ pub(crate) async fn document(gateway: &Arc<Gateway>) -> Value {
                 .position(|s| entry["id"].as_str() == Some(s.id()))
                 .and_then(|i| shares.get(i).copied());
             entry["ring_share"] = json!(share);
+            entry["kv_cache"] = kv_cache(&entry["engine"]);
         }
     }
     let mut experiments = crate::experiments::experiments_json(gateway, &others);
@@ -78,6 +80,47 @@ pub(crate) async fn document(gateway: &Arc<Gateway>) -> Value {
         "cluster": cluster,
         "errors": gateway.recent_errors().newest_first(),
     })
+}
+
+/// A server's KV cache as the page shows it: the blocks live sequences use, the blocks that
+/// hold a reusable prefix and nothing else (what the hit ratio beside it comes from), the free
+/// ones, of all; `null` for a server that reports no blocks. An idle server uses none, so
+/// "used / total" alone read "0 / 26226" beside a 94 % hit ratio.
+fn kv_cache(engine: &Value) -> Value {
+    let count = |field: &str| engine[field].as_u64().unwrap_or(0);
+    let (used, cached, total) = (
+        count("kv_blocks_used"),
+        count("kv_blocks_cached"),
+        count("kv_blocks_total"),
+    );
+    if total == 0 {
+        return Value::Null;
+    }
+    json!({
+        "used": used,
+        "cached": cached,
+        "free": total.saturating_sub(used + cached),
+        "total": total,
+        "summary": format!(
+            "{} used, {} cached / {} blocks",
+            thousands(used),
+            thousands(cached),
+            thousands(total)
+        ),
+    })
+}
+
+/// `n` with a comma between each three digits (`26,226`).
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }
 
 /// `samples` (seconds) counted into [`TTFT_EDGES`]'s buckets.
@@ -145,6 +188,27 @@ async fn feed(gateway: Weak<Gateway>, tx: tokio::sync::mpsc::Sender<Bytes>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_idle_servers_kv_cache_shows_its_cached_blocks_beside_the_used_ones() {
+        // An idle simulated server after a Claude Code session: nothing running, 21,000
+        // blocks of prefixes kept, a 94 % hit ratio.
+        let engine = json!({"kv_blocks_used": 0, "kv_blocks_cached": 21_000,
+            "kv_blocks_total": 26_226, "prefix_cache_hit_ratio": 0.94});
+        let kv = kv_cache(&engine);
+        assert_eq!(kv["summary"], "0 used, 21,000 cached / 26,226 blocks");
+        assert_eq!(kv["free"], 5_226);
+        let busy = kv_cache(&json!({"kv_blocks_used": 1_234_567, "kv_blocks_cached": 7,
+            "kv_blocks_total": 2_000_000}));
+        assert_eq!(
+            busy["summary"],
+            "1,234,567 used, 7 cached / 2,000,000 blocks"
+        );
+        assert_eq!(kv_cache(&json!({"kv_blocks_total": 0})), Value::Null);
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+    }
 
     #[test]
     fn ttft_samples_fall_in_their_buckets() {

@@ -155,12 +155,16 @@ function renderServers(servers) {
     // its KV cache moves.
     cell(row, s.disaggregation ? `${s.role} (${s.disaggregation})` : s.role, `role-${s.role}`);
     const health = !s.routable ? 'unroutable' : 'ok';
-    cell(row, health, `health-${health}`);
+    // Why, when the server says (a remote server's health reason, else its last failure).
+    const why = s.health && (s.health.reason || (s.health.last_error && s.health.last_error.message));
+    cell(row, health, `health-${health}`).title = why || '';
     cell(row, s.in_flight, 'num');
     cell(row, engine.waiting, 'num');
     cell(row, engine.prefill_backlog_tokens ?? s.prefill_backlog_tokens, 'num');
-    const kv = engine.kv_blocks_total ? `${engine.kv_blocks_used} / ${engine.kv_blocks_total} blocks` : '—';
-    cell(row, kv, 'num');
+    // Used and cached (a prefix kept for reuse, where the hit ratio beside it comes from) of
+    // all: an idle server uses none, and "used / total" alone read 0 beside a high hit ratio.
+    const kv = s.kv_cache;
+    cell(row, kv ? kv.summary : '—', 'num').title = kv ? `${kv.free} free` : '';
     cell(row, pct(engine.prefix_cache_hit_ratio), 'num');
     cell(row, s.cache_view);
     cell(row, pct(s.ring_share), 'num');

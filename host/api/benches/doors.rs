@@ -47,6 +47,7 @@ fn doors(c: &mut Criterion) {
         stream_usage: true,
         usage_stats: true,
         prior_items: None,
+        clamped: None,
     };
     c.bench_function("relay/messages", |b| {
         b.iter(|| {

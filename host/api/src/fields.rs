@@ -8,6 +8,13 @@
 //! own API keeps both (its body goes on as it came); a translated one drops both, and the
 //! gateway counts each (`ringmaster_dropped_fields_total{door,field}`), logs it at debug and
 //! names it in the `x-ringmaster-dropped` response header.
+//!
+//! The fields only the gateway may set ([`FieldNotes::reserved`]: a split request's
+//! orchestration, `kv_transfer_params`, SGLang's bootstrap, the workers' `ringmaster_*`; see
+//! [`ringmaster_wire::reserved`]) are never passed on: every path drops and counts them, and
+//! `refuse` refuses them like unknown fields.
+
+use ringmaster_wire::reserved::is_reserved_field;
 
 use crate::error::ApiError;
 
@@ -40,6 +47,8 @@ impl UnknownFields {
 pub struct FieldNotes {
     /// Paths of fields no API of the door defines (`messages.0.content.1.colour`).
     pub unknown: Vec<String>,
+    /// Top-level fields only the gateway may set (`kv_transfer_params`): never passed on.
+    pub reserved: Vec<String>,
     /// Fields the API defines that the request does not carry, by name (`cache_control`,
     /// `tools.web_search`, `anthropic-beta`).
     pub unused: Vec<&'static str>,
@@ -58,18 +67,47 @@ impl FieldNotes {
 
     /// Whether anything was read over.
     pub fn is_empty(&self) -> bool {
-        self.unknown.is_empty() && self.unused.is_empty()
+        self.unknown.is_empty() && self.unused.is_empty() && self.reserved.is_empty()
     }
 
-    /// Refuses the first unknown field when the policy says so.
-    pub fn check(&self, policy: UnknownFields) -> Result<(), ApiError> {
-        match (policy, self.unknown.first()) {
-            (UnknownFields::Refuse, Some(path)) => Err(ApiError::invalid(format!(
+    /// Sorts the fields only the gateway may set out of the unknown ones, then refuses the
+    /// first reserved or unknown field when the policy says so.
+    pub fn settle(&mut self, policy: UnknownFields) -> Result<(), ApiError> {
+        let (reserved, unknown): (Vec<String>, Vec<String>) = std::mem::take(&mut self.unknown)
+            .into_iter()
+            .partition(|path| is_reserved_field(path));
+        self.unknown = unknown;
+        for name in reserved {
+            if !self.reserved.contains(&name) {
+                self.reserved.push(name);
+            }
+        }
+        if policy != UnknownFields::Refuse {
+            return Ok(());
+        }
+        if let Some(name) = self.reserved.first() {
+            return Err(ApiError::invalid(format!(
+                "{name}: a field only the gateway sets (a split request's orchestration); this \
+                 gateway refuses fields a client may not send: [api] unknown_fields = \"refuse\""
+            )));
+        }
+        match self.unknown.first() {
+            Some(path) => Err(ApiError::invalid(format!(
                 "{path}: unknown field (this gateway refuses fields the API does not define: \
                  [api] unknown_fields = \"refuse\")"
             ))),
-            _ => Ok(()),
+            None => Ok(()),
         }
+    }
+
+    /// What a body relayed as it came drops: the reserved fields always, the unknown ones
+    /// too under `[api] unknown_fields = "drop"`, by path.
+    pub fn relay_drops(&self, policy: UnknownFields) -> Vec<String> {
+        let mut paths = self.reserved.clone();
+        if policy == UnknownFields::Drop {
+            paths.extend(self.unknown.iter().cloned());
+        }
+        paths
     }
 
     /// What a translated request drops, by name (unknown paths without their indices:
@@ -82,6 +120,9 @@ impl FieldNotes {
                 names.push(name);
             }
         };
+        for name in &self.reserved {
+            add(name.clone());
+        }
         for name in &self.unused {
             add((*name).to_owned());
         }
@@ -133,10 +174,47 @@ mod tests {
             notes.dropped(true),
             ["cache_control", "colour", "messages.content.shade"]
         );
-        assert!(notes.check(UnknownFields::Pass).is_ok());
-        let err = notes.check(UnknownFields::Refuse).unwrap_err();
+        assert!(notes.settle(UnknownFields::Pass).is_ok());
+        let err = notes.settle(UnknownFields::Refuse).unwrap_err();
         assert!(
             err.message().starts_with("colour: unknown field"),
+            "{}",
+            err.message()
+        );
+    }
+
+    #[test]
+    fn reserved_fields_are_sorted_out_dropped_on_every_path_and_refused_first() {
+        let mut notes = FieldNotes {
+            unknown: vec![
+                "colour".into(),
+                "kv_transfer_params".into(),
+                "messages.0.kv_transfer_params".into(),
+                "ringmaster_priority".into(),
+            ],
+            ..FieldNotes::default()
+        };
+        notes.settle(UnknownFields::Pass).unwrap();
+        assert_eq!(
+            notes.reserved,
+            ["kv_transfer_params", "ringmaster_priority"]
+        );
+        // Only the top level is the gateway's: a nested field of that name is merely unknown.
+        assert_eq!(notes.unknown, ["colour", "messages.0.kv_transfer_params"]);
+        assert_eq!(
+            notes.relay_drops(UnknownFields::Pass),
+            ["kv_transfer_params", "ringmaster_priority"]
+        );
+        assert_eq!(notes.relay_drops(UnknownFields::Drop).len(), 4);
+        assert!(
+            notes
+                .dropped(true)
+                .starts_with(&["kv_transfer_params".into(), "ringmaster_priority".into()])
+        );
+        let err = notes.settle(UnknownFields::Refuse).unwrap_err();
+        assert!(
+            err.message()
+                .starts_with("kv_transfer_params: a field only the gateway sets"),
             "{}",
             err.message()
         );

@@ -17,7 +17,9 @@ use crate::error::ApiError;
 pub const MAX_UNKNOWN_FIELDS: usize = 64;
 
 /// Parses `body` into `T`, with the path of every field `T` does not know
-/// (`messages.0.content.1.colour`), at most [`MAX_UNKNOWN_FIELDS`] of them.
+/// (`messages.0.content.1.colour`), at most [`MAX_UNKNOWN_FIELDS`] of them, and every
+/// top-level field only the gateway may set whatever the count (a body cannot hide one behind
+/// 64 others).
 pub(crate) fn read_tracked<'a, T: Deserialize<'a>>(
     body: &'a [u8],
 ) -> Result<(T, Vec<String>), ApiError> {
@@ -25,7 +27,12 @@ pub(crate) fn read_tracked<'a, T: Deserialize<'a>>(
     let mut unknown = Vec::new();
     let mut json = serde_json::Deserializer::from_str(text);
     let value = serde_ignored::deserialize(&mut json, |path| {
-        if unknown.len() < MAX_UNKNOWN_FIELDS {
+        let reserved = matches!(
+            &path,
+            serde_ignored::Path::Map { parent: serde_ignored::Path::Root, key }
+                if ringmaster_wire::reserved::is_reserved_field(key)
+        );
+        if unknown.len() < MAX_UNKNOWN_FIELDS || reserved {
             unknown.push(path_text(&path));
         }
     })

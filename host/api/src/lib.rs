@@ -40,6 +40,7 @@ pub use error::{ApiError, ErrorKind};
 pub use fields::{FieldNotes, UnknownFields};
 pub use json::read_json;
 pub use request::{
-    ESTIMATED_BYTES_PER_TOKEN, ESTIMATED_TOKENS_PER_IMAGE, Limits, MAX_SESSION_CHARS, Request,
+    Clamped, ESTIMATED_BYTES_PER_TOKEN, ESTIMATED_TOKENS_PER_IMAGE, Limits, MAX_SESSION_CHARS,
+    Request,
 };
 pub use volatile::VolatileLines;

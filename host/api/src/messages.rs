@@ -142,7 +142,7 @@ fn validate(
     if raw.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         return Err(ApiError::invalid("model: must not be empty"));
     }
-    let max_tokens = match raw.max_tokens {
+    let (max_tokens, clamped) = match raw.max_tokens {
         None => return Err(ApiError::invalid("max_tokens: field required")),
         Some(n) => rules::max_tokens(n, "max_tokens", limits)?,
     };
@@ -215,6 +215,7 @@ fn validate(
     request.volatile = volatile;
     request.messages = messages;
     request.max_tokens = max_tokens;
+    request.clamped = clamped;
     request.stream = raw.stream.unwrap_or(false);
     request.sampling.temperature = temperature;
     request.sampling.top_p = top_p;
@@ -234,7 +235,7 @@ fn validate(
                 .any(|i| path.starts_with(&format!("tools.{i}.")))
         })
         .collect();
-    notes.check(limits.unknown_fields)?;
+    notes.settle(limits.unknown_fields)?;
     request.fields = notes;
     Ok(request.estimate())
 }

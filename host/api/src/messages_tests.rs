@@ -133,6 +133,10 @@ fn claude_codes_first_request_is_served() {
     )
     .unwrap();
     assert_eq!(req.max_tokens, max, "above the gateway's limit: the limit");
+    assert_eq!(
+        req.clamped.map(|c| c.header_value()),
+        Some(format!("max_tokens=32000->{max}"))
+    );
     assert_eq!(req.system.as_deref(), Some("You are Claude Code."));
     assert_eq!(
         req.messages.iter().map(|m| m.role).collect::<Vec<_>>(),

@@ -105,7 +105,7 @@ pub fn parse_chat(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiError> 
         request.effort = effort;
         notes.reasoning = Some("reasoning_effort");
     }
-    notes.check(limits.unknown_fields)?;
+    notes.settle(limits.unknown_fields)?;
     request.fields = notes;
     Ok(request.estimate())
 }
@@ -200,7 +200,7 @@ pub fn parse_completion(body: &[u8], limits: Limits<'_>) -> Result<Request, ApiE
         ..ChatMessage::default()
     }];
     request.raw_prompt = true;
-    notes.check(limits.unknown_fields)?;
+    notes.settle(limits.unknown_fields)?;
     request.fields = notes;
     Ok(request.estimate())
 }
@@ -457,14 +457,14 @@ fn tool_calls(calls: Vec<openai::ToolCall<'_>>, field: &str) -> Result<Vec<ToolC
 fn common(
     raw: openai::Request<'_>,
     door: Door,
-    (max_tokens, max_tokens_field, default_max_tokens): (Option<i64>, &str, u32),
+    (max_tokens, max_tokens_field, default_max_tokens): (Option<i64>, &'static str, u32),
     (limits, notes): (Limits<'_>, &mut FieldNotes),
 ) -> Result<Request, ApiError> {
     if raw.model.as_ref().is_some_and(|m| m.trim().is_empty()) {
         return Err(ApiError::invalid("model: must not be empty"));
     }
-    let max_tokens = match max_tokens {
-        None => default_max_tokens,
+    let (max_tokens, clamped) = match max_tokens {
+        None => (default_max_tokens, None),
         Some(n) => rules::max_tokens(n, max_tokens_field, limits)?,
     };
     if raw.n.is_some_and(|n| n != 1) {
@@ -527,6 +527,7 @@ fn common(
     }
     let mut request = Request::new(door, model);
     request.max_tokens = max_tokens;
+    request.clamped = clamped;
     request.stream = stream;
     request.include_usage = raw
         .stream_options

@@ -2,7 +2,10 @@
 //! with only what routing must set changed ([`RelayEdits`]): the model's served name, the
 //! volatile system-prompt lines taken out, a chat stream's usage asked for, a Responses
 //! request's earlier conversation put in front of its input (the gateway keeps the responses,
-//! not the server), and, with `[api] unknown_fields = "drop"`, the unknown fields taken out.
+//! not the server), an output limit above the gateway's lowered to it, the fields only the
+//! gateway may set taken out (always: a client's own `kv_transfer_params` must never reach an
+//! engine, see [`ringmaster_wire::reserved`]), and, with `[api] unknown_fields = "drop"`, the
+//! unknown fields taken out.
 //! Everything else, fields this gateway has never heard of included, reaches the server as
 //! the client wrote it, so engines that understand more than the gateway serve it.
 //!
@@ -10,11 +13,13 @@
 //! a value that is edited is parsed and written again.
 
 use ringmaster_wire::object::{ObjectWriter, TopLevel};
+use ringmaster_wire::reserved::is_reserved_field;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
 use crate::Door;
 use crate::error::ApiError;
+use crate::request::Clamped;
 use crate::volatile::VolatileLines;
 
 /// What a relayed body changes.
@@ -34,6 +39,9 @@ pub struct RelayEdits<'a> {
     /// A Responses request's earlier conversation (a JSON array's text), put before its
     /// input; the server stores nothing and is told of no earlier response.
     pub prior_items: Option<&'a str>,
+    /// An output limit above the gateway's, lowered to it in the field it was asked in (the
+    /// gateway's limit holds whichever server answers).
+    pub clamped: Option<Clamped>,
 }
 
 /// The body `door`'s client sent, as the server of the same API gets it.
@@ -47,7 +55,9 @@ pub fn relay_body(door: Door, body: &[u8], edits: &RelayEdits<'_>) -> Result<Vec
     let mut edited: Vec<(String, String)> = Vec::with_capacity(entries.len() + 2);
     let mut saw_stream_options = false;
     for (key, value) in &entries {
-        if edits.drop.iter().any(|path| path == key) {
+        // The reserved fields go whatever the door noted: this is the last place before a
+        // server, so it does not rely on the notes being complete.
+        if is_reserved_field(key) || edits.drop.iter().any(|path| path == key) {
             continue;
         }
         let nested: Vec<&str> = edits
@@ -57,6 +67,9 @@ pub fn relay_body(door: Door, body: &[u8], edits: &RelayEdits<'_>) -> Result<Vec
             .collect();
         let text = match (door, key.as_str()) {
             (_, "model") => Some(Value::from(edits.model)),
+            (_, field) if edits.clamped.is_some_and(|c| c.field == field) => {
+                edits.clamped.map(|c| Value::from(c.served))
+            }
             (Door::Messages, "system") if edits.volatile.is_some() => edits
                 .volatile
                 .map(|v| messages_system(value, v))
@@ -262,6 +275,7 @@ mod tests {
             stream_usage: true,
             usage_stats: false,
             prior_items: None,
+            clamped: None,
         }
     }
 
@@ -311,6 +325,45 @@ mod tests {
     }
 
     #[test]
+    fn an_output_limit_above_the_gateways_reaches_the_server_lowered_in_its_own_field() {
+        let clamped = |field| RelayEdits {
+            clamped: Some(Clamped {
+                field,
+                asked: 32_000,
+                served: 8192,
+            }),
+            ..edits(None)
+        };
+        let relayed = relay(
+            Door::Messages,
+            r#"{"model":"m","max_tokens":32000,"messages":[]}"#,
+            &clamped("max_tokens"),
+        );
+        assert_eq!(relayed["max_tokens"], 8192);
+        // Chat's newer field is the one lowered; the older one, not asked in, is left.
+        let relayed = relay(
+            Door::Chat,
+            r#"{"model":"m","max_completion_tokens":32000,"messages":[]}"#,
+            &clamped("max_completion_tokens"),
+        );
+        assert_eq!(relayed["max_completion_tokens"], 8192);
+        assert!(relayed.get("max_tokens").is_none());
+        let relayed = relay(
+            Door::Responses,
+            r#"{"model":"m","max_output_tokens":32000,"input":"x"}"#,
+            &clamped("max_output_tokens"),
+        );
+        assert_eq!(relayed["max_output_tokens"], 8192);
+        // Without a clamp, the client's number goes as it came.
+        let relayed = relay(
+            Door::Messages,
+            r#"{"model":"m","max_tokens":100,"messages":[]}"#,
+            &edits(None),
+        );
+        assert_eq!(relayed["max_tokens"], 100);
+    }
+
+    #[test]
     fn a_chat_stream_asks_for_usage_and_a_responses_body_carries_its_conversation() {
         let relayed = relay(
             Door::Chat,
@@ -333,6 +386,40 @@ mod tests {
         let input = relayed["input"].as_array().unwrap();
         assert_eq!(input.len(), 3);
         assert_eq!(input[2]["content"], "And 3+3?");
+        let err = relay_body(Door::Chat, b"[1]", &edits(None)).unwrap_err();
+        assert!(
+            err.message().contains("not a JSON object"),
+            "{}",
+            err.message()
+        );
+    }
+
+    #[test]
+    fn the_fields_only_the_gateway_sets_never_leave_whatever_the_door_noted() {
+        for door in [
+            Door::Messages,
+            Door::Chat,
+            Door::Completions,
+            Door::Responses,
+        ] {
+            // An escaped key is the same key to the server: it goes too.
+            let relayed = relay(
+                door,
+                r#"{"model":"m","input":"x","messages":[],"kv_transfer_param\u0073":{"do_remote_prefill":true,"remote_host":"10.9.9.9"},
+                    "bootstrap_host":"h","bootstrap_port":1,"bootstrap_room":7,"routed_dp_rank":0,
+                    "disagg_prefill_dp_rank":1,"ringmaster_priority":9,"colour":"blue"}"#,
+                &edits(None),
+            );
+            let object = relayed.as_object().unwrap();
+            for name in ringmaster_wire::reserved::RESERVED_FIELDS {
+                assert!(!object.contains_key(name), "{door:?}: {name}");
+            }
+            assert!(!object.contains_key("ringmaster_priority"), "{door:?}");
+            assert_eq!(
+                object["colour"], "blue",
+                "{door:?}: an unknown field passes"
+            );
+        }
         let err = relay_body(Door::Chat, b"[1]", &edits(None)).unwrap_err();
         assert!(
             err.message().contains("not a JSON object"),

@@ -26,7 +26,7 @@ pub const MAX_SESSION_CHARS: usize = 256;
 pub struct Limits<'a> {
     /// The models served (and the aliases that name them).
     pub models: &'a [String],
-    /// The largest `max_tokens` accepted.
+    /// The largest `max_tokens` served (a request asking for more is served at it).
     pub max_output_tokens: u32,
     /// What becomes of fields the door's API does not define.
     pub unknown_fields: UnknownFields,
@@ -94,6 +94,31 @@ pub struct Request {
     pub volatile: Option<String>,
     /// What only the Responses door needs (its echo, storage and tool namespaces).
     pub responses: Option<Box<crate::responses::Context>>,
+    /// The output limit the client asked for, when it was above the gateway's
+    /// (`[limits] max_output_tokens`) and [`Self::max_tokens`] is the gateway's instead.
+    pub clamped: Option<Clamped>,
+}
+
+/// A `max_tokens` above the gateway's limit, served at the limit: agents ask for what their
+/// own model could write (Claude Code 32,000 to 128,000 tokens), so the reply is cut at the
+/// gateway's limit instead of refused, as a server cuts it at its context's end. The client
+/// is told by the `x-ringmaster-clamped` response header ([`Clamped::header_value`]), and a
+/// server of the door's own API gets the limit in the field it was asked in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Clamped {
+    /// The body's field: `max_tokens`, `max_completion_tokens` or `max_output_tokens`.
+    pub field: &'static str,
+    /// What the client asked for.
+    pub asked: u64,
+    /// What is served: the gateway's limit.
+    pub served: u32,
+}
+
+impl Clamped {
+    /// `FIELD=ASKED->SERVED`, e.g. `max_tokens=32000->8192`.
+    pub fn header_value(&self) -> String {
+        format!("{}={}->{}", self.field, self.asked, self.served)
+    }
 }
 
 impl Request {
@@ -120,6 +145,7 @@ impl Request {
             fields: FieldNotes::default(),
             volatile: None,
             responses: None,
+            clamped: None,
         }
     }
 

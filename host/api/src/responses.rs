@@ -129,8 +129,8 @@ pub fn parse(
             )));
         }
     };
-    let max_tokens = match raw.max_output_tokens {
-        None => limits.max_output_tokens,
+    let (max_tokens, clamped) = match raw.max_output_tokens {
+        None => (limits.max_output_tokens, None),
         Some(n) => rules::max_tokens(n, "max_output_tokens", limits)?,
     };
     let temperature = rules::in_range(raw.temperature, "temperature", true, 2.0)?;
@@ -260,6 +260,7 @@ pub fn parse(
     request.volatile = volatile;
     request.messages = messages;
     request.max_tokens = max_tokens;
+    request.clamped = clamped;
     request.stream = raw.stream.unwrap_or(false);
     request.sampling.temperature = temperature;
     request.sampling.top_p = top_p;
@@ -276,7 +277,7 @@ pub fn parse(
         prior_items: previous.map(|p| p.items.to_owned()),
         input_items,
     }));
-    notes.check(limits.unknown_fields)?;
+    notes.settle(limits.unknown_fields)?;
     request.fields = notes;
     Ok(request.estimate())
 }

@@ -7,7 +7,7 @@ use ringmaster_wire::chat::{Effort, Image, ToolChoice, ToolOffer, ToolSpec};
 use serde_json::value::RawValue;
 
 use crate::error::ApiError;
-use crate::request::{Limits, MAX_SESSION_CHARS};
+use crate::request::{Clamped, Limits, MAX_SESSION_CHARS};
 
 /// The 400 for a field this gateway knows but does not serve: it names the field and the
 /// feature, never calls it unknown.
@@ -36,19 +36,32 @@ pub(crate) fn served_model(model: Option<Str<'_>>, limits: Limits<'_>) -> Result
     Ok(model.into_owned())
 }
 
-/// `n` as a `max_tokens` (named `field`): at least 1; above the gateway's limit, the limit.
-/// Agents ask for what their own model could write (Claude Code 32,000 to 128,000 tokens,
-/// whatever model serves it): a reply is cut at the gateway's limit instead of refused, as
-/// a server cuts it at its context's end.
-pub(crate) fn max_tokens(n: i64, field: &str, limits: Limits<'_>) -> Result<u32, ApiError> {
+/// `n` as a `max_tokens` (named `field`): at least 1; above the gateway's limit, the limit,
+/// with the [`Clamped`] that says so. Agents ask for what their own model could write (Claude
+/// Code 32,000 to 128,000 tokens, whatever model serves it): a reply is cut at the gateway's
+/// limit instead of refused, as a server cuts it at its context's end.
+pub(crate) fn max_tokens(
+    n: i64,
+    field: &'static str,
+    limits: Limits<'_>,
+) -> Result<(u32, Option<Clamped>), ApiError> {
     if n < 1 {
         return Err(ApiError::invalid(format!(
             "{field}: must be at least 1, got {n}"
         )));
     }
-    Ok(u32::try_from(n)
-        .unwrap_or(u32::MAX)
-        .min(limits.max_output_tokens))
+    let served = limits.max_output_tokens;
+    Ok(match u32::try_from(n) {
+        Ok(n) if n <= served => (n, None),
+        _ => (
+            served,
+            Some(Clamped {
+                field,
+                asked: n.unsigned_abs(),
+                served,
+            }),
+        ),
+    })
 }
 
 /// A sampling value in `[0 or above 0, max]`.
@@ -222,6 +235,26 @@ pub(crate) fn image_url(url: Str<'_>, data_ok: bool) -> Option<Image> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_max_tokens_above_the_limit_is_served_at_the_limit_and_says_so() {
+        let models = ["m".to_owned()];
+        let limits = Limits::new(&models, 8192);
+        assert_eq!(
+            max_tokens(8192, "max_tokens", limits).unwrap(),
+            (8192, None)
+        );
+        assert_eq!(max_tokens(1, "max_tokens", limits).unwrap(), (1, None));
+        let (served, clamped) = max_tokens(32_000, "max_completion_tokens", limits).unwrap();
+        assert_eq!(served, 8192);
+        let clamped = clamped.expect("a clamp is reported");
+        assert_eq!(clamped.header_value(), "max_completion_tokens=32000->8192");
+        // Past u32: still the limit, and the number as asked.
+        let (served, clamped) = max_tokens(1 << 40, "max_tokens", limits).unwrap();
+        assert_eq!(served, 8192);
+        assert_eq!(clamped.unwrap().asked, 1 << 40);
+        assert!(max_tokens(0, "max_tokens", limits).is_err());
+    }
 
     #[test]
     fn a_tool_schema_must_be_an_object_or_have_a_default() {

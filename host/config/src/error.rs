@@ -2,20 +2,23 @@
 
 use std::time::Duration;
 
-/// A configuration problem, named precisely.
+/// A configuration problem, named precisely. Each message holds its cause's words and no
+/// variant exposes that cause as its [`source`](std::error::Error::source) too: a printer
+/// that walks the chain (anyhow's `{:#}` and `Caused by:`) would show a TOML error's
+/// snippet twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}: {error}")]
     Read {
         /// The file.
         path: String,
         /// Why.
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    /// The TOML is malformed or has unknown keys.
+    /// The TOML is malformed or has unknown keys (the message shows where, with a snippet).
     #[error("config is not valid: {0}")]
-    Parse(#[from] toml::de::Error),
+    Parse(toml::de::Error),
     /// A value breaks an invariant.
     #[error("config key `{key}`: {problem}")]
     Invalid {
@@ -24,6 +27,21 @@ pub enum ConfigError {
         /// What is wrong.
         problem: String,
     },
+    /// A value the configuration took from the environment breaks an invariant: the variable
+    /// is named, since no file holds the value.
+    #[error("environment variable {variable}: {problem}")]
+    Env {
+        /// The variable.
+        variable: String,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl From<toml::de::Error> for ConfigError {
+    fn from(error: toml::de::Error) -> Self {
+        Self::Parse(error)
+    }
 }
 
 impl ConfigError {

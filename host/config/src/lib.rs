@@ -36,6 +36,7 @@ pub mod servers;
 pub mod telemetry;
 pub mod tls;
 pub mod upstream;
+pub mod workers;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -59,7 +60,7 @@ pub use policies::{
 pub use raw::{
     RawAdmission, RawApi, RawApiKey, RawAutoscale, RawCluster, RawConfig, RawDisaggregation,
     RawFallback, RawLimits, RawModel, RawPolicies, RawRecord, RawResponses, RawRouterVariant,
-    RawRouting, RawSafety, RawServer, RawSimulator, RawTenant,
+    RawRouting, RawSafety, RawServer, RawSimulator, RawTenant, RawWorkers,
 };
 pub use routing::{PrefixHashing, RingSettings};
 pub use servers::{
@@ -210,6 +211,8 @@ pub struct Config {
     pub disaggregation: DisaggregationSettings,
     /// Servers at start.
     pub servers: Vec<ServerSpec>,
+    /// What the gateway shares with its `ringmaster worker`s (`[workers]`).
+    pub workers: workers::WorkersSettings,
     /// `[[fallback]]`: the spill-over rules, the first that covers a request used.
     pub fallback: Vec<FallbackRule>,
     /// Overrides of the simulated servers' defaults.
@@ -251,9 +254,9 @@ impl RawConfig {
 
     /// Reads and parses a TOML file.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::from_toml(&text)
     }
@@ -302,6 +305,9 @@ impl RawConfig {
             }
         }
 
+        // Where the token came from is kept for its error: a newcomer who exported a short
+        // `RINGMASTER_ADMIN_TOKEN` has no `admin_token` key to look for.
+        let from_env = self.admin_token.is_none();
         let admin_token = self
             .admin_token
             .or_else(|| env(ADMIN_TOKEN_ENV))
@@ -309,10 +315,19 @@ impl RawConfig {
         if let Some(token) = &admin_token
             && token.chars().count() < MIN_ADMIN_TOKEN_CHARS
         {
-            return Err(invalid(
-                "admin_token",
-                format!("must be at least {MIN_ADMIN_TOKEN_CHARS} characters"),
-            ));
+            let problem = format!(
+                "the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters, and this \
+                 one has {}",
+                token.chars().count()
+            );
+            return Err(if from_env {
+                ConfigError::Env {
+                    variable: ADMIN_TOKEN_ENV.to_owned(),
+                    problem,
+                }
+            } else {
+                invalid("admin_token", problem)
+            });
         }
 
         let (admin_listener, mut admin_tokens) = admin::admin(self.admin.unwrap_or_default())?;
@@ -369,6 +384,8 @@ impl RawConfig {
             }
             servers.push(spec);
         }
+
+        let workers = workers::workers(self.workers.unwrap_or_default(), &servers, &env)?;
 
         let raw_simulator = self.simulator.unwrap_or_default();
         let local_cache_view = match raw_simulator.cache_view.as_deref() {
@@ -430,6 +447,7 @@ impl RawConfig {
             responses: response_store(self.responses.unwrap_or_default())?,
             disaggregation: disaggregation::settings(self.disaggregation.unwrap_or_default())?,
             servers,
+            workers,
             simulator,
             local_cache_view,
             model,

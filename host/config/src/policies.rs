@@ -15,26 +15,59 @@ pub const DEFAULT_QUEUE_AGING: Duration = Duration::from_secs(10);
 /// Output bytes the safety filter checks at a time (and holds back), unless configured.
 pub const DEFAULT_OUTPUT_WINDOW_BYTES: usize = 256;
 
-/// The built-in policies a config may name as `builtin:NAME`: the ones the policy engine
-/// embeds (a test of the gateway, which knows both crates, keeps the two lists equal; this
-/// crate is a leaf and cannot ask the engine).
-pub const BUILTIN_POLICY_NAMES: [&str; 15] = [
-    "consistent-hash",
-    "cache-aware",
-    "prefix-affinity",
-    "kv-cost",
-    "weighted-scorers",
-    "prefix-cache",
-    "least-loaded",
-    "round-robin",
-    "pair-prefix",
-    "pair-llm-d",
-    "pair-dynamo",
-    "pair-split",
-    "learned-ttft",
-    "tiered",
-    "blocklist",
+/// The built-in policies a config may name as `builtin:NAME`, with the slot each one fills:
+/// the ones the policy engine embeds (a test of the slots crate, which knows both crates,
+/// keeps the names equal and loads each into its slot; this crate is a leaf and cannot ask
+/// the engine).
+pub const BUILTIN_POLICIES: [(&str, SlotKind); 15] = [
+    ("consistent-hash", SlotKind::Router),
+    ("cache-aware", SlotKind::Router),
+    ("prefix-affinity", SlotKind::Router),
+    ("kv-cost", SlotKind::Router),
+    ("weighted-scorers", SlotKind::Router),
+    ("prefix-cache", SlotKind::Router),
+    ("least-loaded", SlotKind::Router),
+    ("round-robin", SlotKind::Router),
+    ("pair-prefix", SlotKind::Router),
+    ("pair-llm-d", SlotKind::Router),
+    ("pair-dynamo", SlotKind::Router),
+    ("pair-split", SlotKind::Router),
+    ("learned-ttft", SlotKind::Router),
+    ("tiered", SlotKind::Admission),
+    ("blocklist", SlotKind::Safety),
 ];
+
+/// The slot a policy is loaded into, which decides the world its component must target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotKind {
+    /// A router variant or the shadow (world `router` or `learning-router`).
+    Router,
+    /// The admission slot (world `admission`).
+    Admission,
+    /// The safety filter (world `safety-filter`).
+    Safety,
+}
+
+impl SlotKind {
+    /// What a policy of this slot is called in errors.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Router => "router",
+            Self::Admission => "admission",
+            Self::Safety => "safety-filter",
+        }
+    }
+
+    /// The built-ins that fill this slot, for errors.
+    fn builtins(self) -> String {
+        BUILTIN_POLICIES
+            .iter()
+            .filter(|(_, slot)| *slot == self)
+            .map(|(name, _)| *name)
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
 
 /// How the host guards a router policy's choices with the bounded-load cap: an explicit part
 /// of the router slot's contract (`[policies] router_bounded_load`, `router_load_factor`).
@@ -76,21 +109,34 @@ pub enum PolicySource {
 }
 
 impl PolicySource {
-    /// `builtin:NAME` (one that exists) or a file path; `key` names the setting in errors.
-    pub fn parse(source: &str, key: &str) -> Result<Self, ConfigError> {
+    /// `builtin:NAME` (one that exists and fills `slot`) or a file path; `key` names the
+    /// setting in errors. A built-in in another slot's place is refused here, where
+    /// `check-config` and `serve` both look, rather than when the engine loads it; a file's
+    /// world is known only once it is loaded.
+    pub fn parse(source: &str, key: &str, slot: SlotKind) -> Result<Self, ConfigError> {
         match source.strip_prefix("builtin:") {
-            Some(name) => {
-                if !BUILTIN_POLICY_NAMES.contains(&name) {
-                    return Err(invalid(
-                        key,
-                        format!(
-                            "no built-in policy {name:?}; built-ins: {}",
-                            BUILTIN_POLICY_NAMES.join(", ")
-                        ),
-                    ));
-                }
-                Ok(Self::Builtin(name.to_owned()))
-            }
+            Some(name) => match BUILTIN_POLICIES.iter().find(|(n, _)| *n == name) {
+                None => Err(invalid(
+                    key,
+                    format!(
+                        "no built-in policy {name:?}; built-in {} policies: {}",
+                        slot.as_str(),
+                        slot.builtins()
+                    ),
+                )),
+                Some((_, filled)) if *filled != slot => Err(invalid(
+                    key,
+                    format!(
+                        "builtin:{name} fills the {} slot, not the {} slot; built-in {} \
+                         policies: {}",
+                        filled.as_str(),
+                        slot.as_str(),
+                        slot.as_str(),
+                        slot.builtins()
+                    ),
+                )),
+                Some(_) => Ok(Self::Builtin(name.to_owned())),
+            },
             None if source.is_empty() => Err(invalid(
                 key,
                 "must be builtin:NAME or a path to a .wasm component",
@@ -309,7 +355,7 @@ pub(crate) fn policies_config(
     let mut router = Vec::new();
     for (i, variant) in raw.router.unwrap_or_default().into_iter().enumerate() {
         let key = format!("policies.router[{i}]");
-        let source = policy_source(&key, &variant.source)?;
+        let source = policy_source(&key, &variant.source, SlotKind::Router)?;
         if router
             .iter()
             .any(|v: &RouterVariantSpec| v.name == variant.name)
@@ -432,7 +478,7 @@ pub(crate) fn policies_config(
             }
             Some(SlotPolicySpec {
                 name: slot_policy_name("policies.admission.name", a.name, "admission")?,
-                source: policy_source("policies.admission", &a.source)?,
+                source: policy_source("policies.admission", &a.source, SlotKind::Admission)?,
                 config: policy_config(a.config),
             })
         }
@@ -454,7 +500,7 @@ pub(crate) fn policies_config(
             safety_fail_closed = f.fail_closed.unwrap_or(false);
             Some(SlotPolicySpec {
                 name: slot_policy_name("policies.safety.name", f.name, "safety")?,
-                source: policy_source("policies.safety", &f.source)?,
+                source: policy_source("policies.safety", &f.source, SlotKind::Safety)?,
                 config: policy_config(f.config),
             })
         }
@@ -502,8 +548,8 @@ pub(crate) fn policies_config(
 }
 
 /// `builtin:NAME` or a file path, checked.
-fn policy_source(key: &str, source: &str) -> Result<PolicySource, ConfigError> {
-    PolicySource::parse(source, &format!("{key}.source"))
+fn policy_source(key: &str, source: &str, slot: SlotKind) -> Result<PolicySource, ConfigError> {
+    PolicySource::parse(source, &format!("{key}.source"), slot)
 }
 
 /// A policy's configuration as the strings the `config` import hands out.

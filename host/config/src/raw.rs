@@ -63,6 +63,17 @@ pub struct RawConfig {
     /// `[disaggregation]`: the rules for requests split between a prefill and a decode
     /// server.
     pub disaggregation: Option<RawDisaggregation>,
+    /// `[workers]`: what the gateway shares with its `ringmaster worker`s.
+    pub workers: Option<RawWorkers>,
+}
+
+/// `[workers]`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorkers {
+    /// The environment variable holding the secret a split request's legs are signed with
+    /// (default `RINGMASTER_WORKER_SECRET`).
+    pub secret_env: Option<String>,
 }
 
 /// `[disaggregation]`: the rules for requests split between a prefill and a decode server.

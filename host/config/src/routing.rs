@@ -2,7 +2,7 @@
 //! session headers, and which router policy routes when `[[policies.router]]` names none.
 
 use crate::error::{ConfigError, invalid};
-use crate::policies::PolicySource;
+use crate::policies::{PolicySource, SlotKind};
 use crate::raw::RawRouting;
 
 /// Default size of one prefix-hash chunk, in bytes of canonical prompt text (~64 tokens).
@@ -123,7 +123,7 @@ pub(crate) fn routing(routing: RawRouting) -> Result<Routing, ConfigError> {
         .as_deref()
         .or(from_strategy)
         .unwrap_or(DEFAULT_ROUTER);
-    let router = PolicySource::parse(router_text, "routing.router")?;
+    let router = PolicySource::parse(router_text, "routing.router", SlotKind::Router)?;
     let ring = RingSettings {
         vnodes_per_weight: routing
             .vnodes_per_weight

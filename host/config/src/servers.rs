@@ -131,6 +131,11 @@ impl ServerAddress {
         }
     }
 
+    /// Whether it runs in this process (`sim://`, `gguf:`), not behind a URL.
+    pub fn is_in_process(&self) -> bool {
+        !matches!(self, Self::Remote { .. })
+    }
+
     /// The ring id it defaults to.
     pub fn default_id(&self) -> &str {
         match self {
@@ -678,7 +683,7 @@ impl ServerSpec {
         bootstrap_port: Option<u16>,
         dp_rank: Option<u32>,
     ) -> Result<Self, String> {
-        let in_process = !matches!(self.address, ServerAddress::Remote { .. });
+        let in_process = self.address.is_in_process();
         self.role = crate::ServerRole::new(role, connector, bootstrap_port, dp_rank, in_process)?;
         Ok(self)
     }

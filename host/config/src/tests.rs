@@ -264,10 +264,130 @@ fn admin_token_comes_from_env_when_file_has_none() {
     assert_eq!(config.admin_tokens[0].name, "admin");
     assert_eq!(config.admin_tokens[0].digest, key_digest(&"a".repeat(20)));
     assert!(!format!("{config:?}").contains(&"a".repeat(20)));
+    // A short token names where it came from: the variable (there is no key to fix), or
+    // the file's key.
     let err = RawConfig::default()
         .validate_with_env(|_| Some("short".into()))
-        .unwrap_err();
-    assert!(err.to_string().contains("admin_token"));
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("environment variable RINGMASTER_ADMIN_TOKEN") && !err.contains("admin_token"),
+        "{err}"
+    );
+    assert!(
+        err.contains("at least 16 characters, and this one has 5"),
+        "{err}"
+    );
+    let err = RawConfig::from_toml("admin_token = \"short\"")
+        .unwrap()
+        .validate_with_env(|_| Some("a".repeat(20)))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("config key `admin_token`") && !err.contains("RINGMASTER"),
+        "{err}"
+    );
+}
+
+/// A configuration error's words appear once down its chain of causes: anyhow's `{:#}` and
+/// `Caused by:` print each cause after the message, so a message that holds its cause's
+/// words must not expose it as a source too (a TOML error's snippet was printed twice).
+#[test]
+fn an_error_says_each_thing_once_down_its_chain() {
+    let chain = |err: &ConfigError| {
+        let mut text = err.to_string();
+        let mut cause = std::error::Error::source(err);
+        while let Some(e) = cause {
+            text.push_str(&format!(": {e}"));
+            cause = e.source();
+        }
+        text
+    };
+    let parse = RawConfig::from_toml("listen = \"127.0.0.1:8080\"\nbogus_key = 1\n").unwrap_err();
+    let text = chain(&parse);
+    assert_eq!(text.matches("bogus_key = 1").count(), 1, "{text}");
+    assert!(text.contains("unknown field"), "{text}");
+    let read = RawConfig::from_file(Path::new("/nonexistent/ringmaster.toml")).unwrap_err();
+    let text = chain(&read);
+    assert_eq!(text.matches("No such file").count(), 1, "{text}");
+}
+
+/// A built-in policy fills one slot: named in another's place it is refused by the
+/// configuration's own check, which `check-config` and `serve` both run (`check-config` once
+/// passed `router = "builtin:tiered"`, which `serve` refused when the engine loaded it).
+#[test]
+fn a_built_in_in_another_slots_place_is_refused() {
+    let check = |toml: &str| {
+        RawConfig::from_toml(toml)
+            .unwrap()
+            .validate_with_env(no_env)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    for (toml, key) in [
+        ("[routing]\nrouter = \"builtin:tiered\"", "routing.router"),
+        (
+            "[[policies.router]]\nname = \"a\"\nsource = \"builtin:blocklist\"",
+            "policies.router[0].source",
+        ),
+        (
+            "[policies.admission]\nsource = \"builtin:round-robin\"",
+            "policies.admission.source",
+        ),
+        (
+            "[policies.safety]\nsource = \"builtin:tiered\"",
+            "policies.safety.source",
+        ),
+    ] {
+        let err = check(toml).unwrap_err();
+        assert!(err.contains(key) && err.contains("slot"), "{toml}: {err}");
+    }
+    let err = check("[routing]\nrouter = \"builtin:tiered\"").unwrap_err();
+    assert!(
+        err.contains("builtin:tiered fills the admission slot, not the router slot")
+            && err.contains("prefix-affinity")
+            && !err.contains("blocklist"),
+        "{err}"
+    );
+    // Each in its own slot passes.
+    check(
+        "[routing]\nrouter = \"builtin:learned-ttft\"\n\
+         [policies.admission]\nsource = \"builtin:tiered\"\n\
+         [policies.safety]\nsource = \"builtin:blocklist\"",
+    )
+    .unwrap();
+}
+
+/// The embedded default configuration points its reader at a section of the documentation
+/// by file and title (`(docs/policies.md, "Which default, and why")`): the file exists and
+/// holds the title, so the pointer cannot go stale when a section moves again.
+#[test]
+fn the_default_configurations_pointers_name_sections_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut pointers = 0;
+    for part in DEFAULT_CONFIG_TOML.split('(').skip(1) {
+        let Some((file, rest)) = part.split_once(", \"") else {
+            continue;
+        };
+        if !(file == "README" || file.ends_with(".md")) || file.contains(char::is_whitespace) {
+            continue;
+        }
+        let Some((title, _)) = rest.split_once('"') else {
+            continue;
+        };
+        let path = match file {
+            "README" => root.join("README.md"),
+            other => root.join(other),
+        };
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("the default config points at {file}: {e}"));
+        assert!(
+            text.contains(title),
+            "the default config points at {file}, {title:?}, which it does not hold"
+        );
+        pointers += 1;
+    }
+    assert!(pointers >= 1, "the default config points at no section");
 }
 
 #[test]
@@ -578,5 +698,53 @@ fn the_reference_documents_every_key_and_only_those() {
     assert!(
         undocumented.is_empty() && gone.is_empty(),
         "docs/configuration.md, \"Every key\": document {undocumented:?}; remove {gone:?}"
+    );
+}
+
+#[test]
+fn remote_ringmaster_pairs_need_the_workers_secret_from_the_environment() {
+    let pair = |extra: &str| {
+        format!(
+            "{extra}\n[[servers]]\nid = \"p\"\naddress = \"http://10.0.0.1:8001\"\nrole = \"prefill\"\n\
+             disaggregation = \"ringmaster\"\n[[servers]]\nid = \"d\"\naddress = \"http://10.0.0.2:8001\"\n\
+             role = \"decode\"\ndisaggregation = \"ringmaster\"\n"
+        )
+    };
+    let err = RawConfig::from_toml(&pair(""))
+        .unwrap()
+        .validate_with_env(no_env)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("workers.secret_env") && err.contains("RINGMASTER_WORKER_SECRET"),
+        "{err}"
+    );
+    let short = |name: &str| (name == "RINGMASTER_WORKER_SECRET").then(|| "short".to_owned());
+    let err = RawConfig::from_toml(&pair(""))
+        .unwrap()
+        .validate_with_env(short)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at least 16"), "{err}");
+    // Another variable, named in the file; the secret is carried redacted.
+    let named = |name: &str| (name == "FLEET_SECRET").then(|| "0123456789abcdef-fleet".to_owned());
+    let config = RawConfig::from_toml(&pair("[workers]\nsecret_env = \"FLEET_SECRET\""))
+        .unwrap()
+        .validate_with_env(named)
+        .unwrap();
+    assert_eq!(config.workers.secret_env, "FLEET_SECRET");
+    assert_eq!(
+        config.workers.secret.as_ref().map(Secret::expose),
+        Some("0123456789abcdef-fleet")
+    );
+    assert!(!format!("{config:?}").contains("0123456789abcdef-fleet"));
+    // This process's own servers hand their blocks over in memory: no secret needed.
+    let local = "[[servers]]\naddress = \"sim://p\"\nrole = \"prefill\"\n\
+                 [[servers]]\naddress = \"sim://d\"\nrole = \"decode\"\n";
+    assert!(
+        RawConfig::from_toml(local)
+            .unwrap()
+            .validate_with_env(no_env)
+            .is_ok()
     );
 }

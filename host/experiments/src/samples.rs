@@ -21,10 +21,10 @@ pub struct VariantStats {
     pub prompt_tokens: AtomicU64,
     /// Of which served from the prefix cache.
     pub cached_tokens: AtomicU64,
-    /// At each decision, the most prompt tokens any candidate server held (the gateway's
-    /// cache view): what the variant could have had.
+    /// Of finished requests' prompt tokens, those the best-placed candidate held at the
+    /// decision (the gateway's cache view): what the variant could have had.
     pub reachable_cached_tokens: AtomicU64,
-    /// At each decision, the prompt tokens the chosen server held: what it took.
+    /// Of finished requests' prompt tokens, those the chosen server held: what it took.
     pub achieved_cached_tokens: AtomicU64,
     ttft: Mutex<VecDeque<f64>>,
     /// Each finished request's (cached, prompt) tokens, the same window as `ttft`: the
@@ -38,7 +38,9 @@ pub struct VariantStats {
 }
 
 impl VariantStats {
-    /// Records a decision's cache: the most any candidate held, and what the chosen held.
+    /// Records a finished request's reach: of its prompt tokens, the most any candidate held
+    /// at the decision, and what the chosen one held (each at most its prompt tokens, so
+    /// that the totals stand beside [`Self::prompt_tokens`] in one unit).
     pub fn record_reach(&self, reachable: u64, achieved: u64) {
         use std::sync::atomic::Ordering::Relaxed;
         self.reachable_cached_tokens.fetch_add(reachable, Relaxed);
@@ -133,10 +135,10 @@ pub struct VariantFigures {
     pub prompt_tokens: u64,
     /// Of which cached.
     pub cached_tokens: u64,
-    /// The most prompt tokens any candidate held at each decision, summed.
+    /// Of the prompt tokens, those the best-placed candidate held at each decision, summed.
     #[serde(default)]
     pub reachable_cached_tokens: u64,
-    /// The prompt tokens the chosen server held at each decision, summed.
+    /// Of the prompt tokens, those the chosen server held at each decision, summed.
     #[serde(default)]
     pub achieved_cached_tokens: u64,
     /// Times to first token, seconds, most recent last.

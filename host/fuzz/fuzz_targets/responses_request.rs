@@ -32,6 +32,7 @@ fuzz_target!(|body: &[u8]| {
                     stream_usage: true,
                     usage_stats: true,
                     prior_items: Some(prior.items),
+                    clamped: request.clamped,
                 };
                 let relayed = relay_body(door, body, &edits).expect("a body the door took relays");
                 let value: serde_json::Value =

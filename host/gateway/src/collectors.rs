@@ -427,8 +427,49 @@ impl Collector for ServerCollector {
         for (label, _, load) in &servers {
             ConstCounter::new(load.busy_seconds_total).encode(family.encode_family(label)?)?;
         }
+        encode_import_refusals(&mut encoder, &servers)?;
         encode_engine_feeds(&mut encoder, &servers)
     }
+}
+
+/// A server and why its engine refused a KV handoff.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct RefusalLabel {
+    server: String,
+    reason: &'static str,
+}
+
+/// The KV handoffs each engine (in this process, or a `ringmaster worker` through its load
+/// report) refused because their blocks were not the request's own: the split requests whose
+/// prompt was computed again, and a sign of a broken or hostile peer.
+fn encode_import_refusals(
+    encoder: &mut DescriptorEncoder<'_>,
+    servers: &[(
+        ServerLabel,
+        Arc<ringmaster_pool::Server>,
+        ringmaster_gpu_runtime::LoadReport,
+    )],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        "kv_import_refused",
+        "KV handoffs a server's engine refused, by reason: hash (a block's hash is not that of its tokens and parent), tokens (blocks that are not the request's prompt), shape (contents not of the engine's shape); the prompt was computed there instead",
+        None,
+        prometheus_client::metrics::MetricType::Counter,
+    )?;
+    for (label, _, load) in servers {
+        for (reason, count) in [
+            ("hash", load.kv_import_refused_hash),
+            ("tokens", load.kv_import_refused_tokens),
+            ("shape", load.kv_import_refused_shape),
+        ] {
+            let label = RefusalLabel {
+                server: label.server.clone(),
+                reason,
+            };
+            ConstCounter::new(count).encode(family.encode_family(&label)?)?;
+        }
+    }
+    Ok(())
 }
 
 /// The counters of each engine KV event feed (servers with `kv_events` only).

@@ -18,7 +18,7 @@ use crate::body::ResponseBody;
 use crate::call::prepare::{resolve_model, unserved_in_process};
 use crate::call::{Call, CallInput, Prior};
 use crate::reply::early;
-use crate::respond::{json_response, read_json_body};
+use crate::respond::{json_response, read_json_body, refuse_unread};
 use crate::state::Gateway;
 use ringmaster_slots::routing::MAX_SESSION_ID_BYTES;
 
@@ -30,19 +30,23 @@ pub(crate) async fn answer(
     started: Instant,
     request_id: &str,
 ) -> Result<Response<ResponseBody>, ApiError> {
-    let caller = crate::auth::authenticate_at(
-        &gateway.keys.current(),
-        &gateway.metrics,
-        req.headers(),
-        door,
-    )?;
-    let session = session_header(req.headers(), &gateway.config.session_headers)?;
+    let checked = (|| -> Result<_, ApiError> {
+        let headers = req.headers();
+        let caller =
+            crate::auth::authenticate_at(&gateway.keys.current(), &gateway.metrics, headers, door)?;
+        let session = session_header(headers, &gateway.config.session_headers)?;
+        Ok((caller, session, queue_timeout_header(headers)?))
+    })();
+    let (caller, session, queue_timeout) = match checked {
+        Ok(checked) => checked,
+        // Refused on the head alone: the client hears it once it has sent its body.
+        Err(e) => return Err(refuse_unread(req, e).await),
+    };
     let passed_headers = passed_headers(req.headers(), &gateway.config.policies.pass_headers);
-    let queue_timeout = queue_timeout_header(req.headers())?;
     let trace_context = ringmaster_telemetry::trace_headers(req.headers());
     let relay_headers = relay_headers(door, req.headers());
     let body = read_json_body(gateway, req).await?;
-    let prior = prior(gateway, door, &body, Some(&caller.key_label)).await?;
+    let prior = prior(gateway, door, &body, Some(&caller.owner)).await?;
     let input = CallInput {
         door,
         queue_timeout,
@@ -97,7 +101,11 @@ pub(crate) async fn count_tokens(
 ) -> Result<Response<ResponseBody>, ApiError> {
     let caller =
         crate::auth::authenticate_request(&gateway.keys.current(), &gateway.metrics, req.headers())
-            .await?;
+            .await;
+    let caller = match caller {
+        Ok(caller) => caller,
+        Err(e) => return Err(refuse_unread(req, e).await),
+    };
     let body = read_json_body(gateway, req).await?;
     let fleet = gateway.pool.snapshot();
     let request = ringmaster_api::messages::parse_count_tokens(&body, gateway.limits(&fleet))?;
@@ -106,10 +114,10 @@ pub(crate) async fn count_tokens(
         .map_err(crate::auth::refused)?;
     let (_, pool) = resolve_model(&fleet, &request.model)?;
     let scheme = pool.servers.iter().find_map(|s| s.cache_scheme());
-    // Only Ringmaster's own engines report a tokenizer, and they serve neither tools nor
-    // images: a count of a prompt they would refuse would only mislead.
+    // Only Ringmaster's own engines report a tokenizer, and they serve neither tools (but
+    // simulated ones) nor images: a count of a prompt they would refuse would only mislead.
     if scheme.is_some()
-        && let Some(refusal) = unserved_in_process(&request)
+        && let Some(refusal) = unserved_in_process(&request, &pool)
     {
         return Err(refusal);
     }
@@ -160,7 +168,7 @@ pub(crate) fn resume_stream(
     };
     let body = gateway
         .streams
-        .resume(id, &caller.key_label, last)
+        .resume(id, &caller.owner, last)
         .ok_or_else(|| {
             ApiError::not_found(format!(
                 "stream {id:?} is not known here (finished and expired, or never started)"
@@ -187,7 +195,7 @@ pub(crate) async fn stored_response(
     let caller =
         crate::auth::authenticate_request(&gateway.keys.current(), &gateway.metrics, req.headers())
             .await?;
-    let owner: &str = &caller.key_label;
+    let owner: &str = &caller.owner;
     let (id, action) = match rest.split_once('/') {
         Some((id, action)) => (id, Some(action)),
         None => (rest, None),

@@ -60,6 +60,6 @@ pub use reload::POLICY_WATCH_INTERVAL;
 /// The configuration (its own crate).
 pub use ringmaster_config as config;
 pub use ringmaster_config::{Config, RawConfig};
-pub use service::{Listener, serve, serve_admin};
+pub use service::{Listener, PeerAddr, serve, serve_admin};
 pub use start::StartError;
 pub use state::{AdminFuture, AdminRoutes, Gateway};

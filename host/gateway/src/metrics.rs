@@ -214,10 +214,12 @@ pub struct Metrics {
     pub prefix_cached_tokens: Family<DoorVariantLabels, Counter>,
     /// Prompt tokens the servers reported, cached or not, by door and variant.
     pub prompt_tokens: Family<DoorVariantLabels, Counter>,
-    /// At each routing decision, the most prompt tokens any candidate server held, as the
-    /// gateway's cache view estimated them, by variant.
+    /// Of each finished request's prompt tokens (its server's count), those the best-placed
+    /// candidate held at the routing decision, as the gateway's cache view estimated them,
+    /// by variant.
     pub reachable_cached_tokens: Family<VariantLabel, Counter>,
-    /// At each routing decision, the prompt tokens the chosen server held, by variant.
+    /// Of each finished request's prompt tokens, those the chosen server held at the
+    /// decision, by variant.
     pub achieved_cached_tokens: Family<VariantLabel, Counter>,
 }
 
@@ -420,13 +422,13 @@ impl Metrics {
         let reachable_cached_tokens = Family::<VariantLabel, Counter>::default();
         registry.register(
             "routing_reachable_cached_tokens",
-            "At each routing decision, the most prompt tokens any candidate server held (the gateway's cache view), by variant",
+            "Of each finished request's prompt tokens (its server's count), those the best-placed candidate server held at the routing decision (the gateway's cache view), by variant",
             reachable_cached_tokens.clone(),
         );
         let achieved_cached_tokens = Family::<VariantLabel, Counter>::default();
         registry.register(
             "routing_achieved_cached_tokens",
-            "At each routing decision, the prompt tokens the chosen server held (the gateway's cache view), by variant",
+            "Of each finished request's prompt tokens (its server's count), those the chosen server held at the routing decision (the gateway's cache view), by variant",
             achieved_cached_tokens.clone(),
         );
         Self {

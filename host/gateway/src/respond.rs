@@ -1,6 +1,18 @@
 //! Building responses and reading request bodies, shared by every handler: JSON answers,
 //! errors in their door's shape (with `retry-after` and `x-should-retry`), and JSON bodies
-//! under the configured size limit.
+//! under the configured size limit (the doors' declared as JSON, the admin API's taken for
+//! what they are whatever they declare).
+//!
+//! An error answered before the request's body was read (a wrong key, a body too large or not
+//! JSON, a shed request) over HTTP/2 first reads the rest of the body and throws it away
+//! ([`refuse_unread`]): the stream is otherwise reset under a client that is still sending,
+//! and a client such as curl 7.88 then reports "stream error in the HTTP/2 framing layer" and
+//! loses the answer, although hyper resets with NO_ERROR after the whole answer as RFC 9113
+//! §8.1 allows. A client that has sent its body has nothing to lose. Over HTTP/1.1 hyper reads
+//! what has arrived and closes the connection after the answer itself, and a client that
+//! asked `Expect: 100-continue` has sent nothing and is told by the answer not to.
+
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
@@ -37,6 +49,8 @@ pub(crate) mod header_names {
     pub(crate) static FALLBACK: HeaderName = HeaderName::from_static("x-ringmaster-fallback");
     /// The fields of the request its server never saw.
     pub(crate) static DROPPED: HeaderName = HeaderName::from_static("x-ringmaster-dropped");
+    /// An output limit above the gateway's, served at it: `max_tokens=32000->8192`.
+    pub(crate) static CLAMPED: HeaderName = HeaderName::from_static("x-ringmaster-clamped");
 }
 
 /// A JSON response with `status`.
@@ -80,26 +94,12 @@ fn stamp_retry(mut response: Response<ResponseBody>, error: &ApiError) -> Respon
     response
 }
 
-/// Reads a JSON request body under the configured size limit.
+/// Reads a JSON request body under the configured size limit: the doors', whose clients are
+/// SDKs that say `application/json`, as Anthropic's and OpenAI's APIs ask (415 otherwise).
 pub async fn read_json_body(gateway: &Gateway, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let content_type = req
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let media_type = content_type.split(';').next().unwrap_or("").trim();
-    if !media_type.eq_ignore_ascii_case("application/json") {
-        return Err(ApiError::new(
-            ErrorKind::UnsupportedMediaType,
-            format!(
-                "content-type must be application/json, got {:?}",
-                if content_type.is_empty() {
-                    "(none)"
-                } else {
-                    content_type
-                }
-            ),
-        ));
+    let content_type = content_type(&req);
+    if !declares_json(&content_type) {
+        return Err(refuse_unread(req, not_json(&content_type)).await);
     }
     read_body_under(
         gateway,
@@ -108,6 +108,72 @@ pub async fn read_json_body(gateway: &Gateway, req: Request<Incoming>) -> Result
         "request body is larger than this gateway's limit of",
     )
     .await
+}
+
+/// Reads a request body that is JSON whatever content type it declares, under the configured
+/// size limit: the admin API's, whose callers are operators at a shell, and `curl -d` sends
+/// `application/x-www-form-urlencoded` unless told otherwise. A body that does not parse is
+/// refused with 415 when its content type did not say JSON either; when it did, the handler's
+/// own parse says what is wrong with it (400).
+pub async fn read_any_json_body(
+    gateway: &Gateway,
+    req: Request<Incoming>,
+) -> Result<Bytes, ApiError> {
+    let content_type = content_type(&req);
+    let body = read_body_under(
+        gateway,
+        req,
+        gateway.config.max_body_bytes,
+        "request body is larger than this gateway's limit of",
+    )
+    .await?;
+    if !declares_json(&content_type)
+        && let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+    {
+        return Err(ApiError::new(
+            ErrorKind::UnsupportedMediaType,
+            format!(
+                "the body must be JSON, and it is not ({e}); its content-type is {:?}",
+                shown(&content_type)
+            ),
+        ));
+    }
+    Ok(body)
+}
+
+/// The request's `content-type`, empty when absent or not text.
+fn content_type(req: &Request<Incoming>) -> String {
+    req.headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Whether `content_type` is `application/json` (parameters such as a charset aside).
+fn declares_json(content_type: &str) -> bool {
+    let media_type = content_type.split(';').next().unwrap_or("").trim();
+    media_type.eq_ignore_ascii_case("application/json")
+}
+
+/// The doors' 415: the body is not declared JSON.
+fn not_json(content_type: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::UnsupportedMediaType,
+        format!(
+            "content-type must be application/json, got {:?}",
+            shown(content_type)
+        ),
+    )
+}
+
+/// A content type as an error names it.
+fn shown(content_type: &str) -> &str {
+    if content_type.is_empty() {
+        "(none)"
+    } else {
+        content_type
+    }
 }
 
 /// Reads a whole request body of at most `limit` bytes (413, saying `too_large` and the
@@ -131,9 +197,11 @@ pub async fn read_body_under(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return Err(too_large());
+        return Err(refuse_unread(req, too_large()).await);
     }
-    let read = Limited::new(req.into_body(), limit).collect();
+    let drain_past_limit = needs_drain(&req);
+    let mut body = req.into_body();
+    let read = Limited::new(&mut body, limit).collect();
     let read = match gateway.config.client.body_read_timeout {
         Some(timeout) => match tokio::time::timeout(timeout, read).await {
             Ok(read) => read,
@@ -152,9 +220,69 @@ pub async fn read_body_under(
     };
     match read {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            if drain_past_limit {
+                drain(body).await;
+            }
+            Err(too_large())
+        }
         Err(e) => Err(ApiError::invalid(format!(
             "could not read the request body: {e}"
         ))),
     }
+}
+
+/// Most bytes of a request's body read and thrown away before an error is answered
+/// ([`refuse_unread`]): past them the answer goes anyway (and the stream is reset under the
+/// client), so that a client cannot hold the gateway reading forever.
+pub const DRAIN_LIMIT_BYTES: u64 = 64 << 20;
+
+/// Longest a request's body is read and thrown away before an error is answered.
+pub const DRAIN_TIME: Duration = Duration::from_secs(5);
+
+/// `error`, once `req`'s body has been read to its end and thrown away (at most
+/// [`DRAIN_LIMIT_BYTES`], for at most [`DRAIN_TIME`]) when it came over HTTP/2: for an error
+/// answered before the body was read, so that the client has sent all of it when the answer
+/// comes (see the module's documentation). A body already at its end costs nothing.
+pub async fn refuse_unread<B>(req: Request<B>, error: ApiError) -> ApiError
+where
+    B: hyper::body::Body + Unpin,
+{
+    if needs_drain(&req) {
+        drain(req.into_body()).await;
+    }
+    error
+}
+
+/// Whether an unread body must be read before an error is answered: over HTTP/2, unless the
+/// client waits to be asked for it (`Expect: 100-continue`).
+fn needs_drain<B>(req: &Request<B>) -> bool {
+    let waits = req
+        .headers()
+        .get(http::header::EXPECT)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    req.version() == http::Version::HTTP_2 && !waits
+}
+
+/// Reads `body` to its end and throws it away, within [`DRAIN_LIMIT_BYTES`] and
+/// [`DRAIN_TIME`]; a body that breaks off ends it too.
+async fn drain<B>(mut body: B)
+where
+    B: hyper::body::Body + Unpin,
+{
+    if body.is_end_stream() {
+        return;
+    }
+    let read = async {
+        let mut seen = 0u64;
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Some(data) = frame.data_ref() {
+                seen += bytes::Buf::remaining(data) as u64;
+                if seen > DRAIN_LIMIT_BYTES {
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, read).await;
 }

@@ -27,7 +27,7 @@ use ringmaster_wire::models::{Model, ModelList};
 
 use crate::body::{ResponseBody, full};
 use crate::metrics::ResponseLabels;
-use crate::respond::{error_response, json_response};
+use crate::respond::{error_response, json_response, refuse_unread};
 use crate::state::Gateway;
 
 /// Which of the gateway's listeners a connection came in on.
@@ -109,13 +109,19 @@ async fn serve_on(
     ringmaster_serve::drain(graceful, gateway.config.shutdown_grace, name).await;
 }
 
+/// The address of the client a request came from, in the request's extensions (the admin
+/// API's audit trail names it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
 /// Handles one request: routes by path, turns errors into responses, stamps the request id.
 async fn handle(
     gateway: Arc<Gateway>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     (peer, listener): (SocketAddr, Listener),
     in_flight: ringmaster_serve::conn::InFlight,
 ) -> Response<ResponseBody> {
+    req.extensions_mut().insert(PeerAddr(peer));
     let request_id = format!("req_{}", uuid::Uuid::new_v4().simple());
     // With traces on, the span is an OpenTelemetry server span continuing the client's
     // `traceparent`; with them off it is only the log lines' request id.
@@ -151,7 +157,8 @@ async fn handle(
                 pending,
                 dispatch(&gateway, req, (door, listener), started, &request_id).await,
             ),
-            Err(shed) => (None, Err(shed)),
+            // Shed on the head alone: the client hears it once it has sent its body.
+            Err(shed) => (None, Err(refuse_unread(req, shed).await)),
         };
         if let Err(e) = &result
             && e.kind() == ErrorKind::RateLimit
@@ -262,14 +269,16 @@ async fn dispatch(
     let operator_path = matches!(path.as_str(), "/healthz" | "/readyz" | "/metrics");
     match listener {
         Listener::Public if admin_path && gateway.config.admin_listener.is_some() => {
-            return Err(ApiError::not_found(
+            let wrong = ApiError::not_found(
                 "the admin API is served on its own listener ([admin] listen), not this one",
-            ));
+            );
+            return Err(refuse_unread(req, wrong).await);
         }
         Listener::Admin if !admin_path && !operator_path => {
-            return Err(ApiError::not_found(format!(
+            let wrong = ApiError::not_found(format!(
                 "this listener serves the admin API only; {path} is on the public one"
-            )));
+            ));
+            return Err(refuse_unread(req, wrong).await);
         }
         _ => {}
     }
@@ -377,7 +386,10 @@ async fn dispatch(
                 )),
             }
         }
-        _ => Err(ApiError::not_found(format!("no route for {method} {path}"))),
+        _ => {
+            let nowhere = ApiError::not_found(format!("no route for {method} {path}"));
+            Err(refuse_unread(req, nowhere).await)
+        }
     }
 }
 

@@ -223,7 +223,18 @@ impl Gateway {
             "admin",
             config.admin_listener.as_ref().and_then(|a| a.tls.as_ref()),
         )?;
+        let worker_secret = match &config.workers.secret {
+            Some(secret) => Some(
+                ringmaster_tls::credential::WorkerSecret::new(
+                    &config.workers.secret_env,
+                    secret.expose().as_bytes(),
+                )
+                .map_err(|e| StartError::Config(format!("workers.secret_env: {e}")))?,
+            ),
+            None => None,
+        };
         let gateway = Arc::new(Self {
+            worker_secret,
             tls,
             admin_tls,
             volatile,

@@ -57,6 +57,9 @@ pub struct Gateway {
     pub(crate) tls: Option<Arc<ringmaster_tls::ServerTls>>,
     /// The admin listener's TLS (`[admin] cert`).
     pub(crate) admin_tls: Option<Arc<ringmaster_tls::ServerTls>>,
+    /// The secret a split request's legs to `ringmaster worker`s are signed with
+    /// (`[workers] secret_env`; `None`: unsigned, and the workers serve them whole).
+    pub(crate) worker_secret: Option<ringmaster_tls::credential::WorkerSecret>,
 }
 
 impl Gateway {

@@ -27,6 +27,40 @@ pub(crate) struct Observation {
     pub(crate) ttft_us: AtomicU64,
 }
 
+/// What routing could have had of a request's prompt from the servers' caches (the most any
+/// candidate held) and what it took (what the chosen server held), as the gateway's cache view
+/// saw them at the decision: in tokens of the prompt's estimate (`of`, 4 bytes a token, tools
+/// included).
+///
+/// They are counted when the request finishes, as the same shares of the prompt tokens its
+/// server counted: summed at the decision in the estimate's tokens, they stood beside the
+/// servers' counts as if in the same unit, and a variant's "achieved" read above its prompt
+/// tokens (a Claude Code prompt's tools are a third of its estimate and none of a simulated
+/// server's count; a failed request was decided but never counted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Reach {
+    /// The most tokens of the estimate any candidate held.
+    pub(crate) reachable: u64,
+    /// The tokens of the estimate the chosen server held.
+    pub(crate) achieved: u64,
+    /// The estimate's tokens.
+    pub(crate) of: u32,
+}
+
+impl Reach {
+    /// (reachable, achieved) as shares of `prompt_tokens`, the server's count: each at most
+    /// `prompt_tokens`, achieved at most reachable.
+    pub(crate) fn of_counted(&self, prompt_tokens: u32) -> (u64, u64) {
+        let of = u64::from(self.of);
+        if of == 0 {
+            return (0, 0);
+        }
+        let share = |tokens: u64| tokens.min(of) * u64::from(prompt_tokens) / of;
+        let reachable = share(self.reachable);
+        (reachable, share(self.achieved).min(reachable))
+    }
+}
+
 /// Per-request bookkeeping that ends in the variant's statistics and the latency histograms.
 pub(crate) struct Tracker {
     pub(crate) gateway: Arc<Gateway>,
@@ -43,6 +77,9 @@ pub(crate) struct Tracker {
     /// The door the request came in by (its cache figures are counted by door).
     pub(crate) door: ringmaster_api::Door,
     pub(crate) started: Instant,
+    /// What the decision could have had of the prompt from the servers' caches, and what it
+    /// took, counted when the request finishes.
+    pub(crate) reach: Reach,
     /// The request's start as the traffic recording has it, when recording.
     pub(crate) record: Option<ringmaster_telemetry::record::RecordStart>,
     /// The request's span when traced: held until the reply ends, so it ends with it.
@@ -146,14 +183,24 @@ impl Tracker {
             .request_duration_seconds
             .get_or_create(&self.label)
             .observe(self.started.elapsed().as_secs_f64());
+        let (reachable, achieved) = self.reach.of_counted(prompt_tokens);
         if let Some(variant) = &self.variant {
             variant.stats.record_cache(cached_tokens, prompt_tokens);
+            variant.stats.record_reach(reachable, achieved);
         }
+        let metrics = &self.gateway.metrics;
+        metrics
+            .reachable_cached_tokens
+            .get_or_create(&self.label)
+            .inc_by(reachable);
+        metrics
+            .achieved_cached_tokens
+            .get_or_create(&self.label)
+            .inc_by(achieved);
         let labels = crate::metrics::DoorVariantLabels {
             door: self.door.label(),
             variant: self.label.variant.clone(),
         };
-        let metrics = &self.gateway.metrics;
         metrics
             .prefix_cached_tokens
             .get_or_create(&labels)
@@ -179,4 +226,33 @@ impl Tracker {
 /// A one-element string array attribute (`gen_ai.response.finish_reasons` is a list).
 fn opentelemetry_array(item: &'static str) -> ringmaster_telemetry::Value {
     ringmaster_telemetry::Value::Array(ringmaster_telemetry::Array::String(vec![item.into()]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Reach;
+
+    #[test]
+    fn the_cache_reach_is_counted_in_the_servers_tokens_never_above_its_prompt() {
+        // A Claude Code turn on a simulated server: estimated at 30,000 tokens (its tools
+        // included), counted 12,000 by the server; the chosen server held 28,000 of the
+        // estimate, the best 29,000. Summed as estimated, "achieved" read 28,000 beside a
+        // prompt of 12,000.
+        let reach = Reach {
+            reachable: 29_000,
+            achieved: 28_000,
+            of: 30_000,
+        };
+        assert_eq!(reach.of_counted(12_000), (11_600, 11_200));
+        // Whatever the estimate said, never above the prompt counted.
+        let over = Reach {
+            reachable: 50_000,
+            achieved: 40_000,
+            of: 30_000,
+        };
+        assert_eq!(over.of_counted(1_000), (1_000, 1_000));
+        // Nothing estimated, or nothing counted: nothing reached.
+        assert_eq!(Reach::default().of_counted(5_000), (0, 0));
+        assert_eq!(reach.of_counted(0), (0, 0));
+    }
 }

@@ -8,8 +8,8 @@
 //! next request carries all of it. Sessions start as a Poisson process; within one, the next
 //! request comes after the reply's modelled time and the tool's run. Each request names its
 //! session (Claude Code's `metadata.user_id`) and, where the scenario says so, carries Claude
-//! Code's billing line as the system prompt's first line, new on every request
-//! ([`crate::render`] writes it).
+//! Code's billing line as the system prompt's first block, new on every request
+//! ([`crate::render`] writes it; the gateway's `volatile_prefix` takes it out or not).
 //!
 //! Blocks follow the Mooncake trace's convention ([`crate::trace`]): ids of 512-token blocks,
 //! the shared prefix's ids the same in every session, a turn's ids the previous turn's

@@ -144,7 +144,7 @@ fn goodput_section(
         .iter()
         .map(|slo| {
             format!(
-                "{}: TTFT ≤ {} s and a mean inter-token gap ≤ {} ms",
+                "{}: TTFT ≤ {} s and TPOT ≤ {} ms",
                 slo.name,
                 slo.ttft_s,
                 slo.itl_s * 1000.0
@@ -163,7 +163,9 @@ fn goodput_section(
         spec.attainment * 100.0,
     );
     text.push_str(&format!(
-        "Rates: {} × the trace's own ({:.2} req/s); splits and latencies at {}× the trace's rate.\n\n",
+        "Rates: {} × the trace's own ({:.2} req/s), then, per row and SLO, runs bisecting \
+         between the highest rate that met the target and the next above it until the two are \
+         within {:.0} %; splits and latencies at {}× the trace's rate.\n\n",
         spec.rates
             .iter()
             .map(|r| format!("{r}"))
@@ -174,8 +176,11 @@ fn goodput_section(
             .first()
             .and_then(|row| row.points.first())
             .map_or(0.0, |p| p.rate_rps / spec.rates[0]),
+        (crate::goodput::BRACKET_RATIO - 1.0) * 100.0,
         spec.rates[at],
     ));
+    text.push_str(crate::goodput::SLO_DEFINITIONS);
+    text.push_str("\n\n");
     text.push_str(&crate::goodput::table(&report.goodput, &spec.slos, at));
     text.push_str(&format!(
         "\nAttainment by rate: {}. Data: `{}`.\n",
@@ -199,7 +204,7 @@ fn attainment_by_rate(
     let top = report
         .goodput
         .iter()
-        .flat_map(|row| row.points.iter().map(|p| p.rate_rps))
+        .flat_map(|row| row.all_points().into_iter().map(|p| p.rate_rps))
         .fold(0.0, f64::max)
         .max(1e-3);
     let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
@@ -207,7 +212,7 @@ fn attainment_by_rate(
     let mut chart = ChartBuilder::on(&root)
         .caption(
             format!(
-                "Requests meeting TTFT ≤ {} s and inter-token ≤ {} ms ({}), by rate",
+                "Requests meeting TTFT ≤ {} s and TPOT ≤ {} ms ({}), by rate",
                 slo.ttft_s,
                 slo.itl_s * 1000.0,
                 slo.name
@@ -235,8 +240,9 @@ fn attainment_by_rate(
         let colour = COLOURS[i % COLOURS.len()];
         chart
             .draw_series(LineSeries::new(
-                row.points
-                    .iter()
+                // Every run, the bisection's too: the line joins measured points only.
+                row.all_points()
+                    .into_iter()
                     .map(|p| (p.rate_rps, p.attainment.get(index).copied().unwrap_or(0.0))),
                 colour.stroke_width(2),
             ))

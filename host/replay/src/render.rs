@@ -127,6 +127,11 @@ pub fn billing_line(request: &TraceRequest) -> String {
 /// [`messages_body`], the system prompt led by Claude Code's billing line when
 /// `with_billing_line`; a request of a known session names it as Claude Code does
 /// (`metadata.user_id`).
+///
+/// The line is sent as Claude Code sends it: the first text block of `system`, a block of its
+/// own, the system prompt in the next. So a replay with the line goes through the door's own
+/// handling of that shape, and what the servers see depends on the gateway taking the line
+/// out, not on how it was rendered here.
 pub fn messages_body_as(
     request: &TraceRequest,
     earlier_turns: &[usize],
@@ -144,10 +149,21 @@ pub fn messages_body_as(
     if let Some(session) = request.session {
         let _ = write!(body, r#""metadata":{{"user_id":"session-{session:08x}"}},"#);
     }
+    // The words and the line need no escaping.
     match (with_billing_line, system.is_empty()) {
-        (true, _) => {
-            // The words and the line need no escaping; the line break is JSON's `\n`.
-            let _ = write!(body, r#""system":"{}\n{system}","#, billing_line(request));
+        (true, false) => {
+            let _ = write!(
+                body,
+                r#""system":[{{"type":"text","text":"{}"}},{{"type":"text","text":"{system}"}}],"#,
+                billing_line(request)
+            );
+        }
+        (true, true) => {
+            let _ = write!(
+                body,
+                r#""system":[{{"type":"text","text":"{}"}}],"#,
+                billing_line(request)
+            );
         }
         (false, false) => {
             let _ = write!(body, r#""system":"{system}","#);
@@ -231,5 +247,38 @@ mod tests {
                 .map(|m| words(m["content"].as_str().unwrap()))
                 .sum::<usize>();
         assert_eq!(total, 2100);
+    }
+
+    #[test]
+    fn the_billing_line_is_a_system_block_of_its_own_and_new_on_every_request() {
+        let mut first = request(2100, &[0, 1, 5, 6, 7]);
+        first.session = Some(3);
+        let mut second = first.clone();
+        second.arrival = Duration::from_secs(9);
+        let plain: serde_json::Value =
+            serde_json::from_slice(&messages_body(&first, &[2])).unwrap();
+        let lines: Vec<String> = [&first, &second]
+            .iter()
+            .map(|r| {
+                let body: serde_json::Value =
+                    serde_json::from_slice(&messages_body_as(r, &[2], true)).unwrap();
+                let system = body["system"].as_array().unwrap();
+                assert_eq!(system.len(), 2);
+                // The system prompt is the one the body without the line has, untouched.
+                assert_eq!(system[1]["text"], plain["system"]);
+                assert_eq!(body["messages"], plain["messages"]);
+                let line = system[0]["text"].as_str().unwrap().to_owned();
+                assert!(
+                    line.starts_with("x-anthropic-billing-header: ") && line.contains(" cch="),
+                    "{line}"
+                );
+                line
+            })
+            .collect();
+        assert_ne!(lines[0], lines[1]);
+        // A one-block prompt has no system prompt: the line is the whole of `system`.
+        let body: serde_json::Value =
+            serde_json::from_slice(&messages_body_as(&request(300, &[4]), &[], true)).unwrap();
+        assert_eq!(body["system"].as_array().unwrap().len(), 1);
     }
 }

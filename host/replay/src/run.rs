@@ -590,3 +590,72 @@ fn metric_by_label(text: &str, name: &str, label: &str) -> Vec<(String, u64)> {
     sums.sort();
     sums
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Scenario, TraceFormat, agent};
+
+    /// A small made-up agent trace replayed three times through the Messages door, request by
+    /// request: without the billing line, with it and the gateway's default `volatile_prefix`,
+    /// and with it and `volatile_prefix = []`. The bodies of the last two are the same, each
+    /// line new; only the gateway's taking the line out makes the `hygiene` run's servers see
+    /// the prompts of the run without it, so were the gateway to stop, this fails.
+    #[test]
+    fn only_the_gateway_taking_the_line_out_gives_every_request_the_cache_it_has_without_it() {
+        let scenario = Scenario::from_toml(
+            "format = \"agent\"\nservers = 3\nrouters = [\"builtin:prefix-affinity\"]\n\
+             [agent]\nsessions = 5\nturns_max = 8\n",
+            std::path::Path::new("."),
+        )
+        .unwrap();
+        let TraceFormat::Agent(shape) = scenario.format else {
+            unreachable!("an agent scenario")
+        };
+        let requests = shape.requests();
+        let turns = agent::earlier_turns(&requests);
+        // Every body with the line carries one of its own.
+        let lines: std::collections::HashSet<String> =
+            requests.iter().map(crate::render::billing_line).collect();
+        assert_eq!(lines.len(), requests.len());
+        // A fresh runtime per run: each starts its paused clock at zero.
+        let run = |line| {
+            let data = crate::runtime()
+                .unwrap()
+                .block_on(replay(
+                    &scenario.fleet,
+                    ("builtin:prefix-affinity", "in_process", line),
+                    &requests,
+                    &turns,
+                    &[],
+                ))
+                .unwrap();
+            assert!(data.outcomes.iter().all(|o| o.error.is_none()));
+            data.outcomes
+        };
+        let (none, kept, hygiene) = (
+            run(BillingLine::None),
+            run(BillingLine::Raw),
+            run(BillingLine::Hygiene),
+        );
+        let cached = |outcomes: &[Outcome]| outcomes.iter().map(|o| o.cached_tokens).sum::<u32>();
+        assert!(cached(&none) > 0);
+        for ((n, k), h) in none.iter().zip(&kept).zip(&hygiene) {
+            // Kept, the line reaches the server (more prompt); taken out, it does not.
+            assert!(k.prompt_tokens > n.prompt_tokens, "{k:?} vs {n:?}");
+            assert_eq!(
+                (h.prompt_tokens, h.cached_tokens, &h.server),
+                (n.prompt_tokens, n.cached_tokens, &n.server),
+                "request {}",
+                n.index
+            );
+        }
+        // Kept, the line, new on every request, costs the engines' caches everything.
+        assert!(
+            cached(&kept) * 20 < cached(&none),
+            "{} vs {}",
+            cached(&kept),
+            cached(&none)
+        );
+    }
+}

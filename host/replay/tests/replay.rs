@@ -328,8 +328,8 @@ fn the_billing_line_costs_the_cache_everything_unless_the_gateway_takes_it_out()
 
 /// A goodput sweep over an aggregated and a disaggregated fleet: the split requests go to the
 /// prefill servers and decode elsewhere, the decode servers' token gaps are shorter than an
-/// aggregated server's (no prompt chunks in their steps), and attainment falls as the rate
-/// rises.
+/// aggregated server's (no prompt chunks in their steps), attainment falls as the rate rises,
+/// and the goodput is bracketed by runs within 10 % of each other.
 #[test]
 fn a_goodput_sweep_splits_requests_and_measures_their_token_gaps() {
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
@@ -362,6 +362,36 @@ fn a_goodput_sweep_splits_requests_and_measures_their_token_gaps() {
         assert_eq!(row.points.len(), 2);
         assert!(row.points[1].attainment[0] <= row.points[0].attainment[0] + 1e-9);
         assert_eq!(row.points[0].failed, 0);
+        // The goodput is a bracket of two runs, not a figure between them: the lower end met
+        // 90 %, the upper end missed it and is within 10 % of it, and nothing run above the
+        // lower end met it.
+        let bracket = row.goodput[0];
+        let all = row.all_points();
+        let attained = |rate: f64| {
+            all.iter()
+                .find(|p| p.rate_rps == rate)
+                .unwrap_or_else(|| panic!("{}: {rate} req/s was not run", row.label))
+                .attainment[0]
+        };
+        if let Some(pass) = bracket.pass_rps {
+            assert!(attained(pass) >= 0.9, "{}: {bracket:?}", row.label);
+            assert!(
+                all.iter()
+                    .all(|p| p.rate_rps <= pass || p.attainment[0] < 0.9)
+            );
+        }
+        if let Some(fail) = bracket.fail_rps {
+            assert!(attained(fail) < 0.9, "{}: {bracket:?}", row.label);
+        }
+        if let (Some(pass), Some(fail)) = (bracket.pass_rps, bracket.fail_rps) {
+            assert!(
+                fail <= pass * ringmaster_replay::goodput::BRACKET_RATIO * (1.0 + 1e-9),
+                "{}: {bracket:?}",
+                row.label
+            );
+            // From a 4x gap, the bisection took runs of its own.
+            assert!(!row.bisection.is_empty(), "{}", row.label);
+        }
     }
     let table = ringmaster_replay::goodput::table(
         &report.goodput,

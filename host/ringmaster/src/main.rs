@@ -1,7 +1,8 @@
 //! `ringmaster`: the gateway binary. Parses the command line, loads and validates the
 //! configuration (embedded default, then `--config`, then flags), sets up logging, and runs the
-//! gateway until SIGINT or SIGTERM; or, as `ringmaster worker`, serves one model engine over
-//! HTTP. All logic lives in `ringmaster-gateway` and `ringmaster-worker`.
+//! gateway until SIGINT or SIGTERM (then drains; a second signal stops at once); or, as
+//! `ringmaster worker`, serves one model engine over HTTP. All logic lives in
+//! `ringmaster-gateway` and `ringmaster-worker`.
 
 use std::path::PathBuf;
 
@@ -51,6 +52,11 @@ enum Command {
     CheckConfig {
         /// The TOML file.
         config: PathBuf,
+        /// Also connect to each remote server (an `https://` one with the TLS handshake a
+        /// request makes: its CA file, its name, a client certificate) and say per server
+        /// whether it works, or why not; exits 1 when one does not.
+        #[arg(long)]
+        probe: bool,
     },
     /// Print the embedded default configuration, a starting point for your own.
     DefaultConfig,
@@ -138,6 +144,18 @@ struct WorkerArgs {
     /// from a prefill worker's blocks). Whole requests are served in every role.
     #[arg(long, default_value = "both", value_parser = ["both", "prefill", "decode"])]
     role: String,
+    /// The environment variable that holds the secret this worker shares with its gateways
+    /// (their `[workers] secret_env`): a split request's legs, and fetches of the KV blocks a
+    /// prefill kept, must carry its credential, else they are served whole (or refused).
+    /// Needed with --role prefill or decode; without it, a `both` worker serves whole
+    /// requests only.
+    #[arg(long, default_value = ringmaster_tls::credential::DEFAULT_SECRET_ENV)]
+    secret_env: String,
+    /// A prefill worker this worker may fetch KV blocks from, as the gateway reaches it
+    /// (HOST:PORT, as in the gateway's `[[servers]]` url); repeat it, or separate by commas.
+    /// Needed with --role decode: a decode leg naming any other address is served whole.
+    #[arg(long = "kv-peer", value_delimiter = ',')]
+    kv_peers: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -186,7 +204,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve(args, cli.log_format),
         Command::Bench(BenchCommand::Replay(args)) => bench_replay(args),
         Command::Policy(command) => policy_cmd::run(command),
-        Command::CheckConfig { config } => {
+        Command::CheckConfig { config, probe } => {
             let resolved = RawConfig::from_file(&config)?.validate()?;
             // What only the engines can check (this CPU's kernels, the simulator's numbers
             // together, the ring's bounds), as `serve` would apply it.
@@ -285,6 +303,9 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             print_all(&out)?;
+            if probe {
+                probe_servers(&resolved)?;
+            }
             Ok(())
         }
         Command::Worker(args) => worker(args),
@@ -318,6 +339,70 @@ fn print_all(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// `check-config --probe`: connects to each remote server as a request would (the TLS
+/// handshake with the server's CA file, name and client certificate for `https://`; a TCP
+/// connection for `http://`) and prints one line per server, `OK` or why not. `Err` when one
+/// failed, after every line is out.
+fn probe_servers(config: &ringmaster_config::Config) -> anyhow::Result<()> {
+    use ringmaster_config::ServerAddress;
+    let timeout = config.upstream.connect_timeout;
+    let alpn: &[u8] = if config.upstream.http2_prior_knowledge {
+        b"h2"
+    } else {
+        b"http/1.1"
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut lines = String::new();
+    let mut failed = 0usize;
+    let mut remote = 0usize;
+    for server in &config.servers {
+        let ServerAddress::Remote { url, name, tls } = &server.address else {
+            continue;
+        };
+        remote += 1;
+        let outcome = runtime.block_on(async {
+            if !tls {
+                return match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(name))
+                    .await
+                {
+                    Ok(Ok(_)) => Ok("connects".to_owned()),
+                    Ok(Err(e)) => Err(format!("cannot connect to {name}: {e}")),
+                    Err(_) => Err(format!("no connection to {name} within {timeout:?}")),
+                };
+            }
+            let files = ringmaster_tls::ClientTlsFiles {
+                ca_file: server.access.ca_file.clone(),
+                client_cert: server.access.client_cert.clone(),
+            };
+            let client =
+                ringmaster_tls::client_config(&files, &[alpn]).map_err(|e| e.to_string())?;
+            let host = server.address.host().unwrap_or_default();
+            ringmaster_tls::probe(client, name, &host, timeout)
+                .await
+                .map_err(|e| e.to_string())
+        });
+        let said = match outcome {
+            Ok(agreed) => format!("OK ({agreed})"),
+            Err(why) => {
+                failed += 1;
+                why
+            }
+        };
+        lines.push_str(&format!("  probe      {} ({url}): {said}\n", server.id));
+    }
+    if remote == 0 {
+        lines.push_str("  probe      no remote servers to probe\n");
+    }
+    print_all(&lines)?;
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {remote} remote servers failed the probe"
+    );
+    Ok(())
 }
 
 /// How `check-config` shows a listener's TLS.
@@ -372,6 +457,41 @@ fn models_line(config: &ringmaster_config::Config) -> String {
         ));
     }
     named.join(", ")
+}
+
+/// The router variants as the start-up line names them: the one variant's source alone, or
+/// each variant with its weight (and the shadow as such).
+fn router_line(variants: &[ringmaster_config::RouterVariantSpec]) -> String {
+    match variants {
+        [only] if !only.shadow => only.source.to_string(),
+        _ => variants
+            .iter()
+            .map(|v| match v.shadow {
+                true => format!("{} {} (shadow)", v.name, v.source),
+                false => format!("{} {} (weight {})", v.name, v.source, v.weight),
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
+}
+
+/// `on` or `off`, as a start-up line says a switch.
+fn on_off(on: bool) -> &'static str {
+    if on { "on" } else { "off" }
+}
+
+/// Where the admin API answers, as the start-up line says it: `off` without a token, `on
+/// this port` on the public listener, or its own listener's address (`with TLS` when it has
+/// its own certificate).
+fn admin_line(config: &ringmaster_config::Config, own: Option<std::net::SocketAddr>) -> String {
+    if config.admin_tokens.is_empty() {
+        return "off".to_owned();
+    }
+    match (own, &config.admin_listener) {
+        (Some(address), Some(admin)) if admin.tls.is_some() => format!("{address} with TLS"),
+        (Some(address), _) => address.to_string(),
+        (None, _) => "on this port".to_owned(),
+    }
 }
 
 fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
@@ -528,21 +648,14 @@ fn serve(args: ServeArgs, log_format: LogFormat) -> anyhow::Result<()> {
             .metrics()
             .cold_start_seconds
             .set(cold_start.as_secs_f64());
+        let admin_address = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
         info!(
             cold_start_ms = cold_start.as_millis() as u64,
             address = %listener.local_addr()?,
             servers = gateway.pool().snapshot().servers.len(),
-            router = %gateway
-                .config()
-                .policies
-                .router
-                .iter()
-                .map(|v| format!("{}={}", v.name, v.source))
-                .collect::<Vec<_>>()
-                .join(","),
-            admin_api = !gateway.config().admin_tokens.is_empty(),
-            tls = gateway.config().tls.is_some(),
-            admin_address = ?admin_listener.as_ref().and_then(|l| l.local_addr().ok()),
+            router = %router_line(&gateway.config().policies.router),
+            tls = %on_off(gateway.config().tls.is_some()),
+            admin = %admin_line(gateway.config(), admin_address),
             "gateway.listening"
         );
         // The admin listener stops with the public one.
@@ -583,6 +696,8 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     use ringmaster_gpu_runtime::model::{ModelExecutor, ModelOptions, default_model_path};
     let process_started = std::time::Instant::now();
     let role = ringmaster_worker::transfer::Role::parse(&args.role).unwrap_or_default();
+    let trust = worker_trust(role, &args.secret_env, &args.kv_peers)?;
+    let role = (role, trust);
     if args.simulated {
         let name = args.name.clone().unwrap_or_else(|| "sim".to_owned());
         let mut config = ringmaster_gpu_runtime::EngineConfig::simulated(name.clone());
@@ -659,9 +774,49 @@ fn worker(args: WorkerArgs) -> anyhow::Result<()> {
     run_worker((args.listen, role), name, config, executor, process_started)
 }
 
+/// Whom a worker of `role` takes a split request's legs from: the secret in `secret_env` and
+/// the prefill workers `peers` (a prefill or decode worker without what it needs is an error;
+/// a `both` worker without a secret serves whole requests only, and says so).
+fn worker_trust(
+    role: ringmaster_worker::transfer::Role,
+    secret_env: &str,
+    peers: &[String],
+) -> anyhow::Result<ringmaster_worker::transfer::Trust> {
+    use ringmaster_worker::transfer::{Peer, Role, Trust};
+    let secret = ringmaster_tls::credential::WorkerSecret::from_env(secret_env)?;
+    let peers = peers
+        .iter()
+        .map(|p| Peer::parse(p).map_err(anyhow::Error::msg))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    match (role, &secret) {
+        (Role::Prefill | Role::Decode, None) => anyhow::bail!(
+            "--role {} takes a split request's legs only from its gateways, which sign them \
+             with a secret the workers share: set {secret_env} (at least 16 bytes, the same \
+             as the gateway's [workers] secret_env)",
+            role.as_str()
+        ),
+        (Role::Decode, Some(_)) if peers.is_empty() => anyhow::bail!(
+            "--role decode fetches KV blocks only from the prefill workers it is told of: \
+             --kv-peer HOST:PORT for each (as the gateway reaches them)"
+        ),
+        (Role::Both, None) => info!(
+            secret_env,
+            "worker.transfers_off: no shared secret, so split requests' legs are served whole"
+        ),
+        _ => {}
+    }
+    Ok(Trust { secret, peers })
+}
+
 /// Serves one engine over HTTP until SIGINT or SIGTERM.
 fn run_worker(
-    (listen, role): (String, ringmaster_worker::transfer::Role),
+    (listen, (role, trust)): (
+        String,
+        (
+            ringmaster_worker::transfer::Role,
+            ringmaster_worker::transfer::Trust,
+        ),
+    ),
     name: String,
     config: ringmaster_gpu_runtime::EngineConfig,
     executor: EngineStarter,
@@ -684,7 +839,7 @@ fn run_worker(
             "worker.listening"
         );
         ringmaster_worker::serve(
-            ringmaster_worker::Worker::with_role(engine, name, role),
+            ringmaster_worker::Worker::trusting(engine, name, role, trust),
             listener,
             shutdown_signal(),
         )
@@ -756,28 +911,100 @@ fn load_gpu(
     )
 }
 
+/// Resolves on the first SIGINT or SIGTERM, which starts the drain (in-flight requests get
+/// `shutdown_grace_seconds`). A second one during the drain ends the process at once, logged
+/// as `shutdown.forced`, with the status a shell gives a process that signal killed: an
+/// operator who presses Ctrl-C again does not wait out the grace period, as in most servers.
 async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+    let mut signals = Signals::new();
+    let first = signals.next().await;
+    info!(signal = first.name(), "gateway.shutdown_requested");
+    tokio::spawn(async move {
+        let second = signals.next().await;
+        tracing::warn!(
+            signal = second.name(),
+            "shutdown.forced: a second signal during the drain; in-flight requests are cut off"
+        );
+        std::process::exit(128 + second.number());
+    });
+}
+
+/// The signals that stop the process: SIGINT, and SIGTERM where there is one. Each is one
+/// stream, listened to from its creation on, so a signal that arrives while nobody waits is
+/// kept for the next [`Signals::next`] rather than lost.
+struct Signals {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {},
-            _ = term.recv() => {},
+    interrupt: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+/// A stopping signal that arrived.
+#[derive(Clone, Copy)]
+enum StopSignal {
+    Interrupt,
+    #[cfg(unix)]
+    Terminate,
+}
+
+impl StopSignal {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Interrupt => "SIGINT",
+            #[cfg(unix)]
+            Self::Terminate => "SIGTERM",
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// Its number, for the exit status (128 + it).
+    fn number(self) -> i32 {
+        match self {
+            Self::Interrupt => 2,
+            #[cfg(unix)]
+            Self::Terminate => 15,
+        }
     }
-    info!("gateway.shutdown_requested");
+}
+
+impl Signals {
+    /// Catches both from now on (a handler that cannot be installed leaves its signal's
+    /// default action, which stops the process anyway).
+    fn new() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Self {
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                terminate: signal(SignalKind::terminate()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next signal. Cancel safe.
+    async fn next(&mut self) -> StopSignal {
+        #[cfg(unix)]
+        {
+            async fn on(signal: Option<&mut tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            tokio::select! {
+                () = on(self.interrupt.as_mut()) => StopSignal::Interrupt,
+                () = on(self.terminate.as_mut()) => StopSignal::Terminate,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            StopSignal::Interrupt
+        }
+    }
 }
 
 /// SIGHUP re-reads every policy file (the config's `[[policies.router]]` file sources).
@@ -900,4 +1127,51 @@ fn bench_replay(args: ReplayArgs) -> anyhow::Result<()> {
         info!(file = %doc.display(), "replay.benchmarks_updated");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{admin_line, router_line};
+
+    fn config(toml: &str) -> ringmaster_config::Config {
+        ringmaster_config::RawConfig::from_toml(toml)
+            .unwrap()
+            .validate_with_env(|_| None)
+            .unwrap()
+    }
+
+    /// The start-up line's fields read as words: a switch is `on` or `off`, an address is an
+    /// address, and nothing is `None`, `Some(…)` or a Rust struct (it once said
+    /// `admin_address=None`).
+    #[test]
+    fn the_start_up_line_reads_as_words() {
+        let token = "admin_token = \"an-admin-token-long-enough\"\n";
+        let alone = config("");
+        assert_eq!(admin_line(&alone, None), "off");
+        assert_eq!(admin_line(&config(token), None), "on this port");
+        let own = config(&format!("{token}[admin]\nlisten = \"127.0.0.1:9090\"\n"));
+        let address = "127.0.0.1:9090".parse().ok();
+        assert_eq!(admin_line(&own, address), "127.0.0.1:9090");
+        assert_eq!(
+            router_line(&alone.policies.router),
+            "builtin:prefix-affinity"
+        );
+        let variants = config(
+            "[[policies.router]]\nname = \"a\"\nsource = \"builtin:round-robin\"\n\
+             [[policies.router]]\nname = \"b\"\nsource = \"builtin:least-loaded\"\nweight = 10\n\
+             [[policies.router]]\nname = \"s\"\nsource = \"builtin:consistent-hash\"\nshadow = true\n",
+        );
+        let line = router_line(&variants.policies.router);
+        assert_eq!(
+            line,
+            "a builtin:round-robin (weight 100), b builtin:least-loaded (weight 10), \
+             s builtin:consistent-hash (shadow)"
+        );
+        for text in [line, admin_line(&own, address)] {
+            assert!(
+                !text.contains("None") && !text.contains("Some(") && !text.contains('{'),
+                "{text}"
+            );
+        }
+    }
 }

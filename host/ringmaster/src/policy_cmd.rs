@@ -77,32 +77,43 @@ pub enum PolicyCommand {
     },
     /// Load a component into a running gateway's slot (the admin token from
     /// `RINGMASTER_ADMIN_TOKEN`), printing the version hash.
-    Push {
-        /// The component.
-        file: PathBuf,
-        /// router, admission or safety-filter.
-        #[arg(long, default_value = "router")]
-        slot: String,
-        /// The gateway's address.
-        #[arg(
-            long,
-            default_value = "http://127.0.0.1:8080",
-            env = "RINGMASTER_GATEWAY"
-        )]
-        gateway: String,
-        /// The router variant to create or swap.
-        #[arg(long, default_value = "default")]
-        variant: String,
-        /// Its share of live traffic (relative to the other variants' weights).
-        #[arg(long, conflicts_with = "shadow")]
-        weight: Option<u32>,
-        /// Run it as the shadow: it decides on every request, nothing follows its answer.
-        #[arg(long)]
-        shadow: bool,
-        /// The admin token.
-        #[arg(long, env = "RINGMASTER_ADMIN_TOKEN", hide_env_values = true)]
-        token: String,
-    },
+    Push(PushArgs),
+}
+
+/// `ringmaster policy push`'s arguments.
+#[derive(Debug, clap::Args)]
+pub struct PushArgs {
+    /// The component.
+    file: PathBuf,
+    /// router, admission or safety-filter.
+    #[arg(long, default_value = "router")]
+    slot: String,
+    /// The gateway's address.
+    #[arg(
+        long,
+        default_value = "http://127.0.0.1:8080",
+        env = "RINGMASTER_GATEWAY"
+    )]
+    gateway: String,
+    /// The router variant to create or swap.
+    #[arg(long, default_value = "default")]
+    variant: String,
+    /// Its share of live traffic (relative to the other variants' weights).
+    #[arg(long, conflicts_with = "shadow")]
+    weight: Option<u32>,
+    /// Run it as the shadow: it decides on every request, nothing follows its answer.
+    #[arg(long)]
+    shadow: bool,
+    /// In a cluster, return only once every live replica applied it (a gateway alone has
+    /// applied it when it answers); fail if that takes longer than --wait-timeout.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits, in seconds.
+    #[arg(long, default_value_t = 60, requires = "wait")]
+    wait_timeout: u64,
+    /// The admin token.
+    #[arg(long, env = "RINGMASTER_ADMIN_TOKEN", hide_env_values = true)]
+    token: String,
 }
 
 #[allow(clippy::print_stdout)]
@@ -226,15 +237,7 @@ pub fn run(command: PolicyCommand) -> anyhow::Result<()> {
             (layout.as_deref(), &rates),
             &out,
         ),
-        PolicyCommand::Push {
-            file,
-            slot,
-            gateway,
-            variant,
-            weight,
-            shadow,
-            token,
-        } => push(&file, &slot, &gateway, &variant, weight, shadow, &token),
+        PolicyCommand::Push(args) => push(&args),
     }
 }
 
@@ -324,18 +327,22 @@ fn replay(
     Ok(())
 }
 
-fn push(
-    file: &Path,
-    slot: &str,
-    gateway: &str,
-    variant: &str,
-    weight: Option<u32>,
-    shadow: bool,
-    token: &str,
-) -> anyhow::Result<()> {
+fn push(args: &PushArgs) -> anyhow::Result<()> {
+    let PushArgs {
+        file,
+        slot,
+        gateway,
+        variant,
+        weight,
+        shadow,
+        wait,
+        wait_timeout,
+        token,
+    } = args;
+    let (slot, shadow) = (slot.as_str(), *shadow);
     let bytes = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     let base = gateway.trim_end_matches('/');
-    let url = match slot {
+    let mut url = match slot {
         "router" => {
             let mut url = format!("{base}/admin/policies/router?variant={variant}");
             if let Some(w) = weight {
@@ -355,15 +362,21 @@ fn push(
         }
         other => anyhow::bail!("--slot {other}: not router, admission or safety-filter"),
     };
+    if *wait {
+        // The gateway waits a while itself (and says `applied_everywhere`); the rest of the
+        // wait is ours, on /admin/cluster.
+        url.push(if url.contains('?') { '&' } else { '?' });
+        url.push_str("wait=true");
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
+    let client = reqwest::Client::new();
     let (status, body) = runtime.block_on(async {
-        let client = reqwest::Client::new();
         // A cheap authenticated call first: a wrong token or address is told apart before
         // megabytes of component are sent (the gateway refuses an unauthorised upload
         // before reading it, which a client sees as a broken connection).
-        let admin = format!("{}/admin/policies", gateway.trim_end_matches('/'));
+        let admin = format!("{base}/admin/policies");
         let probe = client
             .get(&admin)
             .bearer_auth(token)
@@ -397,8 +410,8 @@ fn push(
         let router = &answer["router"];
         router["variants"]
             .as_array()
-            .and_then(|v| v.iter().find(|v| v["name"] == variant))
-            .or_else(|| Some(&router["shadow"]).filter(|s| s["name"] == variant))
+            .and_then(|v| v.iter().find(|v| v["name"] == variant.as_str()))
+            .or_else(|| Some(&router["shadow"]).filter(|s| s["name"] == variant.as_str()))
             .and_then(|v| v["hash"].as_str())
     } else {
         let key = if slot == "admission" {
@@ -409,11 +422,26 @@ fn push(
         answer[key]["policy"]["hash"].as_str()
     }
     .unwrap_or("?");
+    let revision = answer["revision"].as_u64();
+    let reach = match (revision, *wait) {
+        (Some(revision), true) => {
+            let timeout = std::time::Duration::from_secs(*wait_timeout);
+            let replicas =
+                runtime.block_on(applied_by_all(&client, base, token, revision, timeout))?;
+            format!(
+                " (revision {revision}, applied by every live replica: {})",
+                replicas.join(", ")
+            )
+        }
+        (Some(revision), false) => format!(" (revision {revision})"),
+        (None, true) => " (applied: the gateway runs alone)".to_owned(),
+        (None, false) => String::new(),
+    };
     let variant = if slot == "router" { variant } else { slot };
     #[allow(clippy::print_stdout)]
     {
         println!(
-            "{variant}: {} version {hash}",
+            "{variant}: {} version {hash}{reach}",
             if answer["changed"] == false {
                 "already runs"
             } else {
@@ -422,6 +450,49 @@ fn push(
         );
     }
     Ok(())
+}
+
+/// Waits until every live replica `GET /admin/cluster` lists has applied `revision`, and
+/// names them; past `timeout`, an error naming the ones behind and where they are. A replica
+/// that dies leaves the list when its lease lapses, as the gateway's own `?wait=true` counts.
+async fn applied_by_all(
+    client: &reqwest::Client,
+    base: &str,
+    token: &str,
+    revision: u64,
+    timeout: std::time::Duration,
+) -> anyhow::Result<Vec<String>> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let cluster: serde_json::Value = client
+            .get(format!("{base}/admin/cluster"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .context("reading the cluster's replicas (/admin/cluster)")?
+            .json()
+            .await
+            .context("reading the cluster's replicas (/admin/cluster)")?;
+        let replicas = cluster["replicas"].as_array().cloned().unwrap_or_default();
+        let name = |r: &serde_json::Value| r["replica"].as_str().unwrap_or("?").to_owned();
+        let behind: Vec<String> = replicas
+            .iter()
+            .filter(|r| r["applied_revision"].as_u64().is_none_or(|a| a < revision))
+            .map(|r| format!("{} (at {})", name(r), r["applied_revision"]))
+            .collect();
+        if behind.is_empty() {
+            return Ok(replicas.iter().map(name).collect());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "revision {revision} is not applied everywhere after {} s: {} behind; they apply it \
+             when they catch up",
+            timeout.as_secs(),
+            behind.join(", ")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }
 
 /// For `check-config`: loads every policy component the config names by file, as `serve`

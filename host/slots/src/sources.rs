@@ -53,11 +53,43 @@ mod tests {
             .iter()
             .map(|(name, _)| *name)
             .collect();
+        let named: Vec<&str> = ringmaster_config::policies::BUILTIN_POLICIES
+            .iter()
+            .map(|(name, _)| *name)
+            .collect();
         assert_eq!(
-            embedded,
-            ringmaster_config::policies::BUILTIN_POLICY_NAMES,
-            "a built-in was added or renamed: update ringmaster_config::policies::BUILTIN_POLICY_NAMES"
+            embedded, named,
+            "a built-in was added or renamed: update ringmaster_config::policies::BUILTIN_POLICIES"
         );
+    }
+
+    /// The slot the configuration gives each built-in is the one its component loads into:
+    /// the configuration's check (`check-config` and `serve` alike) refuses a built-in in
+    /// another slot's place on that word alone.
+    #[test]
+    fn each_built_in_loads_into_the_slot_the_config_gives_it() {
+        use ringmaster_config::policies::SlotKind;
+        let engine =
+            ringmaster_policy_engine::PolicyEngine::new(ringmaster_policy_engine::EngineConfig {
+                cache_dir: None,
+                ..Default::default()
+            })
+            .unwrap();
+        for (name, slot) in ringmaster_config::policies::BUILTIN_POLICIES {
+            let bytes = builtin::builtin(name).unwrap();
+            let config = std::collections::BTreeMap::new();
+            let loaded = match slot {
+                SlotKind::Router => engine.load_router(name, bytes, config).map(drop),
+                SlotKind::Admission => engine.load_admission(name, bytes, config).map(drop),
+                SlotKind::Safety => engine.load_safety(name, bytes, config).map(drop),
+            };
+            assert!(
+                loaded.is_ok(),
+                "builtin:{name} does not load as {}: {:?}",
+                slot.as_str(),
+                loaded.err()
+            );
+        }
     }
 
     #[test]

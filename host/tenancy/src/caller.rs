@@ -125,8 +125,13 @@ impl Account {
 pub struct Caller {
     /// The key's tier (`"anonymous"` when authentication is off).
     pub tier: Arc<str>,
-    /// A short, non-secret label of the key for logs (`key#3`).
+    /// A short, non-secret label of the key for logs (`key#3`), by its place in the key list:
+    /// it changes when keys are reordered, so nothing is ever owned by it.
     pub key_label: Arc<str>,
+    /// Who owns what this caller stores (stored responses, resumable streams): a stable id
+    /// derived from the key's digest and its tenant ([`owner_id`]), the same on every replica
+    /// and across restarts whatever the keys' order (`"anonymous"` without keys).
+    pub owner: Arc<str>,
     /// The key's tenant (`"anonymous"` when authentication is off): fair sharing and limits.
     pub tenant: Arc<str>,
     /// The key's buckets and permissions (`None`: authentication off, or an in-process caller).
@@ -135,8 +140,25 @@ pub struct Caller {
 
 impl PartialEq for Caller {
     fn eq(&self, other: &Self) -> bool {
-        self.tier == other.tier && self.key_label == other.key_label && self.tenant == other.tenant
+        self.tier == other.tier
+            && self.key_label == other.key_label
+            && self.owner == other.owner
+            && self.tenant == other.tenant
     }
+}
+
+/// The owner id of the key with `digest` in `tenant`: `owner-` and 32 hex digits of a SHA-256
+/// over a domain tag, the tenant and the digest. Stable across restarts, replicas and any
+/// order of the key list; it names neither the key nor its digest.
+pub fn owner_id(digest: &[u8; 32], tenant: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(b"ringmaster-owner-v1\0");
+    hasher.update((tenant.len() as u64).to_le_bytes());
+    hasher.update(tenant.as_bytes());
+    hasher.update(digest);
+    let id = hasher.finalize();
+    format!("owner-{}", hex::encode(&id[..16]))
 }
 
 impl Caller {
@@ -146,6 +168,7 @@ impl Caller {
         Self {
             tier: tier.into(),
             key_label: label.clone(),
+            owner: label.clone(),
             tenant: label,
             account: None,
         }

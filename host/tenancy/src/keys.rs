@@ -150,8 +150,10 @@ impl Authenticator {
                         // A key without a tenant is its own.
                         Arc::new(TenantEntry {
                             name: label.clone(),
+                            // Named by the key's digest, not its label: replicas with the
+                            // keys in another order share the same buckets.
                             buckets: Buckets {
-                                id: format!("tenant:{label}"),
+                                id: format!("tenant:key:{}", hex8(&key.digest)),
                                 ..Buckets::default()
                             },
                             models: None,
@@ -167,6 +169,13 @@ impl Authenticator {
                     let caller = Caller {
                         tier: key.tier.as_str().into(),
                         key_label: label.into(),
+                        // A key without a tenant is its own, named by its label (its
+                        // place in the list): the owner takes no name from that.
+                        owner: crate::caller::owner_id(
+                            &key.digest,
+                            key.tenant.as_deref().unwrap_or_default(),
+                        )
+                        .into(),
                         tenant: tenant.name.as_str().into(),
                         account: Some(account.clone()),
                     };

@@ -9,6 +9,9 @@
 //! TLS 1.2 and 1.3 with rustls and the `ring` provider; ALPN offers `h2` and `http/1.1`. The
 //! other direction, to servers behind `https://`, is [`client_config`]. This crate knows files
 //! and handshakes, never what is served over them.
+//!
+//! [`credential`] is the other half of what a gateway and its `ringmaster worker`s trust each
+//! other by: the secret they share, and the tags a split request's legs carry.
 
 #![deny(missing_docs)]
 
@@ -28,7 +31,10 @@ use tokio_rustls::server::TlsStream;
 use tracing::{info, warn};
 
 mod client;
-pub use client::{ClientTlsFiles, client_config, untrusting_client_config};
+pub mod credential;
+pub use client::{
+    ClientTlsFiles, ProbeError, client_config, handshake_failure, probe, untrusting_client_config,
+};
 
 /// How often [`ServerTls::watch`] looks at the files.
 pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);

@@ -1,11 +1,13 @@
 //! Handshakes over loopback with certificates made here (`rcgen`): the pair in use, a rotated
-//! pair seen by the next connection only, a bad new pair refused with the old one kept, and a
-//! mutual-TLS listener refusing a client without a certificate.
+//! pair seen by the next connection only, a bad new pair refused with the old one kept, a
+//! mutual-TLS listener refusing a client without a certificate, and a probe of a server's TLS
+//! saying in words why its certificate is refused.
 
 use std::path::Path;
 use std::sync::Arc;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::CertificateError;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -207,4 +209,149 @@ fn files_that_are_missing_or_wrong_say_which_and_why() {
     };
     let error = ServerTls::load(no_key).unwrap_err();
     assert!(error.to_string().contains("PRIVATE KEY"), "{error}");
+}
+
+/// A certificate for localhost made as newcomers make one: self-signed, with CA:TRUE (cert
+/// and key PEM).
+fn self_signed_ca_as_server() -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+/// A listener serving `cert` and `key` (PEM), written under `dir` as `name`.
+async fn serving(dir: &Path, name: &str, (cert, key): (&str, &str)) -> std::net::SocketAddr {
+    let tls = ServerTls::load(TlsFiles {
+        cert: write(dir, &format!("{name}.crt"), cert),
+        key: write(dir, &format!("{name}.key"), key),
+        client_ca: None,
+    })
+    .unwrap();
+    listen(tls).await
+}
+
+#[tokio::test]
+async fn a_probe_says_why_a_servers_certificate_is_refused_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let timeout = Duration::from_secs(5);
+    let ca = Ca::new("upstream CA");
+    let ca_file = write(dir.path(), "ca.pem", &ca.pem());
+    let trusting = |ca_file: &Path| {
+        client_config(
+            &ClientTlsFiles {
+                ca_file: Some(ca_file.to_owned()),
+                client_cert: None,
+            },
+            &[b"http/1.1"],
+        )
+        .unwrap()
+    };
+    // A CA and a leaf it signed, the CA in ca_file: the handshake a request makes works.
+    let (cert, key, _) = ca.leaf(&["localhost"]);
+    let good = serving(dir.path(), "good", (&cert, &key)).await;
+    let agreed = probe(trusting(&ca_file), &good.to_string(), "localhost", timeout)
+        .await
+        .unwrap();
+    assert!(agreed.contains("http/1.1"), "{agreed}");
+
+    // The newcomer's certificate, itself in ca_file: refused, and said so in words.
+    let (cert, key) = self_signed_ca_as_server();
+    let own_ca = write(dir.path(), "self-signed.pem", &cert);
+    let bad = serving(dir.path(), "self-signed", (&cert, &key)).await;
+    let error = probe(trusting(&own_ca), &bad.to_string(), "localhost", timeout)
+        .await
+        .unwrap_err();
+    let said = error.to_string();
+    assert!(said.starts_with("TLS handshake failed: "), "{said}");
+    assert!(
+        said.contains("is a CA certificate used as a server certificate")
+            && said.contains("make a CA and a leaf certificate signed by it"),
+        "{said}"
+    );
+
+    // A leaf of a CA the gateway was not told of.
+    let other = Ca::new("someone else's CA");
+    let (cert, key, _) = other.leaf(&["localhost"]);
+    let stranger = serving(dir.path(), "stranger", (&cert, &key)).await;
+    let said = probe(
+        trusting(&ca_file),
+        &stranger.to_string(),
+        "localhost",
+        timeout,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        said.contains("not signed by a CA this gateway trusts"),
+        "{said}"
+    );
+
+    // The good server under a name its certificate does not hold.
+    let said = probe(
+        trusting(&ca_file),
+        &good.to_string(),
+        "example.com",
+        timeout,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        said.contains("not for the name") && said.contains("example.com"),
+        "{said}"
+    );
+
+    // A plain HTTP server behind an https:// address.
+    let plain = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let plain_addr = plain.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = plain.accept().await {
+            let mut buffer = [0u8; 1024];
+            let _ = stream.read(&mut buffer).await;
+            let _ = stream
+                .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                .await;
+        }
+    });
+    let said = probe(
+        trusting(&ca_file),
+        &plain_addr.to_string(),
+        "localhost",
+        timeout,
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(said.contains("is not TLS: is it `http://`?"), "{said}");
+
+    // Nothing listening.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_addr = closed.local_addr().unwrap();
+    drop(closed);
+    let error = probe(
+        trusting(&ca_file),
+        &closed_addr.to_string(),
+        "localhost",
+        timeout,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, ProbeError::Connect { .. }), "{error}");
+}
+
+#[test]
+fn a_rustls_error_is_found_through_the_io_errors_that_carry_it() {
+    let refused = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
+    // tokio-rustls wraps it in an io::Error, hyper-rustls that in another.
+    let inner = std::io::Error::new(std::io::ErrorKind::InvalidData, refused);
+    let outer = std::io::Error::other(inner);
+    let why = handshake_failure(&outer).expect("the rustls error is found");
+    assert!(
+        why.contains("not signed by a CA this gateway trusts"),
+        "{why}"
+    );
+    assert_eq!(handshake_failure(&std::io::Error::other("reset")), None);
 }

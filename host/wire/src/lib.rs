@@ -10,7 +10,8 @@
 //! - [`worker`]: `ringmaster worker`'s load report, KV events and tokenizer description;
 //! - [`models`]: the model list both APIs read;
 //! - [`sse`]: server-sent event frames;
-//! - [`object`]: a JSON object edited at its top level, its values passed as their text.
+//! - [`object`]: a JSON object edited at its top level, its values passed as their text;
+//! - [`reserved`]: the fields and headers only the gateway may set (a split request's legs).
 //!
 //! The gateway's doors, the pool's client, the worker and the tests' fake servers all compile
 //! against these types; nothing else writes these shapes. Fields a reader drops borrow from
@@ -23,6 +24,7 @@ pub mod chat;
 pub mod models;
 pub mod object;
 pub mod openai;
+pub mod reserved;
 pub mod responses;
 mod skipped;
 pub mod sse;

@@ -66,6 +66,13 @@ pub struct Load {
     /// Sequences ready to decode when each step was scheduled, summed over steps
     /// (cumulative); `decode_tokens_total` over this is the decode occupancy.
     pub decode_ready_total: u64,
+    /// Prefills' KV handoffs refused because a block's hash is not that of its tokens and
+    /// parent (cumulative): the prompt was computed here instead.
+    pub kv_import_refused_hash: u64,
+    /// Handoffs refused because their blocks are not the request's prompt (cumulative).
+    pub kv_import_refused_tokens: u64,
+    /// Handoffs refused because their contents are not of this engine's shape (cumulative).
+    pub kv_import_refused_shape: u64,
 }
 
 /// A block's chained hash: 16 lower-case hex digits on the wire.

@@ -25,7 +25,12 @@
 //! - `GET /kv/transfer/{id}`: the KV blocks a prefill leg computed here, once, for the decode
 //!   worker of the same request (see [`transfer`]: a chat or completions request with
 //!   `kv_transfer_params` is a split request's prefill or decode leg, as vLLM's
-//!   `NixlConnector` defines them).
+//!   `NixlConnector` defines them). Legs and fetches carry the credential the workers share
+//!   with their gateways; without it a leg is served whole and a fetch answered 403.
+//! - `GET /metrics`: Prometheus text: `ringmaster_kv_import_refused_total{reason}` (a
+//!   transfer refused for its `credential` or its `peer`, blocks refused for their `hash`,
+//!   `tokens` or `shape`), `ringmaster_kv_export_refused_total` (fetches without the
+//!   credential) and `ringmaster_kv_fetch_failures_total`.
 //!
 //! A client that disconnects cancels its generation: the engine frees its KV blocks at once.
 //! This crate owns the HTTP surface only; the engine, its executor and its model are the
@@ -50,6 +55,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use ringmaster_gpu_runtime::{EngineError, EngineHandle, FinishReason, GenerateEvent, KvEvent};
 use ringmaster_wire::models::ModelList;
+use ringmaster_wire::reserved::LEG_CREDENTIAL_HEADER;
 use ringmaster_wire::worker::{self as wire, HexHash, TokenizerDescription};
 use ringmaster_wire::{openai as openai_wire, sse};
 use tokio::net::TcpListener;
@@ -85,17 +91,28 @@ impl Worker {
         Self::with_role(engine, model, transfer::Role::Both)
     }
 
-    /// A worker of `role` in a disaggregated fleet (`ringmaster worker --role`).
+    /// A worker of `role` in a disaggregated fleet (`ringmaster worker --role`) that trusts
+    /// no gateway: it serves every leg whole.
     pub fn with_role(
         engine: EngineHandle,
         model: impl Into<String>,
         role: transfer::Role,
     ) -> Arc<Self> {
+        Self::trusting(engine, model, role, transfer::Trust::default())
+    }
+
+    /// A worker of `role` taking the legs `trust` vouches for.
+    pub fn trusting(
+        engine: EngineHandle,
+        model: impl Into<String>,
+        role: transfer::Role,
+        trust: transfer::Trust,
+    ) -> Arc<Self> {
         Arc::new(Self {
             engine,
             model: model.into(),
             tokenizer_body: std::sync::OnceLock::new(),
-            transfers: transfer::Transfers::new(role),
+            transfers: transfer::Transfers::trusting(role, trust),
         })
     }
 
@@ -149,9 +166,14 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
         (&Method::GET, "/load") => json_response(StatusCode::OK, &worker.engine.load()),
         (&Method::GET, "/kv/events") => kv_events(&worker),
         (&Method::GET, "/tokenizer") => tokenizer(&worker),
-        (&Method::GET, path) if path.starts_with("/kv/transfer/") => {
-            kv_transfer(&worker, &path["/kv/transfer/".len()..])
-        }
+        (&Method::GET, "/metrics") => metrics(&worker),
+        (&Method::GET, path) if path.starts_with("/kv/transfer/") => kv_transfer(
+            &worker,
+            &path["/kv/transfer/".len()..],
+            req.headers()
+                .get(LEG_CREDENTIAL_HEADER)
+                .and_then(|v| v.to_str().ok()),
+        ),
         (&Method::POST, "/v1/chat/completions") => {
             generate(&worker, req, Endpoint::Chat, &request_id).await
         }
@@ -165,6 +187,7 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
             | "/load"
             | "/kv/events"
             | "/tokenizer"
+            | "/metrics"
             | "/v1/chat/completions"
             | "/v1/completions",
         ) => error_response(
@@ -182,8 +205,17 @@ async fn handle(worker: Arc<Worker>, req: http::Request<Incoming>) -> Response<R
     response
 }
 
-/// `GET /kv/transfer/{id}`: a prefill's blocks, once.
-fn kv_transfer(worker: &Worker, id: &str) -> Response<ResponseBody> {
+/// `GET /kv/transfer/{id}`: a prefill's blocks, once, to a fetch with the fleet's credential.
+fn kv_transfer(worker: &Worker, id: &str, credential: Option<&str>) -> Response<ResponseBody> {
+    if !worker.transfers.may_fetch(id, credential) {
+        warn!(transfer = id, "worker.kv_export_refused");
+        return error_response(
+            StatusCode::FORBIDDEN,
+            "permission_error",
+            "a fetch of KV blocks needs the credential the fleet's workers share \
+             (x-ringmaster-leg-credential)",
+        );
+    }
     match worker.transfers.take(id) {
         Some(bytes) => Response::builder()
             .status(StatusCode::OK)
@@ -200,6 +232,66 @@ fn kv_transfer(worker: &Worker, id: &str) -> Response<ResponseBody> {
             ),
         ),
     }
+}
+
+/// `GET /metrics`: the transfers refused here, in Prometheus's text format.
+fn metrics(worker: &Worker) -> Response<ResponseBody> {
+    use prometheus_client::metrics::counter::Counter;
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::registry::Registry;
+    use std::sync::atomic::Ordering::Relaxed;
+    let transfers = &worker.transfers;
+    let load = worker.engine.load();
+    let refused = Family::<Vec<(&'static str, &'static str)>, Counter>::default();
+    for (reason, count) in [
+        (
+            transfer::TransferRefusal::Credential.as_str(),
+            transfers.refused_credential.load(Relaxed),
+        ),
+        (
+            transfer::TransferRefusal::Peer.as_str(),
+            transfers.refused_peer.load(Relaxed),
+        ),
+        ("hash", load.kv_import_refused_hash),
+        ("tokens", load.kv_import_refused_tokens),
+        ("shape", load.kv_import_refused_shape),
+    ] {
+        refused
+            .get_or_create(&vec![("reason", reason)])
+            .inc_by(count);
+    }
+    let exports = Counter::<u64>::default();
+    exports.inc_by(transfers.export_refused.load(Relaxed));
+    let failures = Counter::<u64>::default();
+    failures.inc_by(transfers.fetch_failures.load(Relaxed));
+    let mut registry = Registry::with_prefix("ringmaster");
+    registry.register(
+        "kv_import_refused",
+        "KV transfers this worker refused, by reason: credential (the leg's credential missing or wrong), peer (a prefill worker outside --kv-peer), hash, tokens or shape (blocks that are not the request's own); each request was served computing its prompt here",
+        refused,
+    );
+    registry.register(
+        "kv_export_refused",
+        "Fetches of kept KV blocks refused for a missing or wrong credential",
+        exports,
+    );
+    registry.register(
+        "kv_fetch_failures",
+        "Decode legs whose blocks could not be fetched (their prompts were computed here)",
+        failures,
+    );
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+        text.clear();
+    }
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+        .body(full(Bytes::from(text)))
+        .unwrap_or_else(|_| Response::new(full(Bytes::new())))
 }
 
 fn health(worker: &Worker) -> Response<ResponseBody> {
@@ -339,6 +431,11 @@ async fn generate(
         .and_then(|v| v.to_str().ok())
         .filter(|id| !id.is_empty() && id.len() <= 256 && !id.contains('/'))
         .map_or_else(|| request_id.to_owned(), str::to_owned);
+    let credential = req
+        .headers()
+        .get(LEG_CREDENTIAL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let reached_at = req
         .headers()
         .get(header::HOST)
@@ -377,6 +474,20 @@ async fn generate(
             return error_response(StatusCode::BAD_REQUEST, "invalid_request_error", &message);
         }
     };
+    // Only a leg the gateway vouches for moves blocks; any other is served whole (the answer
+    // is the same, the prompt computed here).
+    let leg = match worker.transfers.admit(
+        leg,
+        transfer::params_of(&body),
+        credential.as_deref(),
+        &pair_id,
+    ) {
+        Ok(leg) => leg,
+        Err(reason) => {
+            warn!(request_id = %request_id, reason = reason.as_str(), "worker.kv_transfer_refused");
+            transfer::Leg::Whole
+        }
+    };
     let mut handoff = None;
     let submitted = match leg {
         transfer::Leg::Whole => worker.engine.submit(request.generate),
@@ -387,7 +498,7 @@ async fn generate(
             }
             Err(e) => Err(e),
         },
-        transfer::Leg::Decode(remote) => match transfer::fetch(&remote).await {
+        transfer::Leg::Decode(remote) => match fetch_blocks(worker, &remote).await {
             Ok(blocks) => worker.engine.submit_with_kv(request.generate, blocks),
             Err(why) => {
                 worker.transfers.fetch_failed();
@@ -523,6 +634,18 @@ async fn generate(
         }
     });
     sse_response(body)
+}
+
+/// A decode leg's blocks, fetched with the fleet's credential (an admitted leg always has
+/// the secret it was admitted with).
+async fn fetch_blocks(
+    worker: &Worker,
+    remote: &transfer::RemoteBlocks,
+) -> Result<ringmaster_gpu_runtime::KvHandoff, String> {
+    match worker.transfers.secret() {
+        Some(secret) => transfer::fetch(remote, secret).await,
+        None => Err("this worker has no secret to fetch with".to_owned()),
+    }
 }
 
 /// An engine's refusal as the client's error: its status and OpenAI's shape.

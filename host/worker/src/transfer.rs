@@ -12,8 +12,15 @@
 //!   prefix cache and decodes, computing only the prompt's last tokens. Blocks it cannot fetch
 //!   are computed again (vLLM's `kv_load_failure_policy = "recompute"`), and counted.
 //!
-//! This module owns the parameters, the kept blocks and their wire form; the engine owns the
-//! blocks themselves.
+//! A worker takes part in a transfer only when its gateway asked (see
+//! [`ringmaster_tls::credential`]): a leg whose credential is missing or wrong, or a decode
+//! leg naming a prefill worker not in its allow-list (`--kv-peer`: never an address a body
+//! chose), is served whole instead, and counted ([`TransferRefusal`]); the blocks it keeps are
+//! handed only to a fetch that carries the fleet's credential. What the engine is then handed
+//! it checks itself against the request's own tokens (`KvHandoff::verify`).
+//!
+//! This module owns the parameters, the trust rules, the kept blocks and their wire form; the
+//! engine owns the blocks themselves.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,10 +30,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use ringmaster_gpu_runtime::block::BlockHash;
 use ringmaster_gpu_runtime::{BLOCK_SIZE, KvContents, KvHandoff, StoredBlock};
+use ringmaster_tls::credential::WorkerSecret;
 use ringmaster_wire::object::TopLevel;
+use ringmaster_wire::reserved::LEG_CREDENTIAL_HEADER;
 use ringmaster_wire::worker::{HexHash, KvTransfer, TransferBlock};
 use serde::Deserialize;
 use serde_json::json;
+use serde_json::value::RawValue;
 
 /// What a worker does in a disaggregated fleet (`ringmaster worker --role`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -57,6 +67,72 @@ impl Role {
             Self::Both => "both",
             Self::Prefill => "prefill",
             Self::Decode => "decode",
+        }
+    }
+}
+
+/// A prefill worker a decode worker may fetch blocks from, as the gateway reaches it
+/// (`--kv-peer HOST:PORT`): the host and port a prefill leg's parameters name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    host: String,
+    port: u16,
+}
+
+impl Peer {
+    /// `HOST:PORT` (a name, an IPv4 address, or a bracketed IPv6 address).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let authority: http::uri::Authority = text
+            .parse()
+            .map_err(|e| format!("--kv-peer {text:?} is not HOST:PORT: {e}"))?;
+        let port = authority
+            .port_u16()
+            .ok_or_else(|| format!("--kv-peer {text:?} names no port (HOST:PORT)"))?;
+        Ok(Self {
+            host: authority.host().to_ascii_lowercase(),
+            port,
+        })
+    }
+
+    fn admits(&self, remote: &RemoteBlocks) -> bool {
+        self.port == remote.remote_port
+            && self
+                .host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .eq_ignore_ascii_case(
+                    remote
+                        .remote_host
+                        .trim_start_matches('[')
+                        .trim_end_matches(']'),
+                )
+    }
+}
+
+/// Whom a worker takes transfers from.
+#[derive(Clone, Debug, Default)]
+pub struct Trust {
+    /// The secret shared with the gateways (`None`: no leg is taken; whole requests only).
+    pub secret: Option<WorkerSecret>,
+    /// The prefill workers a decode leg may fetch from.
+    pub peers: Vec<Peer>,
+}
+
+/// Why a leg's transfer was not taken (the request was served whole).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferRefusal {
+    /// The leg carried no credential, a wrong one, or this worker has no secret.
+    Credential,
+    /// A decode leg named a prefill worker outside the allow-list.
+    Peer,
+}
+
+impl TransferRefusal {
+    /// Its `reason` in `ringmaster_kv_import_refused_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Credential => "credential",
+            Self::Peer => "peer",
         }
     }
 }
@@ -98,13 +174,17 @@ struct Params {
     do_remote_prefill: bool,
 }
 
-/// The leg `body` asks for; an error says why its parameters cannot be used.
-pub fn leg_of(body: &[u8], role: Role) -> Result<Leg, String> {
-    let Some(params) = TopLevel::parse(body)
+/// The `kv_transfer_params` of `body`, as their JSON text (`None`: absent or `null`).
+pub fn params_of(body: &[u8]) -> Option<&RawValue> {
+    TopLevel::parse(body)
         .ok()
         .and_then(|top| top.get("kv_transfer_params"))
         .filter(|p| p.get().trim() != "null")
-    else {
+}
+
+/// The leg `body` asks for; an error says why its parameters cannot be used.
+pub fn leg_of(body: &[u8], role: Role) -> Result<Leg, String> {
+    let Some(params) = params_of(body) else {
         return Ok(Leg::Whole);
     };
     let flags: Params =
@@ -137,27 +217,93 @@ pub fn leg_of(body: &[u8], role: Role) -> Result<Leg, String> {
     }
 }
 
-/// The prompts' blocks this worker computed for decode workers, until fetched or expired.
+/// The prompts' blocks this worker computed for decode workers, until fetched or expired,
+/// and whom it takes legs from.
 #[derive(Debug)]
 pub struct Transfers {
     /// This worker's engine id (`remote_engine_id`).
     pub engine_id: String,
     /// What it does.
     pub role: Role,
+    trust: Trust,
     kept: Mutex<HashMap<String, (Instant, Bytes)>>,
     /// Decode legs whose blocks could not be fetched (their prompts were computed here).
     pub fetch_failures: AtomicU64,
+    /// Legs whose credential was missing or wrong (served whole).
+    pub refused_credential: AtomicU64,
+    /// Decode legs naming a prefill worker outside the allow-list (served whole).
+    pub refused_peer: AtomicU64,
+    /// Fetches of kept blocks without the fleet's credential (answered 403).
+    pub export_refused: AtomicU64,
 }
 
 impl Transfers {
-    /// An empty table for a worker of `role`.
+    /// An empty table for a worker of `role` that trusts no one (whole requests only).
     pub fn new(role: Role) -> Self {
+        Self::trusting(role, Trust::default())
+    }
+
+    /// An empty table for a worker of `role` taking legs as `trust` says.
+    pub fn trusting(role: Role, trust: Trust) -> Self {
         Self {
             engine_id: format!("ringmaster-{:016x}", uuid::Uuid::new_v4().as_u64_pair().0),
             role,
+            trust,
             kept: Mutex::new(HashMap::new()),
             fetch_failures: AtomicU64::new(0),
+            refused_credential: AtomicU64::new(0),
+            refused_peer: AtomicU64::new(0),
+            export_refused: AtomicU64::new(0),
         }
+    }
+
+    /// The secret this worker shares with its gateways.
+    pub fn secret(&self) -> Option<&WorkerSecret> {
+        self.trust.secret.as_ref()
+    }
+
+    /// `leg` (of a body whose parameters are `params`, sent with `credential` for the pair
+    /// `pair_id`) if this worker takes it, else [`TransferRefusal`] (counted): the request is
+    /// then served whole.
+    pub fn admit(
+        &self,
+        leg: Leg,
+        params: Option<&RawValue>,
+        credential: Option<&str>,
+        pair_id: &str,
+    ) -> Result<Leg, TransferRefusal> {
+        if leg == Leg::Whole {
+            return Ok(leg);
+        }
+        let genuine = match (&self.trust.secret, params, credential) {
+            (Some(secret), Some(params), Some(credential)) => {
+                secret.verify_leg(pair_id, params.get(), credential)
+            }
+            _ => false,
+        };
+        if !genuine {
+            self.refused_credential.fetch_add(1, Ordering::Relaxed);
+            return Err(TransferRefusal::Credential);
+        }
+        if let Leg::Decode(remote) = &leg
+            && !self.trust.peers.iter().any(|peer| peer.admits(remote))
+        {
+            self.refused_peer.fetch_add(1, Ordering::Relaxed);
+            return Err(TransferRefusal::Peer);
+        }
+        Ok(leg)
+    }
+
+    /// Whether a fetch of `id`'s blocks carries the fleet's credential (counted when not).
+    pub fn may_fetch(&self, id: &str, credential: Option<&str>) -> bool {
+        let genuine = match (&self.trust.secret, credential) {
+            (Some(secret), Some(credential)) => secret.verify_fetch(id, credential),
+            _ => false,
+        };
+        if !genuine {
+            self.export_refused.fetch_add(1, Ordering::Relaxed);
+        }
+        genuine
     }
 
     /// Keeps `handoff` for request `id`; the `kv_transfer_params` that name it, reached at
@@ -215,8 +361,9 @@ impl Transfers {
 /// How long fetching a prefill's blocks may take.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Fetches a decode leg's blocks from the prefill worker that keeps them.
-pub async fn fetch(remote: &RemoteBlocks) -> Result<KvHandoff, String> {
+/// Fetches a decode leg's blocks from the prefill worker that keeps them, with the fleet's
+/// credential for them.
+pub async fn fetch(remote: &RemoteBlocks, secret: &WorkerSecret) -> Result<KvHandoff, String> {
     use http_body_util::BodyExt;
     let address = format!("{}:{}", remote.remote_host, remote.remote_port);
     let work = async {
@@ -232,6 +379,10 @@ pub async fn fetch(remote: &RemoteBlocks) -> Result<KvHandoff, String> {
         });
         let request = http::Request::get(format!("/kv/transfer/{}", remote.remote_request_id))
             .header(http::header::HOST, &address)
+            .header(
+                LEG_CREDENTIAL_HEADER,
+                secret.fetch_credential(&remote.remote_request_id),
+            )
             .body(http_body_util::Empty::<Bytes>::new())
             .map_err(|e| format!("the request for {address}: {e}"))?;
         let response = send
@@ -406,6 +557,91 @@ mod tests {
                 .unwrap_err()
                 .contains("remote_host")
         );
+    }
+
+    fn trusting(peers: &[&str]) -> (Transfers, WorkerSecret) {
+        let secret = WorkerSecret::new("test", b"the fleet's shared secret").unwrap();
+        let trust = Trust {
+            secret: Some(secret.clone()),
+            peers: peers.iter().map(|p| Peer::parse(p).unwrap()).collect(),
+        };
+        (Transfers::trusting(Role::Both, trust), secret)
+    }
+
+    #[test]
+    fn a_leg_is_taken_only_with_the_gateways_credential_and_from_a_known_peer() {
+        let (transfers, secret) = trusting(&["10.0.0.1:8001", "[::1]:9000"]);
+        let decode = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.0.0.1","remote_port":8001,"remote_request_id":"r","remote_engine_id":"e"}}"#;
+        let params = params_of(decode).unwrap();
+        let leg = leg_of(decode, Role::Both).unwrap();
+        let good = secret.leg_credential("pair-1", params.get());
+        assert_eq!(
+            transfers.admit(leg.clone(), Some(params), Some(&good), "pair-1"),
+            Ok(leg.clone())
+        );
+        // The same parameters for another pair, no credential, another secret's.
+        let theirs = WorkerSecret::new("test", b"somebody else's secret")
+            .unwrap()
+            .leg_credential("pair-1", params.get());
+        for (credential, pair) in [
+            (Some(good.as_str()), "pair-2"),
+            (None, "pair-1"),
+            (Some(theirs.as_str()), "pair-1"),
+        ] {
+            assert_eq!(
+                transfers.admit(leg.clone(), Some(params), credential, pair),
+                Err(TransferRefusal::Credential)
+            );
+        }
+        assert_eq!(transfers.refused_credential.load(Ordering::Relaxed), 3);
+        // A genuine leg naming a worker outside the allow-list.
+        let elsewhere = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"169.254.169.254","remote_port":80,"remote_request_id":"r","remote_engine_id":"e"}}"#;
+        let params = params_of(elsewhere).unwrap();
+        let credential = secret.leg_credential("pair-1", params.get());
+        assert_eq!(
+            transfers.admit(
+                leg_of(elsewhere, Role::Both).unwrap(),
+                Some(params),
+                Some(&credential),
+                "pair-1"
+            ),
+            Err(TransferRefusal::Peer)
+        );
+        assert_eq!(transfers.refused_peer.load(Ordering::Relaxed), 1);
+        let v6 = br#"{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"::1","remote_port":9000,"remote_request_id":"r","remote_engine_id":"e"}}"#;
+        let params = params_of(v6).unwrap();
+        let credential = secret.leg_credential("p", params.get());
+        assert!(
+            transfers
+                .admit(
+                    leg_of(v6, Role::Both).unwrap(),
+                    Some(params),
+                    Some(&credential),
+                    "p"
+                )
+                .is_ok()
+        );
+        // A worker without a secret takes no leg at all; a whole request needs none.
+        let lone = Transfers::new(Role::Both);
+        let prefill = br#"{"kv_transfer_params":{"do_remote_decode":true}}"#;
+        let params = params_of(prefill).unwrap();
+        assert_eq!(
+            lone.admit(
+                Leg::Prefill,
+                Some(params),
+                Some(&secret.leg_credential("p", params.get())),
+                "p"
+            ),
+            Err(TransferRefusal::Credential)
+        );
+        assert_eq!(lone.admit(Leg::Whole, None, None, "p"), Ok(Leg::Whole));
+        // Fetches: the fleet's credential for that id alone.
+        assert!(transfers.may_fetch("r1", Some(&secret.fetch_credential("r1"))));
+        assert!(!transfers.may_fetch("r2", Some(&secret.fetch_credential("r1"))));
+        assert!(!transfers.may_fetch("r1", None));
+        assert!(!lone.may_fetch("r1", Some(&secret.fetch_credential("r1"))));
+        assert_eq!(transfers.export_refused.load(Ordering::Relaxed), 2);
+        assert!(Peer::parse("no-port").unwrap_err().contains("no port"));
     }
 
     #[test]

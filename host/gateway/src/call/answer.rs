@@ -41,12 +41,7 @@ impl Call {
         // while it runs.
         let saver = |id: &str| {
             call.request.responses.as_deref().map(|context| {
-                Saver::new(
-                    call.gateway.responses(),
-                    id,
-                    &call.caller.key_label,
-                    context,
-                )
+                Saver::new(call.gateway.responses(), id, &call.caller.owner, context)
             })
         };
         if !call.request.stream {
@@ -101,7 +96,7 @@ impl Call {
         let (mut parts, body) = response.into_parts();
         // The stream is known by its request's id, which a stream that started early (before this
         // point) already named in its headers.
-        let body = streams.adopt(&call.id, &call.caller.key_label, body);
+        let body = streams.adopt(&call.id, &call.caller.owner, body);
         if let Ok(value) = HeaderValue::from_str(&call.id) {
             parts.headers.insert(&header_names::STREAM_ID, value);
         }

@@ -146,15 +146,12 @@ impl Call {
         let mode = self.reply_mode(target.api, paired);
         let request = match (&self.body, self.relays_to(target.api)) {
             (Some(body), true) => {
-                let unknown = match self.gateway.unknown_fields {
-                    UnknownFields::Drop => self.request.fields.unknown.as_slice(),
-                    UnknownFields::Pass | UnknownFields::Refuse => &[],
-                };
+                let drops = self.request.fields.relay_drops(self.gateway.unknown_fields);
                 let edits = RelayEdits {
                     model: &self.served_model,
                     volatile: (self.request.volatile.is_some() && !keep_volatile)
                         .then_some(&self.gateway.volatile),
-                    drop: unknown,
+                    drop: &drops,
                     stream_usage: true,
                     usage_stats: target.vllm,
                     prior_items: self
@@ -162,6 +159,7 @@ impl Call {
                         .responses
                         .as_deref()
                         .and_then(|c| c.prior_items.as_deref()),
+                    clamped: self.request.clamped,
                 };
                 let relayed = ringmaster_api::relay::relay_body(self.request.door, body, &edits)?;
                 let endpoint = if self.request.door == ringmaster_api::Door::Completions {
@@ -188,22 +186,21 @@ impl Call {
         Ok(request)
     }
 
-    /// The fields the request dropped on `server`: none of a relayed body's (but the unknown
-    /// ones `[api] unknown_fields = "drop"` takes out), every one the translation into the
-    /// engines' request left behind otherwise.
+    /// The fields the request dropped on `server`: of a relayed body's, the reserved ones
+    /// (always) and the unknown ones `[api] unknown_fields = "drop"` takes out; every one the
+    /// translation into the engines' request left behind otherwise.
     fn dropped_on(&self, server: &ringmaster_pool::Server) -> Vec<String> {
         let fields = &self.request.fields;
         match server.engine() {
-            Backend::Remote(_) if self.relays_to(server.api()) => {
-                match self.gateway.unknown_fields {
-                    UnknownFields::Drop => FieldNotes {
-                        unknown: fields.unknown.clone(),
-                        ..FieldNotes::default()
-                    }
-                    .dropped(true),
+            Backend::Remote(_) if self.relays_to(server.api()) => FieldNotes {
+                unknown: match self.gateway.unknown_fields {
+                    UnknownFields::Drop => fields.unknown.clone(),
                     UnknownFields::Pass | UnknownFields::Refuse => Vec::new(),
-                }
+                },
+                reserved: fields.reserved.clone(),
+                ..FieldNotes::default()
             }
+            .dropped(true),
             Backend::Remote(_) => fields.dropped(server.protocol().reasoning),
             Backend::Local(_) => fields.dropped(false),
         }

@@ -74,6 +74,11 @@ impl Call {
         leg: PrefillLeg,
         (generate, encoded): (&GenerateRequest, &mut Encoded),
     ) -> Result<GenerationStream, BackendError> {
+        // `ringmaster worker`s take a leg only with the gateway's credential for it.
+        let secret = match leg.connector {
+            Connector::Ringmaster => self.gateway.worker_secret.as_ref(),
+            Connector::VllmNixl | Connector::Sglang => None,
+        };
         let mut leg = Some(leg);
         let mut tried: Vec<String> = Vec::new();
         let answer: Option<PrefillAnswer> = loop {
@@ -91,7 +96,7 @@ impl Call {
             let mut request = self
                 .upstream_for(&server, generate, encoded, true)
                 .map_err(refused)?
-                .nixl_prefill(&self.id)
+                .nixl_prefill(&self.id, secret)
                 .map_err(|e| refused_text(e.to_string()))?;
             if let Some(rank) = server.role().dp_rank {
                 request = request.with_header(DP_RANK_HEADER, &rank.to_string());
@@ -132,7 +137,7 @@ impl Call {
                 cached_tokens,
                 ..
             }) => (
-                base.nixl_decode(params, &self.id)
+                base.nixl_decode(params, &self.id, secret)
                     .map_err(|e| refused_text(e.to_string()))?,
                 cached_tokens.unwrap_or(UNKNOWN),
             ),

@@ -215,6 +215,10 @@ impl Call {
             .as_ref()
             .and_then(|v| HeaderValue::from_str(&v.policy.info().hash).ok());
         let door = self.request.door;
+        let clamped = self
+            .request
+            .clamped
+            .and_then(|c| HeaderValue::from_str(&c.header_value()).ok());
         let caller = self.caller.clone();
         let caller_gateway = self.gateway.clone();
         let mut response = self.answer(tracker, started).await?;
@@ -231,6 +235,9 @@ impl Call {
         }
         if let Some(value) = spilled {
             headers.insert(&header_names::FALLBACK, value);
+        }
+        if let Some(value) = clamped {
+            headers.insert(&header_names::CLAMPED, value);
         }
         crate::auth::rate_limit_headers(&caller, headers, door);
         if !dropped.is_empty() {

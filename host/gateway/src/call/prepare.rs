@@ -80,7 +80,7 @@ impl Call {
             .servers
             .iter()
             .any(|s| matches!(s.engine(), ringmaster_pool::Backend::Local(_)))
-            && let Some(refusal) = unserved_in_process(&request)
+            && let Some(refusal) = unserved_in_process(&request, &pool)
         {
             return Err(refusal);
         }
@@ -245,13 +245,20 @@ pub(crate) fn resolve_model<'a>(
 
 /// The 400 for what an engine of this crate cannot serve (tools, images), naming the feature;
 /// `None` when the request asks for neither. Such engines run in the gateway's process or in
-/// a `ringmaster worker`; pools of OpenAI-compatible servers serve both features.
-pub(crate) fn unserved_in_process(request: &Request) -> Option<ApiError> {
-    if request.uses_tools() {
+/// a `ringmaster worker`; pools of OpenAI-compatible servers serve both features. Tools pass
+/// when every server of `pool` is a simulated one of this process, which simulates the calls
+/// (`EngineHandle::simulates_tool_calls`).
+pub(crate) fn unserved_in_process(request: &Request, pool: &PoolSnapshot) -> Option<ApiError> {
+    let simulates_tools = !pool.servers.is_empty()
+        && pool.servers.iter().all(|s| {
+            matches!(s.engine(), ringmaster_pool::Backend::Local(e) if e.simulates_tool_calls())
+        });
+    if request.uses_tools() && !simulates_tools {
         return Some(ApiError::invalid(format!(
             "tools: tool use (tool calling) is not supported for the model {:?}: its servers run \
-             Ringmaster's own engine, which does not call tools (the feature is served by pools of \
-             OpenAI-compatible servers with tool calling); leave tools out",
+             Ringmaster's own engine on a model, which does not call tools (the feature is served by \
+             simulated servers and by pools of OpenAI-compatible servers with tool calling); \
+             leave tools out",
             request.model
         )));
     }

@@ -16,7 +16,7 @@ use tracing::debug;
 use super::Call;
 use crate::metrics::{DecisionLabels, FaultLabels, OutcomeLabels, VariantLabel};
 use crate::state::Gateway;
-use crate::track::{Observation, Tracker};
+use crate::track::{Observation, Reach, Tracker};
 use ringmaster_slots::router::{RouteOutcome, Routed, RouterSlot};
 
 impl Call {
@@ -66,21 +66,9 @@ impl Call {
                 );
             }
         };
+        // What the decision could have had of the cache and what it took is counted when the
+        // request finishes, in the tokens its server counted (the tracker's `reach`).
         let tracker = self.tracker(&routed);
-        let (reachable, achieved) = routed.seen.reach;
-        gateway
-            .metrics
-            .reachable_cached_tokens
-            .get_or_create(&tracker.label)
-            .inc_by(reachable);
-        gateway
-            .metrics
-            .achieved_cached_tokens
-            .get_or_create(&tracker.label)
-            .inc_by(achieved);
-        if let Some(variant) = &routed.variant {
-            variant.stats.record_reach(reachable, achieved);
-        }
         let reason = record_decision(
             gateway,
             &tracker,
@@ -184,6 +172,11 @@ impl Call {
             variant: variant.clone(),
             door: self.request.door,
             started: self.started,
+            reach: Reach {
+                reachable: routed.seen.reach.0,
+                achieved: routed.seen.reach.1,
+                of: self.policy.prompt_tokens,
+            },
             trace: self.trace.clone(),
             attempt_span: None,
             record: gateway.recorder().map(|r| {

@@ -230,7 +230,15 @@ impl Http1Pool {
                     .connect(tls.name.clone(), tcp)
                     .await
                     .map(Either::Right)
-                    .map_err(|e| format!("TLS handshake failed: {}", super::error_chain(&e))),
+                    .map_err(|e| {
+                        // Said once, whether or not rustls said why.
+                        let text = super::error_chain(&e);
+                        if text.starts_with(super::TLS_FAILED) {
+                            text
+                        } else {
+                            format!("{}{text}", super::TLS_FAILED)
+                        }
+                    }),
             }
         };
         let stream = tokio::time::timeout(self.connect_timeout, open)

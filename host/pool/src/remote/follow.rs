@@ -209,12 +209,14 @@ pub(super) async fn poll_load(worker: Weak<RemoteWorker>) {
                 metrics_retry_at = Some(tokio::time::Instant::now() + METRICS_ABSENT_RETRY);
             }
             Err(e) => {
+                worker.polled(Err(e.to_string()));
                 if worker.reachable.swap(false, Ordering::Relaxed) {
                     warn!(worker = %worker.url, error = %e, "remote.unreachable");
                 }
                 continue;
             }
         }
+        worker.polled(Ok(()));
         if !worker.reachable.swap(true, Ordering::Relaxed) {
             info!(worker = %worker.url, "remote.reachable");
         }

@@ -1,6 +1,8 @@
 //! Why a request could not start on a server ([`RemoteError`], and whether another server can
 //! help), and a server's passive health ([`Health`]): consecutive failures eject it for a
-//! backoff that doubles with each ejection.
+//! backoff that doubles with each ejection, and the last failure is kept, so that an operator
+//! reads why a server takes no requests ([`HealthReport`], in `/admin/servers`) instead of
+//! only the client's 503.
 
 use std::sync::Mutex;
 use std::sync::PoisonError;
@@ -74,6 +76,29 @@ impl RemoteError {
     }
 }
 
+/// The last failure talking to a server (a request's or a load poll's).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct LastError {
+    /// What failed, in words (a failed TLS handshake says why first).
+    pub message: String,
+    /// When, milliseconds since the Unix epoch.
+    pub at_unix_ms: u64,
+}
+
+/// A remote server's health as an operator reads it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct HealthReport {
+    /// Whether its last load poll reached it.
+    pub reachable: bool,
+    /// Whether consecutive failures have it ejected now.
+    pub ejected: bool,
+    /// Why requests do not go there now (`None`: they do): the load poll's failure, or the
+    /// last failure of those that ejected it.
+    pub reason: Option<String>,
+    /// The last failure, kept after the server recovers.
+    pub last_error: Option<LastError>,
+}
+
 /// Passive outlier detection: consecutive failures eject a server for a while.
 #[derive(Debug, Default)]
 pub struct Health {
@@ -82,9 +107,32 @@ pub struct Health {
     ejections_in_a_row: AtomicU32,
     ejected_until: Mutex<Option<Instant>>,
     ejections_total: AtomicU64,
+    last_error: Mutex<Option<LastError>>,
 }
 
 impl Health {
+    /// Keeps `message` as the server's last failure.
+    pub fn note_error(&self, message: String) {
+        let at_unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(LastError {
+            message,
+            at_unix_ms,
+        });
+    }
+
+    /// The server's last failure, if any.
+    pub fn last_error(&self) -> Option<LastError> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
     /// Counts a request that reached the server and began.
     pub fn success(&self) {
         self.consecutive_failures.store(0, Ordering::Relaxed);

@@ -16,7 +16,9 @@
 //! Only the body's top level is edited; the rest reaches the servers as it was encoded.
 
 use ringmaster_gpu_runtime::{FinishReason, GenerateEvent};
+use ringmaster_tls::credential::WorkerSecret;
 use ringmaster_wire::object::{ObjectWriter, TopLevel};
+use ringmaster_wire::reserved;
 use serde_json::value::RawValue;
 
 use super::{Endpoint, ReplyMode, UpstreamRequest};
@@ -27,10 +29,16 @@ pub const NIXL_PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_pre
 
 /// The header vLLM's proxies send both legs, with the same id (the prefill's blocks are
 /// found by it).
-pub const REQUEST_ID_HEADER: http::HeaderName = http::HeaderName::from_static("x-request-id");
+pub const REQUEST_ID_HEADER: http::HeaderName =
+    http::HeaderName::from_static(reserved::REQUEST_ID_HEADER);
 
 /// The header that pins a vLLM leg to one data-parallel rank.
-pub const DP_RANK_HEADER: http::HeaderName = http::HeaderName::from_static("x-data-parallel-rank");
+pub const DP_RANK_HEADER: http::HeaderName =
+    http::HeaderName::from_static(reserved::DP_RANK_HEADER);
+
+/// The header that carries a `ringmaster worker` leg's credential.
+pub const LEG_CREDENTIAL_HEADER: http::HeaderName =
+    http::HeaderName::from_static(reserved::LEG_CREDENTIAL_HEADER);
 
 /// A leg's body could not be made.
 #[derive(Debug, thiserror::Error)]
@@ -84,8 +92,12 @@ impl UpstreamRequest {
     /// whole): one output token (`max_tokens`, and `max_completion_tokens` when present; a
     /// Responses body's `max_output_tokens`), no stream, no `stream_options`, no minimum
     /// lengths, `kv_transfer_params` asking for a remote decode; the same `X-Request-Id` as
-    /// the decode leg.
-    pub fn nixl_prefill(&self, pair_id: &str) -> Result<Self, LegError> {
+    /// the decode leg; with `secret` (a `ringmaster worker`'s leg), the leg's credential.
+    pub fn nixl_prefill(
+        &self,
+        pair_id: &str,
+        secret: Option<&WorkerSecret>,
+    ) -> Result<Self, LegError> {
         let top = parse(&self.body)?;
         let limits = token_limits(self.endpoint);
         let mut out = ObjectWriter::with_capacity(self.body.len() + NIXL_PREFILL_PARAMS.len() + 64);
@@ -105,12 +117,19 @@ impl UpstreamRequest {
         out.field("kv_transfer_params", NIXL_PREFILL_PARAMS);
         Ok(self
             .with_body(out.finish(), ReplyMode::Whole)
-            .with_header(REQUEST_ID_HEADER, pair_id))
+            .with_header(REQUEST_ID_HEADER, pair_id)
+            .signed(secret, pair_id, NIXL_PREFILL_PARAMS))
     }
 
     /// The NIXL decode leg: this request as it was, with the prefill's
-    /// `kv_transfer_params` as it returned them, and the prefill leg's `X-Request-Id`.
-    pub fn nixl_decode(&self, params: &RawValue, pair_id: &str) -> Result<Self, LegError> {
+    /// `kv_transfer_params` as it returned them, and the prefill leg's `X-Request-Id`; with
+    /// `secret` (a `ringmaster worker`'s leg), the leg's credential.
+    pub fn nixl_decode(
+        &self,
+        params: &RawValue,
+        pair_id: &str,
+        secret: Option<&WorkerSecret>,
+    ) -> Result<Self, LegError> {
         let top = parse(&self.body)?;
         let mut out = ObjectWriter::with_capacity(self.body.len() + params.get().len() + 32);
         for (key, value) in &top.0 {
@@ -121,7 +140,20 @@ impl UpstreamRequest {
         out.field("kv_transfer_params", params.get());
         Ok(self
             .with_body(out.finish(), self.mode)
-            .with_header(REQUEST_ID_HEADER, pair_id))
+            .with_header(REQUEST_ID_HEADER, pair_id)
+            .signed(secret, pair_id, params.get()))
+    }
+
+    /// This leg with its credential over `pair_id` and `params` (the `kv_transfer_params`
+    /// text it carries), when there is a secret to make one with.
+    fn signed(self, secret: Option<&WorkerSecret>, pair_id: &str, params: &str) -> Self {
+        match secret {
+            Some(secret) => {
+                let credential = secret.leg_credential(pair_id, params);
+                self.with_header(LEG_CREDENTIAL_HEADER, &credential)
+            }
+            None => self,
+        }
     }
 
     /// An SGLang leg: this request with the pair's bootstrap (the same on both legs), the
@@ -274,7 +306,7 @@ mod tests {
                    "max_completion_tokens": 50, "min_tokens": 4, "temperature": 0}),
             ReplyMode::Stream,
         );
-        let prefill = chat.nixl_prefill("pair-1").unwrap();
+        let prefill = chat.nixl_prefill("pair-1", None).unwrap();
         assert_eq!(prefill.mode, ReplyMode::Whole);
         assert_eq!(
             body(&prefill),
@@ -286,13 +318,19 @@ mod tests {
                        "remote_host": null, "remote_port": null}})
         );
         assert_eq!(header(&prefill, "x-request-id"), Some("pair-1"));
+        assert_eq!(header(&prefill, "x-ringmaster-leg-credential"), None);
+        // A `ringmaster worker`'s leg carries the credential over its id and its parameters.
+        let secret = WorkerSecret::new("test", b"the fleet's shared secret").unwrap();
+        let signed = chat.nixl_prefill("pair-1", Some(&secret)).unwrap();
+        let credential = header(&signed, "x-ringmaster-leg-credential").unwrap();
+        assert!(secret.verify_leg("pair-1", NIXL_PREFILL_PARAMS, credential));
         // Only the limits a body has are set, and the first always.
         let responses = request(
             Endpoint::Responses,
             json!({"model": "m", "input": "hi", "max_output_tokens": 9, "stream": true}),
             ReplyMode::Stream,
         );
-        let body = body(&responses.nixl_prefill("pair-2").unwrap());
+        let body = body(&responses.nixl_prefill("pair-2", None).unwrap());
         assert_eq!(body["max_output_tokens"], 1);
         assert!(body.get("max_tokens").is_none(), "{body}");
         assert_eq!(body["stream"], false);
@@ -310,7 +348,10 @@ mod tests {
             r#"{"do_remote_prefill": true, "remote_block_ids": [[1,2]], "remote_port": 5600}"#,
         )
         .unwrap();
-        let decode = chat.nixl_decode(&params, "pair-1").unwrap();
+        let secret = WorkerSecret::new("test", b"the fleet's shared secret").unwrap();
+        let decode = chat.nixl_decode(&params, "pair-1", Some(&secret)).unwrap();
+        let credential = header(&decode, "x-ringmaster-leg-credential").unwrap();
+        assert!(secret.verify_leg("pair-1", params.get(), credential));
         assert_eq!(decode.mode, ReplyMode::Stream);
         let text = std::str::from_utf8(decode.body()).unwrap();
         assert!(text.ends_with(&format!(r#""kv_transfer_params":{}}}"#, params.get())));

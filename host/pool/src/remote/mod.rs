@@ -26,7 +26,9 @@
 //! Health: the load poll (`/load` every [`LOAD_POLL_INTERVAL`]; a 404 there means an ordinary
 //! OpenAI server, which is up whenever it answers) is the active check; consecutive request
 //! failures eject the server for a backoff that doubles with each ejection ([`Health`]). While
-//! unreachable or ejected, the server is not routable and its load reads as full.
+//! unreachable or ejected, the server is not routable and its load reads as full, and why is
+//! kept for the operator ([`RemoteWorker::health_report`]): a failed TLS handshake says what is
+//! wrong with the server's certificate ([`ringmaster_tls::handshake_failure`]).
 //!
 //! A `ringmaster worker`'s prefix cache is mirrored from its own reports ([`follow`]): its
 //! tokenizer (`/tokenizer`) and its event stream (`/kv/events`) feed a [`ReportedCache`].
@@ -59,7 +61,7 @@ use tracing::warn;
 
 pub use chunks::{ChunkKind, DecodeError, ReplyDecoder, error_message};
 pub use follow::LoadSource;
-pub use health::{Health, RemoteError};
+pub use health::{Health, HealthReport, LastError, RemoteError};
 pub use legs::{Bootstrap, LegError, PrefillAnswer};
 pub use reader::ReplyReader;
 pub use request::{Endpoint, Target, UpstreamRequest};
@@ -130,6 +132,9 @@ pub struct RemoteWorker {
     load: Mutex<LoadReport>,
     load_source: Mutex<LoadSource>,
     reachable: AtomicBool,
+    /// Why the last load poll failed (`None`: it reached the server): the reason it is not
+    /// routable.
+    poll_error: Mutex<Option<String>>,
     health: Health,
     kv: Arc<ReportedCache>,
     /// The engine's own KV event stream, when configured (then `/kv/events` is not asked).
@@ -253,6 +258,7 @@ impl RemoteWorker {
             load_source: Mutex::new(LoadSource::Unknown),
             // Unknown until the first poll: assume reachable so the first requests are tried.
             reachable: AtomicBool::new(true),
+            poll_error: Mutex::new(None),
             health: Health::default(),
             kv: Arc::new(ReportedCache::default()),
             engine_feed: engine
@@ -386,6 +392,49 @@ impl RemoteWorker {
         self.reachable.load(Ordering::Relaxed) && !self.health.is_ejected()
     }
 
+    /// Its health with the reasons: whether it is reachable or ejected, why requests do not
+    /// go there, and its last failure.
+    pub fn health_report(&self) -> HealthReport {
+        let reachable = self.reachable.load(Ordering::Relaxed);
+        let ejected = self.health.is_ejected();
+        let last_error = self.health.last_error();
+        let poll_error = self
+            .poll_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let reason = match (poll_error, &last_error) {
+            (Some(why), _) if !reachable => Some(format!("its load poll fails: {why}")),
+            (_, Some(last)) if ejected => Some(format!(
+                "ejected after failures in a row, the last: {}",
+                last.message
+            )),
+            _ => None,
+        };
+        HealthReport {
+            reachable,
+            ejected,
+            reason,
+            last_error,
+        }
+    }
+
+    /// The load poll's outcome: `Err` keeps why it failed, as the reason the server is not
+    /// routable and as its last failure.
+    fn polled(&self, outcome: Result<(), String>) {
+        let mut held = self
+            .poll_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Ok(()) => *held = None,
+            Err(why) => {
+                self.health.note_error(why.clone());
+                *held = Some(why);
+            }
+        }
+    }
+
     /// Starts `request` on the server. Returns once the reply's first event is in; the stream
     /// yields its events as a local engine would.
     ///
@@ -414,6 +463,7 @@ impl RemoteWorker {
             Ok(_) => self.health.success(),
             Err(RemoteError::Refused { .. }) => {}
             Err(e) => {
+                self.health.note_error(e.to_string());
                 if let Some(backoff) = self.health.failure(&self.settings) {
                     warn!(server = %self.url, error = %e, backoff_ms = backoff.as_millis() as u64, "remote.ejected");
                 }
@@ -758,8 +808,10 @@ impl RemoteAccess {
 type RequestClient =
     hyper_util::client::legacy::Client<side::Connector, http_body_util::Full<bytes::Bytes>>;
 
-/// An error with its sources, which is where the client says what actually failed.
-pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error with its sources, which is where the client says what actually failed. A failed
+/// TLS handshake says first, in words, what is wrong with the server's certificate and what
+/// to do (`ringmaster_tls::handshake_failure`), then rustls's own terms.
+pub(super) fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
@@ -767,8 +819,14 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
         text.push_str(&e.to_string());
         source = e.source();
     }
-    text
+    match ringmaster_tls::handshake_failure(error) {
+        Some(why) => format!("{TLS_FAILED}{why} ({text})"),
+        None => text,
+    }
 }
+
+/// How every message of a failed TLS handshake with a server begins.
+pub(super) const TLS_FAILED: &str = "TLS handshake failed: ";
 
 #[cfg(test)]
 mod tests {
@@ -938,6 +996,40 @@ mod tests {
         assert!(err.to_string().contains("no answer within"), "{err}");
         assert!(err.is_retryable());
         assert_eq!(err.outcome(), "timeout");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_fails_says_why_until_it_answers_and_keeps_its_last_failure() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        drop(listener);
+        let settings = UpstreamSettings {
+            eject_after_failures: 1,
+            ..UpstreamSettings::default()
+        };
+        let worker = RemoteWorker::start_with(&format!("http://{address}"), settings).unwrap();
+        assert_eq!(worker.health_report().reason, None, "nothing known yet");
+        // A request fails: it is ejected, and says why (unless the load poll, running
+        // meanwhile, failed first: then that is why).
+        let request = UpstreamRequest::encode(&raw_prompt_request(), "m", ReplyMode::Stream);
+        let err = worker.submit(&request).await.unwrap_err();
+        let report = worker.health_report();
+        assert!(report.ejected, "{report:?}");
+        let reason = report.reason.unwrap_or_default();
+        assert!(
+            reason == format!("ejected after failures in a row, the last: {err}")
+                || reason.starts_with("its load poll fails: "),
+            "{reason}"
+        );
+        // Its load poll fails too: that is the reason now, and the last failure.
+        tokio::time::sleep(LOAD_POLL_INTERVAL * 3).await;
+        let report = worker.health_report();
+        assert!(!report.reachable, "{report:?}");
+        let reason = report.reason.unwrap_or_default();
+        assert!(reason.starts_with("its load poll fails: "), "{reason}");
+        let last = report.last_error.expect("the last failure is kept");
+        assert!(reason.ends_with(&last.message), "{reason} / {last:?}");
+        assert!(last.at_unix_ms > 0);
     }
 
     #[test]
