@@ -15,15 +15,13 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
-from gateway import binary, free_port  # noqa: E402
+from gateway import binary, free_port, wait_healthy  # noqa: E402
 from readme_tour import blocks  # noqa: E402
 
 from capture_proxy import CaptureProxy  # noqa: E402
@@ -67,16 +65,9 @@ def simulated_gateway():
             env={k: v for k, v in os.environ.items() if not k.startswith("RINGMASTER_")},
         )
         try:
-            deadline = time.time() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                        break
-                except OSError:
-                    if proc.poll() is not None or time.time() > deadline:
-                        log.seek(0)
-                        pytest.fail("ringmaster serve --simulated did not start:\n" + log.read())
-                    time.sleep(0.05)
+            if not wait_healthy(proc, f"http://127.0.0.1:{port}"):
+                log.seek(0)
+                pytest.fail("ringmaster serve --simulated did not start:\n" + log.read())
             proxy = CaptureProxy(port)
             try:
                 yield proxy

@@ -122,15 +122,13 @@ impl TestGateway {
     }
 
     pub async fn metrics(&self) -> String {
-        self.client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        get_text(&self.client, &self.url("/metrics")).await
     }
+}
+
+/// The body of `GET url`, as text.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
 }
 
 impl TestGateway {

@@ -66,14 +66,7 @@ impl TestWorker {
     }
 
     async fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
+        crate::support::get_text(&self.client, &format!("{}/metrics", self.base)).await
     }
 
     async fn simulated() -> Self {

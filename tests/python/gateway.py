@@ -64,6 +64,22 @@ def fake_upstream(behavior):
         proc.wait(timeout=30)
 
 
+def wait_healthy(proc, url, timeout=30, context=None):
+    """Waits until `url`/healthz answers 200: True; False as soon as `proc` exits or after
+    `timeout` seconds. The one loop every test that starts a gateway of its own waits in."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url + "/healthz", timeout=1, context=context) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            return False
+        time.sleep(0.05)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,18 +106,9 @@ def running(config, args=(), ca_file=None):
         proc = subprocess.Popen([binary(), "serve", "--config", path, *args], stdout=log, stderr=log)
         url = f"https://localhost:{port}" if ca_file else f"http://127.0.0.1:{port}"
         try:
-            deadline = time.time() + 30
-            while True:
-                try:
-                    with urllib.request.urlopen(url + "/healthz", timeout=1, context=context) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                if proc.poll() is not None or time.time() > deadline:
-                    log.seek(0)
-                    pytest.fail("gateway did not start:\n" + log.read())
-                time.sleep(0.05)
+            if not wait_healthy(proc, url, context=context):
+                log.seek(0)
+                pytest.fail("gateway did not start:\n" + log.read())
             yield url
         finally:
             proc.terminate()

@@ -5,10 +5,9 @@ import json
 import os
 import subprocess
 import tempfile
-import time
 import urllib.request
 
-from gateway import SIMULATED_FLEET, binary, free_port, redis, running
+from gateway import SIMULATED_FLEET, binary, free_port, redis, running, wait_healthy
 
 
 def run(*args, **kwargs):
@@ -91,14 +90,7 @@ def test_a_log_written_to_a_file_has_no_colour_codes():
         with open(log_path, "w") as log:
             proc = subprocess.Popen([binary(), "serve", "--config", config], stdout=log, stderr=log)
             try:
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                            break
-                    except OSError:
-                        assert proc.poll() is None and time.time() < deadline, open(log_path).read()
-                        time.sleep(0.05)
+                assert wait_healthy(proc, f"http://127.0.0.1:{port}"), open(log_path).read()
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -119,14 +111,7 @@ def test_the_first_command_says_it_found_no_model_in_its_log():
             proc = subprocess.Popen([binary(), "serve", "--listen", f"127.0.0.1:{port}"],
                                     stdout=log, stderr=log, env=env)
             try:
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                            break
-                    except OSError:
-                        assert proc.poll() is None and time.time() < deadline, open(log_path).read()
-                        time.sleep(0.05)
+                assert wait_healthy(proc, f"http://127.0.0.1:{port}"), open(log_path).read()
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
@@ -147,16 +132,9 @@ def serve_outcome(config_text, env=None, timeout=30):
             proc = subprocess.Popen([binary(), "serve", "--config", config], stdout=log, stderr=log,
                                     env=dict(os.environ, RUST_LOG="info", **(env or {})))
             try:
-                deadline = time.time() + timeout
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                            return True, open(log_path).read()
-                    except OSError:
-                        if proc.poll() is not None:
-                            return False, open(log_path).read()
-                        assert time.time() < deadline, open(log_path).read()
-                        time.sleep(0.05)
+                served = wait_healthy(proc, f"http://127.0.0.1:{port}", timeout=timeout)
+                assert served or proc.poll() is not None, open(log_path).read()
+                return served, open(log_path).read()
             finally:
                 if proc.poll() is None:
                     proc.terminate()

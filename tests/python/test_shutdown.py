@@ -10,11 +10,10 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.request
 
 import pytest
 
-from gateway import binary, free_port
+from gateway import binary, free_port, wait_healthy
 
 # One simulated server whose decode steps take 50 ms: a request of N output tokens streams
 # for about N / 20 seconds. The grace period is far longer than any wait below, so a process
@@ -44,15 +43,8 @@ def serving():
             proc = subprocess.Popen([binary(), "serve", "--config", config], stdout=log, stderr=log,
                                     env=dict(os.environ, RUST_LOG="info"))
             try:
-                deadline = time.time() + 30
-                while True:
-                    try:
-                        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                            break
-                    except OSError:
-                        if proc.poll() is not None or time.time() > deadline:
-                            pytest.fail("gateway did not start:\n" + open(log_path).read())
-                        time.sleep(0.05)
+                if not wait_healthy(proc, f"http://127.0.0.1:{port}"):
+                    pytest.fail("gateway did not start:\n" + open(log_path).read())
                 yield proc, port, log_path
             finally:
                 if proc.poll() is None:

@@ -191,7 +191,7 @@ pub(crate) struct ServerCollector {
 impl Collector for ServerCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
         let snapshot = self.pool.snapshot();
-        let servers: Vec<_> = snapshot
+        let servers: Vec<ServerRow> = snapshot
             .servers
             .iter()
             .chain(snapshot.draining.iter())
@@ -432,6 +432,13 @@ impl Collector for ServerCollector {
     }
 }
 
+/// One server as a scrape reads it: its label, the server, and its engine's load report.
+type ServerRow = (
+    ServerLabel,
+    Arc<ringmaster_pool::Server>,
+    ringmaster_gpu_runtime::LoadReport,
+);
+
 /// A server and why its engine refused a KV handoff.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct RefusalLabel {
@@ -444,11 +451,7 @@ struct RefusalLabel {
 /// prompt was computed again, and a sign of a broken or hostile peer.
 fn encode_import_refusals(
     encoder: &mut DescriptorEncoder<'_>,
-    servers: &[(
-        ServerLabel,
-        Arc<ringmaster_pool::Server>,
-        ringmaster_gpu_runtime::LoadReport,
-    )],
+    servers: &[ServerRow],
 ) -> Result<(), std::fmt::Error> {
     let mut family = encoder.encode_descriptor(
         "kv_import_refused",
@@ -475,11 +478,7 @@ fn encode_import_refusals(
 /// The counters of each engine KV event feed (servers with `kv_events` only).
 fn encode_engine_feeds(
     encoder: &mut DescriptorEncoder<'_>,
-    servers: &[(
-        ServerLabel,
-        Arc<ringmaster_pool::Server>,
-        ringmaster_gpu_runtime::LoadReport,
-    )],
+    servers: &[ServerRow],
 ) -> Result<(), std::fmt::Error> {
     use ringmaster_pool::remote::engine_events::EngineFeedReport;
     let feeds: Vec<(&ServerLabel, EngineFeedReport)> = servers
