@@ -27,6 +27,10 @@
 # measured whole. At 7c19210 (2026-12-07, issue 42's CPU side: the sampler, the second GPU
 # step, the streams and step benches) it passed whole in 1,883 s (31.4 min; the image step
 # skipped by its probe, the network-fault tests skipped: the chroot cannot enter a namespace).
+# At fdc139a (2026-12-07, issue 48: reserved fields, signed worker legs, the audit, the
+# newcomer's fixes and their tests) it passed whole in 2,901 s (48.4 min): the build 23.1 min,
+# the Rust tests' e2e binary 122 s, the Python suite 252 s (the README tour and the shutdown
+# tests new in it), the agents 52 s; where the rest went was not timed step by step.
 #
 #   sudo tests/fresh-root.sh [--root /var/cache/ringmaster-fresh-root] [--mirror URL] [--keep]
 #
