@@ -1,7 +1,8 @@
 //! One request's events as its consumer reads them ([`GenerationStream`]), whoever produces
 //! them: a local engine's channel, a source read in the consumer's own task ([`EventSource`]: a
 //! remote server's reply), or events that are all here already. Dropping the stream before its
-//! end cancels the request. It must not know how an engine schedules or how a server is read.
+//! end cancels the request. It must not know how an engine schedules or how a server is read,
+//! nor hold what a relay of a server's own bytes needs (the pool's `Generation` does).
 
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,9 +22,6 @@ pub struct GenerationStream {
     /// something else (a remote worker's client).
     wake: Option<Arc<Notify>>,
     finished: bool,
-    /// A server's whole answer as it sent it, kept for a client of the server's own API
-    /// ([`GenerationStream::with_answer`]).
-    answer: Option<Vec<u8>>,
 }
 
 /// Something that produces a stream's events when polled, in the consumer's own task: a
@@ -33,26 +31,6 @@ pub trait EventSource: Send + Unpin + 'static {
     /// The next event, `Pending` (with the waker registered) until one is there, `None` once
     /// the source has nothing more.
     fn poll_event(&mut self, cx: &mut Context<'_>) -> Poll<Option<GenerateEvent>>;
-
-    /// For a relay: the server's own frames for the content read so far and not yet taken
-    /// (`None`: nothing new, or the source keeps none).
-    fn take_relayed(&mut self) -> Option<Vec<u8>> {
-        None
-    }
-
-    /// For a relay: what it has passed on (`None`: the source keeps no frames).
-    fn relay_state(&self) -> Option<RelayState> {
-        None
-    }
-}
-
-/// What a relay of a server's own frames has passed on so far.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RelayState {
-    /// The server's id of the reply, once a frame named it.
-    pub reply_id: Option<String>,
-    /// A frame carried the finish (so the client has it already).
-    pub finish_relayed: bool,
 }
 
 impl GenerationStream {
@@ -67,7 +45,6 @@ impl GenerationStream {
             front: None,
             wake: Some(wake),
             finished: false,
-            answer: None,
         }
     }
 
@@ -78,7 +55,6 @@ impl GenerationStream {
             front: None,
             wake: None,
             finished: false,
-            answer: None,
         }
     }
 
@@ -97,36 +73,6 @@ impl GenerationStream {
             front: None,
             wake: None,
             finished: false,
-            answer: None,
-        }
-    }
-
-    /// The stream with the server's whole answer (`body`, its events already decoded into
-    /// the stream) kept, to go to a client of the server's API as it came.
-    pub fn with_answer(mut self, body: Vec<u8>) -> Self {
-        self.answer = Some(body);
-        self
-    }
-
-    /// The server's whole answer as it sent it, when it was kept ([`Self::with_answer`]).
-    pub fn take_answer(&mut self) -> Option<Vec<u8>> {
-        self.answer.take()
-    }
-
-    /// The server's own frames for the content read so far and not yet taken, when the
-    /// stream is a relayed server reply (see [`EventSource::take_relayed`]).
-    pub fn take_relayed(&mut self) -> Option<Vec<u8>> {
-        match &mut self.events {
-            Events::Source(source) => source.take_relayed(),
-            _ => None,
-        }
-    }
-
-    /// What a relayed server reply has passed on (`None`: not a relay).
-    pub fn relay_state(&self) -> Option<RelayState> {
-        match &self.events {
-            Events::Source(source) => source.relay_state(),
-            _ => None,
         }
     }
 
@@ -148,10 +94,7 @@ impl GenerationStream {
             Some(event) => Some(event),
             None => std::task::ready!(self.events.poll_recv(cx)),
         };
-        if matches!(
-            event,
-            None | Some(GenerateEvent::Finished { .. } | GenerateEvent::Failed { .. })
-        ) {
+        if event.as_ref().is_none_or(GenerateEvent::is_last) {
             self.finished = true;
         }
         Poll::Ready(event)

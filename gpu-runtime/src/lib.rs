@@ -75,7 +75,7 @@ pub use error::EngineError;
 pub use executor::{
     Executor, SampledToken, ScheduledSeq, SimExecutor, StepKind, StepOutcome, StepPlan,
 };
-pub use generation::{EventSource, GenerationStream, RelayState};
+pub use generation::{EventSource, GenerationStream};
 pub use handoff::{ImportRefusal, KvContents, KvHandoff};
 pub use request::{
     ChatMessage, Effort, FinishReason, GenerateEvent, GenerateRequest, Image, OutputFormat, Role,

@@ -112,3 +112,10 @@ pub enum GenerateEvent {
         output_tokens: u32,
     },
 }
+
+impl GenerateEvent {
+    /// Whether nothing comes after this event: `Finished` or `Failed` ends a stream.
+    pub fn is_last(&self) -> bool {
+        matches!(self, Self::Finished { .. } | Self::Failed { .. })
+    }
+}

@@ -2,6 +2,8 @@
 //! how healthy they are, which one gets a request, and how a request reaches it.
 //!
 //! - [`server`]: one server, its backend and its requests in flight;
+//! - [`generation`]: a started request's events as the pool hands them over, with what a
+//!   relay of the server's own answer needs;
 //! - [`snapshot`]: the pool at one instant, with one ring per served model;
 //! - [`Pool`] (membership: add, remove, drain) and [`selection`] (the bounded-load walk,
 //!   policy choices under the cap, failover and retries);
@@ -20,6 +22,7 @@
 
 pub mod autoscale;
 pub mod engine_index;
+pub mod generation;
 pub mod input;
 pub mod kv_view;
 mod local_events;
@@ -31,6 +34,7 @@ pub mod server;
 pub mod settings;
 pub mod snapshot;
 
+pub use generation::{Generation, RelaySource, RelayState};
 pub use input::{KeySource, RoutingInput};
 pub use pool::Pool;
 pub use ringmaster_config::CapGuard;

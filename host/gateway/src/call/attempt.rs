@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use ringmaster_api::relay::RelayEdits;
 use ringmaster_api::{ApiError, ErrorKind, FieldNotes, UnknownFields};
-use ringmaster_gpu_runtime::{EngineError, GenerateRequest, GenerationStream};
+use ringmaster_gpu_runtime::{EngineError, GenerateRequest};
 use ringmaster_pool::remote::{Endpoint, ReplyMode, UpstreamRequest};
-use ringmaster_pool::{Backend, BackendError, Decision, InFlight};
+use ringmaster_pool::{Backend, BackendError, Decision, Generation, InFlight};
 use ringmaster_wire::Api;
 use tracing::debug;
 
@@ -27,7 +27,7 @@ use ringmaster_slots::router::pair::PrefillLeg;
 /// A generation under way: its stream, the server it runs on, and how many attempts it took.
 #[derive(Debug)]
 pub(crate) struct Started {
-    pub(crate) generation: GenerationStream,
+    pub(crate) generation: Generation,
     pub(crate) decision: Decision,
     pub(crate) in_flight: InFlight,
     pub(crate) attempts: u32,
@@ -237,7 +237,10 @@ impl Call {
                 Backend::Local(engine) => match generate.take() {
                     Some(request) => match leg {
                         Some(leg) => self.local_pair(engine, request, leg).await,
-                        None => engine.submit(request).map_err(BackendError::Engine),
+                        None => engine
+                            .submit(request)
+                            .map(Generation::from)
+                            .map_err(BackendError::Engine),
                     },
                     None => Err(BackendError::Engine(EngineError::Stopped)),
                 },

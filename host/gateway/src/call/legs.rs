@@ -23,7 +23,7 @@ use ringmaster_pool::remote::legs::DP_RANK_HEADER;
 use ringmaster_pool::remote::{
     Bootstrap, PrefillAnswer, RemoteError, RemoteWorker, Target, UpstreamRequest,
 };
-use ringmaster_pool::{Backend, BackendError, Server};
+use ringmaster_pool::{Backend, BackendError, Generation, Server};
 use tracing::{Instrument, debug};
 
 use super::Call;
@@ -47,7 +47,7 @@ impl Call {
         base: &UpstreamRequest,
         leg: PrefillLeg,
         (generate, encoded): (&GenerateRequest, &mut Encoded),
-    ) -> Result<GenerationStream, BackendError> {
+    ) -> Result<Generation, BackendError> {
         let base = match decode.role().dp_rank {
             Some(rank) if leg.connector != Connector::Sglang => {
                 base.clone().with_header(DP_RANK_HEADER, &rank.to_string())
@@ -73,7 +73,7 @@ impl Call {
         base: &UpstreamRequest,
         leg: PrefillLeg,
         (generate, encoded): (&GenerateRequest, &mut Encoded),
-    ) -> Result<GenerationStream, BackendError> {
+    ) -> Result<Generation, BackendError> {
         // `ringmaster worker`s take a leg only with the gateway's credential for it.
         let secret = match leg.connector {
             Connector::Ringmaster => self.gateway.worker_secret.as_ref(),
@@ -160,7 +160,7 @@ impl Call {
         base: &UpstreamRequest,
         leg: PrefillLeg,
         (generate, encoded): (&GenerateRequest, &mut Encoded),
-    ) -> Result<GenerationStream, BackendError> {
+    ) -> Result<Generation, BackendError> {
         let mut leg = Some(leg);
         let mut tried: Vec<String> = Vec::new();
         loop {
@@ -367,21 +367,24 @@ impl Drop for AbortOnDrop {
 /// A split request's reply: the decode leg's events, its usage with the prefill's cached
 /// tokens (once known), and the SGLang prefill leg that ends with it.
 struct PairedReply {
-    decode: GenerationStream,
+    decode: Generation,
     prefill_cached: Arc<AtomicU32>,
     _prefill: Option<AbortOnDrop>,
 }
 
+/// A split request's reply is never relayed (its usage is the gateway's: see
+/// `Call::reply_mode`), so the decode leg's relay, which it never kept, is not carried over.
 pub(super) fn paired(
-    decode: GenerationStream,
+    decode: Generation,
     prefill_cached: Arc<AtomicU32>,
     prefill: Option<AbortOnDrop>,
-) -> GenerationStream {
+) -> Generation {
     GenerationStream::from_source(Box::new(PairedReply {
         decode,
         prefill_cached,
         _prefill: prefill,
     }))
+    .into()
 }
 
 impl EventSource for PairedReply {

@@ -11,10 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU32;
 use std::time::Duration;
 
-use ringmaster_gpu_runtime::{
-    EngineHandle, GenerateEvent, GenerateRequest, GenerationStream, KvHandoff,
-};
-use ringmaster_pool::{BackendError, ServerAddress};
+use ringmaster_gpu_runtime::{EngineHandle, GenerateEvent, GenerateRequest, KvHandoff};
+use ringmaster_pool::{BackendError, Generation, ServerAddress};
 use tracing::{Instrument, debug};
 
 use super::Call;
@@ -28,7 +26,7 @@ impl Call {
         decode: &EngineHandle,
         request: GenerateRequest,
         leg: PrefillLeg,
-    ) -> Result<GenerationStream, BackendError> {
+    ) -> Result<Generation, BackendError> {
         let span = self.leg_span(&leg.server, "prefill");
         let simulated = matches!(leg.server.address(), ServerAddress::Simulated { .. });
         let prefilled = match span.clone() {
@@ -36,7 +34,10 @@ impl Call {
             None => self.local_prefill(&request, leg).await,
         };
         let Some((handoff, cached)) = prefilled else {
-            return decode.submit(request).map_err(BackendError::Engine);
+            return decode
+                .submit(request)
+                .map(Generation::from)
+                .map_err(BackendError::Engine);
         };
         if simulated {
             let held = decode.cached_prefix_blocks(&handoff.hashes());
@@ -56,7 +57,11 @@ impl Call {
         let stream = decode
             .submit_with_kv(request, handoff)
             .map_err(BackendError::Engine)?;
-        Ok(paired(stream, Arc::new(AtomicU32::new(cached)), None))
+        Ok(paired(
+            stream.into(),
+            Arc::new(AtomicU32::new(cached)),
+            None,
+        ))
     }
 
     /// Runs the prefill leg on `leg`'s engine: its handoff and its cached prompt tokens, or

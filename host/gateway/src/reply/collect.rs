@@ -3,8 +3,8 @@
 
 use ringmaster_api::ApiError;
 use ringmaster_api::reply::WholeReply;
-use ringmaster_gpu_runtime::{GenerateEvent, GenerationStream};
-use ringmaster_pool::InFlight;
+use ringmaster_gpu_runtime::GenerateEvent;
+use ringmaster_pool::{Generation, InFlight};
 use tracing::debug;
 
 use super::{Ended, ReplyMachine};
@@ -30,7 +30,7 @@ impl Drop for UnfinishedReply<'_> {
 /// The whole reply as one message.
 pub(crate) async fn collect(
     tracker: &Tracker,
-    mut generation: GenerationStream,
+    mut generation: Generation,
     in_flight: &mut InFlight,
 ) -> Result<WholeReply, ApiError> {
     let mut guard = UnfinishedReply {

@@ -14,8 +14,8 @@ use http::header::{CONTENT_TYPE, HeaderValue};
 use http_body_util::BodyExt;
 use hyper::body::{Body, Frame};
 use ringmaster_api::reply::{ReplyEvent, StreamWriter};
-use ringmaster_gpu_runtime::{GenerateEvent, GenerationStream};
-use ringmaster_pool::InFlight;
+use ringmaster_gpu_runtime::GenerateEvent;
+use ringmaster_pool::{Generation, InFlight};
 use tracing::debug;
 
 use super::{EARLY_KEEP_ALIVE, Ended, Frames, ReplyMachine};
@@ -29,7 +29,7 @@ use ringmaster_responses::Saver;
 pub(crate) fn response(
     tracker: Tracker,
     mut writer: StreamWriter,
-    (generation, relayed): (GenerationStream, bool),
+    (generation, relayed): (Generation, bool),
     in_flight: InFlight,
     saver: Option<Saver>,
 ) -> Response<ResponseBody> {
@@ -88,7 +88,7 @@ struct SseReply {
     tracker: Tracker,
     machine: ReplyMachine,
     /// `None` once the reply ended (dropped at once: that frees the server's connection).
-    generation: Option<GenerationStream>,
+    generation: Option<Generation>,
     in_flight: Option<InFlight>,
     /// The door's frames written and not yet sent.
     out: Vec<u8>,

@@ -70,6 +70,7 @@ pub use sse::{SseDecoder, SseError};
 use conn::{ConnError, Http1Pool, Lease};
 use reply::RemoteReply;
 
+use crate::generation::Generation;
 use crate::kv_view::ReportedCache;
 pub use ringmaster_config::UpstreamSettings;
 
@@ -96,12 +97,12 @@ pub enum ReplyMode {
     /// instead of one per token); its events come together when it is done.
     Whole,
     /// One whole JSON answer, read into events and also kept as the server sent it, for a
-    /// client that speaks the server's API ([`GenerationStream::take_answer`]).
+    /// client that speaks the server's API ([`Generation::take_answer`]).
     WholeRelayed,
     /// A stream, read into events.
     Stream,
     /// A stream, read into events, with the server's own content chunks kept for a client
-    /// that speaks the server's API ([`GenerationStream::take_relayed`]).
+    /// that speaks the server's API ([`Generation::take_relayed`]).
     Relayed,
 }
 
@@ -439,7 +440,7 @@ impl RemoteWorker {
     /// yields its events as a local engine would.
     ///
     /// Cancel safety: dropping the future drops the request, which closes its connection.
-    pub async fn submit(&self, request: &UpstreamRequest) -> Result<GenerationStream, RemoteError> {
+    pub async fn submit(&self, request: &UpstreamRequest) -> Result<Generation, RemoteError> {
         let result = self.start_reply(request).await;
         self.account(&result);
         result
@@ -561,10 +562,7 @@ impl RemoteWorker {
         Ok((response, lease))
     }
 
-    async fn start_reply(
-        &self,
-        request: &UpstreamRequest,
-    ) -> Result<GenerationStream, RemoteError> {
+    async fn start_reply(&self, request: &UpstreamRequest) -> Result<Generation, RemoteError> {
         let headers_timeout = if request.mode.is_whole() {
             self.settings.whole_answer_timeout
         } else {
@@ -587,23 +585,28 @@ impl RemoteWorker {
                 (request.endpoint.api(), keep),
             )
             .await;
-            let stream = GenerationStream::from_events(events);
+            let generation = Generation::from(GenerationStream::from_events(events));
             return self
                 .started(match kept {
-                    Some(body) => stream.with_answer(body),
-                    None => stream,
+                    Some(body) => generation.with_answer(body),
+                    None => generation,
                 })
                 .await;
         }
+        let relayed = request.mode == ReplyMode::Relayed;
         let reply = RemoteReply::new(
             response.into_body(),
             lease,
             &self.settings,
-            (request.endpoint.api(), request.mode == ReplyMode::Relayed),
+            (request.endpoint.api(), relayed),
             (self.url.clone(), request.request_id.clone()),
         );
-        self.started(GenerationStream::from_source(Box::new(reply)))
-            .await
+        self.started(if relayed {
+            Generation::relayed(Box::new(reply))
+        } else {
+            GenerationStream::from_source(Box::new(reply)).into()
+        })
+        .await
     }
 
     /// Sends `request` over the server's transport: the reply's headers, and for HTTP/1.1 the
@@ -648,8 +651,8 @@ impl RemoteWorker {
 
     /// The reply's stream once its first event is in (within `first_token_timeout`), or why
     /// it never began.
-    async fn started(&self, mut stream: GenerationStream) -> Result<GenerationStream, RemoteError> {
-        let first = tokio::time::timeout(self.settings.first_token_timeout, stream.next())
+    async fn started(&self, mut generation: Generation) -> Result<Generation, RemoteError> {
+        let first = tokio::time::timeout(self.settings.first_token_timeout, generation.next())
             .await
             .map_err(|_| RemoteError::Unreachable {
                 url: self.url.clone(),
@@ -668,7 +671,7 @@ impl RemoteWorker {
                 url: self.url.clone(),
                 why: "the reply ended with nothing in it".into(),
             }),
-            Some(first) => Ok(stream.with_front(first)),
+            Some(first) => Ok(generation.with_front(first)),
         }
     }
 }
@@ -831,9 +834,10 @@ pub(super) const TLS_FAILED: &str = "TLS handshake failed: ";
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::generation::RelayState;
     use proptest::prelude::*;
     use request::{Target, wire_request};
-    use ringmaster_gpu_runtime::{GenerateRequest, RelayState};
+    use ringmaster_gpu_runtime::GenerateRequest;
 
     /// What the relay does with a reply's bytes, read `split` bytes at a time.
     fn read_reply(bytes: &[u8], split: usize, limit: usize) -> Vec<GenerateEvent> {

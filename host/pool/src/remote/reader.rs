@@ -3,12 +3,13 @@
 //! fuzz target all read replies through it). With a relay, a chat server's own content chunks
 //! are kept too.
 
-use ringmaster_gpu_runtime::{GenerateEvent, RelayState};
+use ringmaster_gpu_runtime::GenerateEvent;
 use ringmaster_wire::Api;
 
 use super::chunks::ChunkKind;
 use super::dialects::Decoder;
 use super::sse::SseDecoder;
+use crate::generation::RelayState;
 
 /// A server's streamed reply, bytes in, engine events out: the SSE split ([`SseDecoder`]) and
 /// the decoding ([`Decoder`], for the server's API) as one step, with no I/O (the relay, the proptests and

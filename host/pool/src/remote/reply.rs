@@ -17,12 +17,13 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper::body::{Body, Incoming};
-use ringmaster_gpu_runtime::{EventSource, GenerateEvent, RelayState};
+use ringmaster_gpu_runtime::{EventSource, GenerateEvent};
 use tokio::time::{Instant, Sleep};
 use tracing::debug;
 
 use super::conn::{Lease, next_data};
 use super::{DRAIN_LIMIT_BYTES, ReplyReader, UpstreamSettings, error_chain};
+use crate::generation::{RelaySource, RelayState};
 
 /// A server's streamed reply, read on demand.
 pub(super) struct RemoteReply {
@@ -183,7 +184,9 @@ impl EventSource for RemoteReply {
         }
         Poll::Ready(self.ready.pop_front())
     }
+}
 
+impl RelaySource for RemoteReply {
     fn take_relayed(&mut self) -> Option<Vec<u8>> {
         self.reader.take_relayed()
     }
